@@ -1,0 +1,201 @@
+"""Start a broker under test on a free loopback port.
+
+The target is chosen by the PUBSUB_TARGET environment variable:
+  pubsub (default)  the Swift server, $PUBSUB_BIN or <repo>/.build/debug/pubsub
+  faye              real Faye 1.4.0 under puma (Debian packages ruby-faye and puma)
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FAYE_TEMPLATE = os.path.join(HERE, "faye", "config.ru.template")
+
+
+def target() -> str:
+    return os.environ.get("PUBSUB_TARGET", "pubsub")
+
+
+def pubsub_bin() -> str:
+    return os.environ.get("PUBSUB_BIN", os.path.join(REPO, ".build", "debug", "pubsub"))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _num(value) -> str:
+    """Render a number for a command line or Ruby source: 2 -> "2", 1.5 -> "1.5"."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _ruby_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("#", "\\#") + '"'
+
+
+class Broker:
+    """Context manager running one server process; `with Broker(timeout=2) as b: ...`."""
+
+    START_TIMEOUT = 30.0
+
+    def __init__(self, *, timeout=45, interval=0, secret=None, signature_expiration=None,
+                 extra_args=(), target=None):
+        self.timeout = timeout
+        self.interval = interval
+        self.secret = secret
+        self.signature_expiration = signature_expiration
+        self.extra_args = tuple(extra_args)
+        self.target = target or globals()["target"]()
+        self.port = 0
+        self.url = ""
+        self.ws_url = ""
+        self._proc = None
+        self._tmpdir = None
+        self._out = []
+        self._out_lock = threading.Lock()
+        self._reader = None
+
+    # -- lifecycle -------------------------------------------------------
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _command(self):
+        if self.target == "pubsub":
+            binary = pubsub_bin()
+            if not os.path.exists(binary):
+                raise RuntimeError(f"pubsub binary not found at {binary} (set PUBSUB_BIN)")
+            cmd = [binary, "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--timeout", _num(self.timeout), "--interval", _num(self.interval)]
+            if self.secret is not None:
+                cmd += ["--secret", self.secret]
+            if self.signature_expiration is not None:
+                cmd += ["--signature-expiration", _num(self.signature_expiration)]
+            cmd += list(self.extra_args)
+            return cmd, None
+        if self.target == "faye":
+            puma = shutil.which("puma")
+            if not puma:
+                raise RuntimeError("puma not found: apt-get install -y ruby-faye puma")
+            self._tmpdir = tempfile.mkdtemp(prefix="faye-wire-")
+            with open(FAYE_TEMPLATE) as f:
+                source = f.read()
+            source = (source
+                      .replace("@@SECRET@@", "nil" if self.secret is None else _ruby_str(self.secret))
+                      .replace("@@SIGNATURE_EXPIRATION@@",
+                               "nil" if self.signature_expiration is None else _num(self.signature_expiration))
+                      .replace("@@TIMEOUT@@", _num(self.timeout))
+                      .replace("@@INTERVAL@@", _num(self.interval)))
+            config = os.path.join(self._tmpdir, "config.ru")
+            with open(config, "w") as f:
+                f.write(source)
+            cmd = [puma, "--bind", f"tcp://127.0.0.1:{self.port}", "--environment", "production",
+                   "--threads", "4:16", config] + list(self.extra_args)
+            return cmd, self._tmpdir
+        raise ValueError(f"unknown target {self.target!r} (want 'pubsub' or 'faye')")
+
+    def start(self):
+        last_error = None
+        for _attempt in range(3):
+            self.port = _free_port()
+            self.url = f"http://127.0.0.1:{self.port}/faye"
+            self.ws_url = f"ws://127.0.0.1:{self.port}/faye"
+            cmd, cwd = self._command()
+            self._out = []
+            self._proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+            self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)
+            self._reader.start()
+            try:
+                self._wait_ready()
+                return self
+            except RuntimeError as e:
+                last_error = e
+                self.kill()
+                if "exited" not in str(e):
+                    break
+        raise last_error
+
+    def _drain(self, proc):
+        for line in iter(proc.stdout.readline, b""):
+            with self._out_lock:
+                self._out.append(line.decode("utf-8", "replace"))
+        proc.stdout.close()
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + self.START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                time.sleep(0.1)
+                raise RuntimeError(f"server exited with {self._proc.returncode} before accepting:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"server did not accept TCP on port {self.port} within "
+                           f"{self.START_TIMEOUT}s:\n{self.log()}")
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self):
+        return None if self._proc is None else self._proc.poll()
+
+    def stop(self):
+        """SIGTERM, wait, then SIGKILL if needed."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._cleanup()
+
+    def kill(self):
+        """SIGKILL."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._cleanup()
+
+    def _cleanup(self):
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def log(self) -> str:
+        """Captured stdout/stderr of the server so far."""
+        with self._out_lock:
+            return "".join(self._out)
