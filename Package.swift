@@ -1,0 +1,76 @@
+// swift-tools-version: 6.2
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "pubsub",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "pubsub", targets: ["PubSubCLI"]),
+        .library(name: "Bayeux", targets: ["Bayeux"]),
+        .library(name: "PubSubCore", targets: ["PubSubCore"]),
+        .library(name: "PubSubServer", targets: ["PubSubServer"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
+    ],
+    targets: [
+        .target(
+            name: "Bayeux",
+            dependencies: [.product(name: "NIOCore", package: "swift-nio")],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "PubSubCore",
+            dependencies: [
+                "Bayeux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "PubSubServer",
+            dependencies: [
+                "PubSubCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "PubSubCLI",
+            dependencies: [
+                "PubSubServer",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/pubsub",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "BayeuxTests",
+            dependencies: ["Bayeux"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "PubSubCoreTests",
+            dependencies: ["PubSubCore", "PubSubServer"],
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

@@ -1,0 +1,209 @@
+import Bayeux
+import NIOCore
+
+extension Broker {
+    var retryAdvice: JSONValue {
+        Advice.retry(
+            intervalMilliseconds: configuration.intervalMilliseconds,
+            timeoutMilliseconds: configuration.timeoutMilliseconds
+        )
+    }
+
+    func handshake(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        var reply = message.makeResponse()
+        reply["version"] = "1.0"
+        reply["supportedConnectionTypes"] = ConnectionType.advertised
+        var error: BayeuxError?
+        if message["version"] == nil || message["version"]?.isNull == true {
+            error = .parameterMissing("version")
+        }
+        if let types = message["supportedConnectionTypes"]?.arrayValue {
+            let known = Set(ConnectionType.allCases.map(\.rawValue))
+            if !types.contains(where: { $0.stringValue.map(known.contains) ?? false }) {
+                error = .connectionTypeMismatch(types.map { $0.stringValue ?? $0.jsonString })
+            }
+        } else {
+            error = .parameterMissing("supportedConnectionTypes")
+        }
+        if message.error != nil || error != nil {
+            if let error { reply.fail(error) }
+            reply["advice"] = Advice.handshake
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        return engine.createClient(now: now, on: loop).map { clientId in
+            reply.clientId = clientId
+            reply["advice"] = self.retryAdvice
+            return .reply(reply)
+        }
+    }
+
+    func connect(
+        _ message: Message,
+        context: RequestContext,
+        sink: (any DeliverySink)?,
+        now: NIODeadline,
+        on loop: any EventLoop
+    ) -> EventLoopFuture<Outcome> {
+        var reply = message.makeResponse()
+        func failed(_ error: BayeuxError?) -> EventLoopFuture<Outcome> {
+            if let error { reply.fail(error) }
+            reply.clientId = nil
+            reply["advice"] = Advice.handshake
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        if message.error != nil { return failed(nil) }
+        var error: BayeuxError?
+        if message.clientId == nil { error = .parameterMissing("clientId") }
+        let connectionType: ConnectionType?
+        if let typeValue = message["connectionType"] {
+            let name = typeValue.stringValue ?? typeValue.jsonString
+            connectionType = ConnectionType(rawValue: name)
+            if connectionType == nil { error = .connectionTypeMismatch([name]) }
+        } else {
+            connectionType = nil
+            error = .parameterMissing("connectionType")
+        }
+        if let error { return failed(error) }
+        let clientId = message.clientId!
+        var hold = configuration.timeout
+        if let requested = message["advice"]?.objectValue?["timeout"]?.doubleValue, requested >= 0 {
+            hold = min(hold, .nanoseconds(Int64(requested * 1_000_000)))
+        }
+        let isEventSource = connectionType == .eventSource
+        if isEventSource {
+            hold = .zero
+            reply["advice"] = Advice.retry(
+                intervalMilliseconds: configuration.timeoutMilliseconds, timeoutMilliseconds: 0)
+        } else {
+            reply["advice"] = retryAdvice
+        }
+        let offered: (any DeliverySink)? = (hold == .zero && sink?.isPersistent != true) ? nil : sink
+        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, on: loop).map { result in
+            switch result.status {
+            case .unknownClient:
+                reply.fail(.clientUnknown(clientId))
+                reply.clientId = nil
+                reply["advice"] = Advice.handshake
+                return .reply(reply)
+            case .overflowed:
+                reply.fail(BayeuxError(.queueOverflow, clientId))
+                reply.clientId = nil
+                reply["advice"] = Advice.handshake
+                return .reply(reply)
+            case .ok:
+                var result = result
+                if hold == .zero { result.answerNow = true }
+                return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: hold))
+            }
+        }
+    }
+
+    func subscribe(_ message: Message, subscribing: Bool, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        var reply = message.makeResponse()
+        reply["subscription"] = message["subscription"] ?? .array([])
+        if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
+        let clientId = message.clientId
+        var error: BayeuxError?
+        if clientId == nil { error = .parameterMissing("clientId") }
+        let requested: [JSONValue]?
+        switch message["subscription"] {
+        case .string(let s)?: requested = [.string(s)]
+        case .array(let a)?: requested = a
+        default: requested = nil
+        }
+        if requested == nil { error = .parameterMissing("subscription") }
+        if let error {
+            reply.fail(error)
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        // Channels up to the first invalid one are applied; the error names that one.
+        var channels: [String] = []
+        var channelError: BayeuxError?
+        for value in requested! {
+            guard let name = value.stringValue else {
+                channelError = .channelInvalid(value.jsonString)
+                break
+            }
+            if name.utf8.count > configuration.maxChannelLength {
+                channelError = BayeuxError(.channelTooLong)
+                break
+            }
+            if !Channel.isValidNameOrPattern(name) {
+                channelError = .channelInvalid(name)
+                break
+            }
+            if Channel.isMeta(name) || Channel.isService(name) {
+                channelError = .channelForbidden(name)
+                break
+            }
+            channels.append(name)
+        }
+        let future =
+            subscribing
+            ? engine.subscribe(clientId!, to: channels, on: loop)
+            : engine.unsubscribe(clientId!, from: channels, on: loop)
+        return future.map { result in
+            switch result {
+            case .unknownClient: reply.fail(.clientUnknown(clientId!))
+            case .overflowed:
+                reply.fail(BayeuxError(.queueOverflow, clientId!))
+                reply["advice"] = Advice.handshake
+            case .limitReached(let channel): reply.fail(BayeuxError(.subscriptionLimit, channel))
+            case .ok: if let channelError { reply.fail(channelError) }
+            }
+            return .reply(reply)
+        }
+    }
+
+    func disconnect(_ message: Message, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        var reply = message.makeResponse()
+        if message.error != nil {
+            reply.clientId = nil
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        guard let clientId = message.clientId else {
+            reply.fail(.parameterMissing("clientId"))
+            reply.clientId = nil
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        return engine.destroyClient(clientId, reason: .disconnected, on: loop).map { existed in
+            if !existed {
+                reply.fail(.clientUnknown(clientId))
+                reply.clientId = nil
+            }
+            return .reply(reply)
+        }
+    }
+
+    func publish(_ message: Message, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        var reply = message.makeResponse()
+        if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
+        let channel = message.channel
+        var error: BayeuxError?
+        if let channel, channel.utf8.count > configuration.maxChannelLength {
+            error = BayeuxError(.channelTooLong)
+        } else if channel == nil || !Channel.isValidName(channel!) {
+            error = .channelInvalid(channel ?? "")
+        }
+        if message.data == nil || message.data?.isNull == true { error = .parameterMissing("data") }
+        if let error {
+            reply.fail(error)
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        var event = message
+        event.clientId = nil
+        guard let delivered = extensions.outgoingEvent(event) else {
+            return loop.makeSucceededFuture(.reply(reply))
+        }
+        return engine.publish(Self.encodeEvent(delivered), to: channel!, on: loop).map { .reply(reply) }
+    }
+
+    /// The bytes every recipient gets: a one-element JSON array, so a single event is a whole frame as it is.
+    public static func encodeEvent(_ event: Message) -> ByteBuffer {
+        var buffer = ByteBufferAllocator().buffer(capacity: 128)
+        buffer.writeInteger(UInt8(ascii: "["))
+        buffer.writeJSON(event.fields)
+        buffer.writeInteger(UInt8(ascii: "]"))
+        return buffer
+    }
+}

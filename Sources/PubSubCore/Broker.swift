@@ -1,0 +1,130 @@
+import Bayeux
+import Logging
+import NIOCore
+
+/// What handling one message produced.
+public enum Outcome: Sendable {
+    /// A reply to send (it has been through the outgoing extensions).
+    case reply(Message)
+    /// A successful `/meta/connect`: the transport sends `events`, and the reply now or when the hold ends.
+    case connect(PendingConnect)
+    /// An incoming extension swallowed the message: no reply.
+    case none
+}
+
+/// A successful connect whose reply may be held.
+public struct PendingConnect: Sendable {
+    /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent).
+    public var reply: Message
+    public var clientId: String
+    public var result: ConnectResult
+    /// How long it may be held (the server timeout, or less when the client asked).
+    public var hold: TimeAmount
+}
+
+/// The Bayeux server logic: meta channels and publishing, in Faye's validation order, over an `Engine`.
+/// Transport-agnostic: transports parse requests, call `handle`, and perform what comes back.
+public final class Broker: Sendable {
+    public let configuration: BrokerConfiguration
+    public let engine: any Engine
+    public let extensions: ExtensionPipeline
+    let logger: Logger
+
+    public init(
+        configuration: BrokerConfiguration = .init(),
+        engine: (any Engine)? = nil,
+        extensions: ExtensionPipeline = .init(),
+        logger: Logger = Logger(label: "pubsub.broker")
+    ) {
+        self.configuration = configuration
+        self.engine = engine ?? MemoryEngine(configuration: configuration)
+        self.extensions = extensions
+        self.logger = logger
+    }
+
+    /// Handles the messages of one request or frame, in order. `sink` is offered to the first `/meta/connect`
+    /// (a one-shot sink is only used when the connect is the sole message, so other replies are never held).
+    public func handle(
+        _ elements: [MessageBatch.Element],
+        context: RequestContext,
+        sink: (any DeliverySink)?,
+        now: NIODeadline,
+        on loop: any EventLoop
+    ) -> EventLoopFuture<[Outcome]> {
+        var outcomes: [Outcome] = []
+        outcomes.reserveCapacity(elements.count)
+        var offer = sink
+        if let s = sink, !s.isPersistent, elements.count != 1 { offer = nil }
+        var future = loop.makeSucceededFuture(())
+        for (position, element) in elements.enumerated() {
+            if position >= configuration.maxMessagesPerRequest {
+                if case .message(let message) = element {
+                    var reply = message.makeResponse()
+                    reply.fail(BayeuxError(.tooManyMessages))
+                    outcomes.append(finish(reply, context: context).map(Outcome.reply) ?? .none)
+                } else {
+                    outcomes.append(.reply(Self.invalidElementReply))
+                }
+                continue
+            }
+            switch element {
+            case .invalid:
+                future = future.map { outcomes.append(.reply(Self.invalidElementReply)) }
+            case .message(let message):
+                let isConnect = message.channel == Channel.connect
+                let sinkForThis = isConnect ? offer : nil
+                if isConnect { offer = nil }
+                future = future.flatMap {
+                    self.handleOne(message, context: context, sink: sinkForThis, now: now, on: loop).map {
+                        outcomes.append($0)
+                    }
+                }
+            }
+        }
+        return future.map { outcomes }
+    }
+
+    static let invalidElementReply: Message = {
+        var reply = Message()
+        reply.fail(BayeuxError.badRequest)
+        return reply
+    }()
+
+    /// Applies the outgoing extensions to a reply about to be sent.
+    public func finish(_ reply: Message, context: RequestContext) -> Message? {
+        extensions.outgoing(reply, context: context)
+    }
+
+    func handleOne(
+        _ original: Message,
+        context: RequestContext,
+        sink: (any DeliverySink)?,
+        now: NIODeadline,
+        on loop: any EventLoop
+    ) -> EventLoopFuture<Outcome> {
+        guard let message = extensions.incoming(original, context: context) else {
+            return loop.makeSucceededFuture(.none)
+        }
+        let channel = message.channel
+        let future: EventLoopFuture<Outcome>
+        switch channel {
+        case Channel.handshake?: future = handshake(message, now: now, on: loop)
+        case Channel.connect?: future = connect(message, context: context, sink: sink, now: now, on: loop)
+        case Channel.subscribe?: future = subscribe(message, subscribing: true, on: loop)
+        case Channel.unsubscribe?: future = subscribe(message, subscribing: false, on: loop)
+        case Channel.disconnect?: future = disconnect(message, on: loop)
+        case let name? where Channel.isMeta(name):
+            var reply = message.makeResponse()
+            if message.error == nil { reply.fail(.channelForbidden(name)) }
+            future = loop.makeSucceededFuture(.reply(reply))
+        default:
+            future = publish(message, on: loop)
+        }
+        return future.map { outcome in
+            if case .reply(let reply) = outcome {
+                return self.finish(reply, context: context).map(Outcome.reply) ?? .none
+            }
+            return outcome
+        }
+    }
+}

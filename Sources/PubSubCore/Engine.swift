@@ -1,0 +1,101 @@
+import NIOCore
+
+/// Where a session's events go: a parked long-poll request (one-shot), a WebSocket or an EventSource stream
+/// (persistent). The engine calls both methods on `eventLoop`.
+public protocol DeliverySink: AnyObject, Sendable {
+    var eventLoop: any EventLoop { get }
+    /// A one-shot sink is detached by the delivery that answers it; a persistent one stays attached.
+    var isPersistent: Bool { get }
+    /// Encoded events (each a one-element JSON array, `[{…}]`) for the session this sink is attached to.
+    func deliver(_ events: CircularBuffer<ByteBuffer>)
+    /// The sink is no longer attached to its session.
+    func detached(_ reason: DetachReason)
+}
+
+public enum DetachReason: Sendable, Equatable {
+    /// Another connection of the same client took over.
+    case superseded
+    /// `/meta/disconnect`.
+    case disconnected
+    /// No `/meta/connect` for `2 × timeout`.
+    case expired
+    /// The client's queue overflowed: it has been dropped and must handshake again.
+    case overflow
+    /// The server is draining.
+    case shutdown
+}
+
+public struct ConnectResult: Sendable {
+    public enum Status: Sendable, Equatable {
+        case ok
+        case unknownClient
+        /// The client was dropped because its queue overflowed.
+        case overflowed
+    }
+    public var status: Status
+    /// Events to send with (or, on a persistent sink, before) the connect reply.
+    public var events: CircularBuffer<ByteBuffer>
+    /// Whether the offered sink is now attached to the session.
+    public var attached: Bool
+    /// Whether the connect must be answered now: the first connect of a session, or events were waiting.
+    public var answerNow: Bool
+
+    public init(status: Status, events: CircularBuffer<ByteBuffer> = [], attached: Bool = false, answerNow: Bool = true)
+    {
+        self.status = status
+        self.events = events
+        self.attached = attached
+        self.answerNow = answerNow
+    }
+}
+
+public enum SubscriptionResult: Sendable, Equatable {
+    case ok
+    case unknownClient
+    case overflowed
+    /// Channels before this one were subscribed; this one and those after it were not.
+    case limitReached(String)
+}
+
+/// Statistics every engine keeps, read by metrics and `STATUS=` lines.
+public struct EngineStatistics: Sendable, Equatable {
+    public var clients = 0
+    public var subscriptions = 0
+    public var channels = 0
+    public var published: UInt64 = 0
+    public var queued: UInt64 = 0
+    public var overflowDrops: UInt64 = 0
+    public var expired: UInt64 = 0
+}
+
+/// The shared state of the broker: sessions, subscriptions and routing. The memory engine serves one node;
+/// a clustered engine implements the same calls over a shared store. Every call may complete later, so they
+/// return futures; the memory engine completes them at once.
+public protocol Engine: Sendable {
+    func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String>
+    func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Refreshes the session's expiry and hands over waiting events. A one-shot `sink` is attached (parked) only
+    /// when nothing is waiting and this is not the session's first connect; a persistent `sink` is always
+    /// attached. Without a sink the waiting events are returned, unless a persistent sink already receives them.
+    func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult>
+    /// Attaches a persistent sink without counting as a connect (EventSource streams).
+    func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Detaches `sink` if it is still attached. With `takeEvents`, the waiting events are handed back
+    /// (a parked poll whose hold ended); otherwise they stay queued for the next connection.
+    func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer>
+    func subscribe(_ clientId: String, to channels: [String], on loop: any EventLoop)
+        -> EventLoopFuture<SubscriptionResult>
+    func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
+        -> EventLoopFuture<SubscriptionResult>
+    /// Returns false when the client did not exist.
+    func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Queues the encoded event (`[{…}]`) for every subscriber of `channel` (one copy each, whatever the
+    /// number of matching patterns).
+    func publish(_ event: ByteBuffer, to channel: String, on loop: any EventLoop) -> EventLoopFuture<Void>
+    /// Removes sessions with no connect for `2 × timeout`.
+    func sweep(now: NIODeadline)
+    /// Detaches every sink with `.shutdown`.
+    func shutdown()
+    var statistics: EngineStatistics { get }
+}

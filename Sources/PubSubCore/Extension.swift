@@ -1,0 +1,55 @@
+import Bayeux
+
+/// What an extension knows about where a message came from.
+public struct RequestContext: Sendable {
+    public var connectionType: ConnectionType
+    public var remoteAddress: String?
+
+    public init(connectionType: ConnectionType, remoteAddress: String? = nil) {
+        self.connectionType = connectionType
+        self.remoteAddress = remoteAddress
+    }
+}
+
+/// A server extension, as in Faye: `incoming` sees every message before it is handled, `outgoing` every reply.
+///
+/// Setting `message.error` on incoming vetoes the action (the reply carries that error); returning false
+/// swallows the message (no reply). Extensions run synchronously, in the order they were added, for both
+/// stages. Unlike Faye, `outgoingEvent` sees a published event once, before it is encoded for all of its
+/// recipients, not once per recipient: that is what lets a publish be encoded once.
+public protocol BayeuxExtension: Sendable {
+    func incoming(_ message: inout Message, context: RequestContext) -> Bool
+    func outgoing(_ reply: inout Message, context: RequestContext) -> Bool
+    func outgoingEvent(_ event: inout Message) -> Bool
+}
+
+extension BayeuxExtension {
+    public func incoming(_ message: inout Message, context: RequestContext) -> Bool { true }
+    public func outgoing(_ reply: inout Message, context: RequestContext) -> Bool { true }
+    public func outgoingEvent(_ event: inout Message) -> Bool { true }
+}
+
+/// The ordered list of extensions.
+public struct ExtensionPipeline: Sendable {
+    public var extensions: [any BayeuxExtension]
+
+    public init(_ extensions: [any BayeuxExtension] = []) { self.extensions = extensions }
+
+    public func incoming(_ message: Message, context: RequestContext) -> Message? {
+        var message = message
+        for e in extensions where !e.incoming(&message, context: context) { return nil }
+        return message
+    }
+
+    public func outgoing(_ reply: Message, context: RequestContext) -> Message? {
+        var reply = reply
+        for e in extensions where !e.outgoing(&reply, context: context) { return nil }
+        return reply
+    }
+
+    public func outgoingEvent(_ event: Message) -> Message? {
+        var event = event
+        for e in extensions where !e.outgoingEvent(&event) { return nil }
+        return event
+    }
+}

@@ -1,0 +1,308 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// The in-process engine: every session, subscription and queue lives in this process.
+///
+/// One lock guards the state; a publish takes it once, appends the same encoded buffer to each recipient's
+/// queue and collects the sinks to wake, grouped by event loop, so each loop gets one task per publish burst
+/// (not one per recipient) and drains all its sessions under a single lock acquisition.
+public final class MemoryEngine: Engine, @unchecked Sendable {
+    final class Session {
+        let id: String
+        var subscriptions: Set<String> = []
+        var queue = CircularBuffer<ByteBuffer>()
+        var expiresAt: NIODeadline
+        var sink: (any DeliverySink)?
+        var wakeScheduled = false
+        var connectedOnce = false
+        var stamp: UInt64 = 0
+
+        init(id: String, expiresAt: NIODeadline) {
+            self.id = id
+            self.expiresAt = expiresAt
+        }
+    }
+
+    private let lock = NIOLock()
+    private var sessions: [String: Session] = [:]
+    private var index: [String: [String: Session]] = [:]
+    private var stamp: UInt64 = 0
+    private var stats = EngineStatistics()
+    /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
+    private var dropped: Set<String> = []
+    private var droppedOrder = CircularBuffer<String>()
+    private let maxDroppedRemembered = 10_000
+
+    public let configuration: BrokerConfiguration
+    private var lifetime: TimeAmount { configuration.timeout * 2 }
+
+    public init(configuration: BrokerConfiguration) {
+        self.configuration = configuration
+    }
+
+    public var statistics: EngineStatistics {
+        lock.withLock {
+            var s = stats
+            s.clients = sessions.count
+            s.channels = index.count
+            return s
+        }
+    }
+
+    public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+        let id = lock.withLock { () -> String in
+            var id = ClientID.random()
+            while sessions[id] != nil { id = ClientID.random() }
+            sessions[id] = Session(id: id, expiresAt: now + lifetime)
+            return id
+        }
+        return loop.makeSucceededFuture(id)
+    }
+
+    public func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        loop.makeSucceededFuture(lock.withLock { sessions[clientId] != nil })
+    }
+
+    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult>
+    {
+        var superseded: (any DeliverySink)?
+        let result = lock.withLock { () -> ConnectResult in
+            guard let session = sessions[clientId] else {
+                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : .unknownClient)
+            }
+            session.expiresAt = now + lifetime
+            let first = !session.connectedOnce
+            session.connectedOnce = true
+            guard let sink else {
+                if session.sink != nil { return ConnectResult(status: .ok) }
+                return ConnectResult(status: .ok, events: take(session))
+            }
+            if sink.isPersistent {
+                if let old = session.sink, old !== sink { superseded = old }
+                session.sink = sink
+                session.wakeScheduled = false
+                return ConnectResult(status: .ok, events: take(session), attached: true, answerNow: first)
+            }
+            if first || !session.queue.isEmpty {
+                if let old = session.sink, !old.isPersistent {
+                    superseded = old
+                    session.sink = nil
+                    session.wakeScheduled = false
+                }
+                return ConnectResult(status: .ok, events: take(session))
+            }
+            if let old = session.sink { superseded = old }
+            session.sink = sink
+            session.wakeScheduled = false
+            return ConnectResult(status: .ok, attached: true, answerNow: false)
+        }
+        if let superseded { notify([(superseded, .superseded)]) }
+        return loop.makeSucceededFuture(result)
+    }
+
+    public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        var superseded: (any DeliverySink)?
+        var wake: [(Session, any DeliverySink)] = []
+        let ok = lock.withLock { () -> Bool in
+            guard let session = sessions[clientId] else { return false }
+            if let old = session.sink, old !== sink { superseded = old }
+            session.sink = sink
+            session.wakeScheduled = false
+            if !session.queue.isEmpty {
+                session.wakeScheduled = true
+                wake.append((session, sink))
+            }
+            return true
+        }
+        if let superseded { notify([(superseded, .superseded)]) }
+        if !wake.isEmpty { wakeUp(wake) }
+        return loop.makeSucceededFuture(ok)
+    }
+
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+        lock.withLock {
+            guard let session = sessions[clientId], session.sink === sink else { return [] }
+            session.sink = nil
+            session.wakeScheduled = false
+            return takeEvents ? take(session) : []
+        }
+    }
+
+    /// Takes the session's queue; the lock is held.
+    private func take(_ session: Session) -> CircularBuffer<ByteBuffer> {
+        guard !session.queue.isEmpty else { return [] }
+        var events = CircularBuffer<ByteBuffer>()
+        swap(&events, &session.queue)
+        return events
+    }
+
+    public func subscribe(_ clientId: String, to channels: [String], on loop: any EventLoop)
+        -> EventLoopFuture<SubscriptionResult>
+    {
+        let result = lock.withLock { () -> SubscriptionResult in
+            guard let session = sessions[clientId] else {
+                return dropped.contains(clientId) ? .overflowed : .unknownClient
+            }
+            for channel in channels {
+                if session.subscriptions.contains(channel) { continue }
+                if session.subscriptions.count >= configuration.maxSubscriptionsPerClient {
+                    return .limitReached(channel)
+                }
+                session.subscriptions.insert(channel)
+                index[channel, default: [:]][clientId] = session
+                stats.subscriptions += 1
+            }
+            return .ok
+        }
+        return loop.makeSucceededFuture(result)
+    }
+
+    public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
+        -> EventLoopFuture<SubscriptionResult>
+    {
+        let result = lock.withLock { () -> SubscriptionResult in
+            guard let session = sessions[clientId] else {
+                return dropped.contains(clientId) ? .overflowed : .unknownClient
+            }
+            for channel in channels where session.subscriptions.remove(channel) != nil {
+                removeFromIndex(channel, clientId)
+            }
+            return .ok
+        }
+        return loop.makeSucceededFuture(result)
+    }
+
+    private func removeFromIndex(_ channel: String, _ clientId: String) {
+        stats.subscriptions -= 1
+        index[channel]?[clientId] = nil
+        if index[channel]?.isEmpty == true { index[channel] = nil }
+    }
+
+    public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop)
+        -> EventLoopFuture<Bool>
+    {
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        let existed = lock.withLock { () -> Bool in
+            guard let session = sessions[clientId] else { return false }
+            remove(session, reason: reason, notifications: &notifications)
+            return true
+        }
+        notify(notifications)
+        return loop.makeSucceededFuture(existed)
+    }
+
+    /// Removes a session; the lock is held.
+    private func remove(
+        _ session: Session,
+        reason: DetachReason,
+        notifications: inout [(any DeliverySink, DetachReason)]
+    ) {
+        sessions[session.id] = nil
+        for channel in session.subscriptions { removeFromIndex(channel, session.id) }
+        session.subscriptions = []
+        session.queue = []
+        if let sink = session.sink {
+            notifications.append((sink, reason))
+            session.sink = nil
+        }
+        if reason == .overflow {
+            stats.overflowDrops += 1
+            dropped.insert(session.id)
+            droppedOrder.append(session.id)
+            if droppedOrder.count > maxDroppedRemembered { dropped.remove(droppedOrder.removeFirst()) }
+        }
+    }
+
+    public func publish(_ event: ByteBuffer, to channel: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let keys = Channel.expand(channel)
+        var wakes: [(Session, any DeliverySink)] = []
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        lock.withLock {
+            stamp &+= 1
+            let stamp = self.stamp
+            let maxQueue = configuration.maxQueue
+            var overflowed: [Session] = []
+            stats.published += 1
+            for key in keys {
+                guard let subscribers = index[key] else { continue }
+                for session in subscribers.values where session.stamp != stamp {
+                    session.stamp = stamp
+                    if session.queue.count >= maxQueue {
+                        overflowed.append(session)
+                        continue
+                    }
+                    session.queue.append(event)
+                    stats.queued += 1
+                    if let sink = session.sink, !session.wakeScheduled {
+                        session.wakeScheduled = true
+                        wakes.append((session, sink))
+                    }
+                }
+            }
+            for session in overflowed { remove(session, reason: .overflow, notifications: &notifications) }
+        }
+        if !wakes.isEmpty { wakeUp(wakes) }
+        if !notifications.isEmpty { notify(notifications) }
+        return loop.makeSucceededFuture(())
+    }
+
+    /// One task per event loop: it drains every woken session of that loop under one lock, then delivers.
+    private func wakeUp(_ wakes: [(Session, any DeliverySink)]) {
+        if wakes.count == 1 || wakes.allSatisfy({ $0.1.eventLoop === wakes[0].1.eventLoop }) {
+            let loop = wakes[0].1.eventLoop
+            loop.execute { self.drain(wakes) }
+            return
+        }
+        var byLoop: [ObjectIdentifier: [(Session, any DeliverySink)]] = [:]
+        for wake in wakes { byLoop[ObjectIdentifier(wake.1.eventLoop), default: []].append(wake) }
+        for group in byLoop.values {
+            group[0].1.eventLoop.execute { self.drain(group) }
+        }
+    }
+
+    private func drain(_ wakes: [(Session, any DeliverySink)]) {
+        var deliveries: [(any DeliverySink, CircularBuffer<ByteBuffer>)] = []
+        deliveries.reserveCapacity(wakes.count)
+        lock.withLock {
+            for (session, sink) in wakes where session.sink === sink && session.wakeScheduled {
+                session.wakeScheduled = false
+                if !sink.isPersistent { session.sink = nil }
+                let events = take(session)
+                if !events.isEmpty { deliveries.append((sink, events)) }
+            }
+        }
+        for (sink, events) in deliveries { sink.deliver(events) }
+    }
+
+    private func notify(_ notifications: [(any DeliverySink, DetachReason)]) {
+        for (sink, reason) in notifications {
+            sink.eventLoop.execute { sink.detached(reason) }
+        }
+    }
+
+    public func sweep(now: NIODeadline) {
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        lock.withLock {
+            let expired = sessions.values.filter { $0.expiresAt <= now }
+            for session in expired { remove(session, reason: .expired, notifications: &notifications) }
+            stats.expired += UInt64(expired.count)
+        }
+        notify(notifications)
+    }
+
+    public func shutdown() {
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        lock.withLock {
+            for session in sessions.values {
+                if let sink = session.sink {
+                    notifications.append((sink, .shutdown))
+                    session.sink = nil
+                    session.wakeScheduled = false
+                }
+            }
+        }
+        notify(notifications)
+    }
+}

@@ -1,0 +1,114 @@
+import Bayeux
+import Crypto
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// PrivatePub's subscription signatures and publish token, byte-compatible with the `private_pub` gem:
+/// `signature = hex(SHA-1(secret + channel + timestamp))`, timestamp in milliseconds. Stricter than the gem
+/// where that breaks nobody: comparisons take constant time, timestamps too far in the future are refused,
+/// and a subscribe or publish without `ext` gets an error reply instead of a hang.
+public struct PrivatePubAuth: BayeuxExtension {
+    public static let incorrectSignature = "Incorrect signature."
+    public static let expiredSignature = "Signature has expired."
+    public static let futureSignature = "Signature timestamp is in the future."
+    public static let incorrectToken = "Incorrect token."
+
+    public var secret: String
+    /// Seconds a signature stays valid; nil means forever, as in PrivatePub.
+    public var signatureExpiration: Double?
+    /// How far in the future (seconds) a timestamp may be, for clock skew between the app and the broker.
+    public var maxClockSkew: Double
+    /// Wall-clock milliseconds since the epoch.
+    public var now: @Sendable () -> Int64
+
+    public init(
+        secret: String,
+        signatureExpiration: Double? = nil,
+        maxClockSkew: Double = 300,
+        now: @escaping @Sendable () -> Int64 = PrivatePubAuth.wallClockMilliseconds
+    ) {
+        self.secret = secret
+        self.signatureExpiration = signatureExpiration
+        self.maxClockSkew = maxClockSkew
+        self.now = now
+    }
+
+    @Sendable public static func wallClockMilliseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+
+    /// `hex(SHA-1(secret + channel + timestamp))`, as PrivatePub's `subscription` helper computes it.
+    public static func signature(secret: String, channel: String, timestamp: String) -> String {
+        let digest = Insecure.SHA1.hash(data: Array((secret + channel + timestamp).utf8))
+        return digest.map { byte in
+            let hex = String(byte, radix: 16)
+            return byte < 16 ? "0" + hex : hex
+        }.joined()
+    }
+
+    public func incoming(_ message: inout Message, context: RequestContext) -> Bool {
+        guard let channel = message.channel else { return true }
+        if channel == Channel.subscribe {
+            if let error = checkSubscription(message) { message.error = error }
+        } else if !Channel.isMeta(channel) {
+            guard var ext = message.ext, let token = ext["private_pub_token"]?.stringValue,
+                constantTimeEqual(token, secret)
+            else {
+                message.error = Self.incorrectToken
+                return true
+            }
+            ext["private_pub_token"] = .null
+            message.ext = ext
+        }
+        return true
+    }
+
+    func checkSubscription(_ message: Message) -> String? {
+        guard let ext = message.ext,
+            let signature = ext["private_pub_signature"]?.stringValue,
+            let timestampValue = ext["private_pub_timestamp"]
+        else { return Self.incorrectSignature }
+        let subscription: String
+        switch message["subscription"] {
+        case .string(let s)?: subscription = s
+        case .array(let a)? where a.count == 1 && a[0].stringValue != nil: subscription = a[0].stringValue!
+        default: return Self.incorrectSignature
+        }
+        let timestampText: String
+        switch timestampValue {
+        case .number(let text), .string(let text): timestampText = text
+        default: return Self.incorrectSignature
+        }
+        let expected = Self.signature(secret: secret, channel: subscription, timestamp: timestampText)
+        guard constantTimeEqual(signature, expected) else { return Self.incorrectSignature }
+        guard let timestamp = timestampValue.integerValue else { return Self.incorrectSignature }
+        let nowMs = now()
+        if let expiration = signatureExpiration,
+            Double(timestamp) < (Double(nowMs) - expiration * 1000).rounded()
+        {
+            return Self.expiredSignature
+        }
+        if Double(timestamp) > Double(nowMs) + maxClockSkew * 1000 { return Self.futureSignature }
+        return nil
+    }
+}
+
+/// Compares two strings in time that depends only on their lengths.
+public func constantTimeEqual(_ a: String, _ b: String) -> Bool {
+    let x = Array(a.utf8)
+    let y = Array(b.utf8)
+    var difference = UInt8(x.count == y.count ? 0 : 1)
+    let n = max(x.count, y.count)
+    for i in 0..<n {
+        let p = i < x.count ? x[i] : 0
+        let q = i < y.count ? y[i] : 0
+        difference |= p ^ q
+    }
+    return difference == 0
+}

@@ -1,0 +1,116 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOWebSocket
+import PubSubCore
+
+/// What every connection handler of one server shares.
+final class ServerShared: Sendable {
+    let configuration: ServerConfiguration
+    let broker: Broker
+    let logger: Logger
+    let mount: String
+
+    init(configuration: ServerConfiguration, broker: Broker, logger: Logger) {
+        self.configuration = configuration
+        self.broker = broker
+        self.logger = logger
+        self.mount = configuration.normalizedMount
+    }
+}
+
+/// The broker on the network: HTTP/1.1 and WebSocket on one port, under one mount path.
+public final class PubSubServer: Sendable {
+    public let configuration: ServerConfiguration
+    public let broker: Broker
+    let shared: ServerShared
+    let group: MultiThreadedEventLoopGroup
+    private let state = NIOLockedValueBox<(channel: (any Channel)?, sweeper: RepeatedTask?)>((nil, nil))
+
+    public init(configuration: ServerConfiguration, logger: Logger = Logger(label: "pubsub")) {
+        self.configuration = configuration
+        self.broker = Broker(
+            configuration: configuration.broker, extensions: configuration.extensions, logger: logger)
+        self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger)
+        self.group = MultiThreadedEventLoopGroup(
+            numberOfThreads: configuration.threads > 0 ? configuration.threads : System.coreCount)
+    }
+
+    /// Binds and starts serving; returns the port (useful with port 0).
+    @discardableResult
+    public func start() async throws -> Int {
+        let shared = self.shared
+        let maxFrame = configuration.maxFrameBytes
+        let upgrader = NIOWebSocketServerUpgrader(
+            maxFrameSize: maxFrame,
+            automaticErrorHandling: true,
+            shouldUpgrade: { channel, head in
+                switch Route(path: head.uri, mount: shared.mount) {
+                case .bayeux, .bayeuxWithSuffix: return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
+                default: return channel.eventLoop.makeSucceededFuture(nil)
+                }
+            },
+            upgradePipelineHandler: { channel, _ in
+                channel.eventLoop.makeCompletedFuture {
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(
+                        NIOWebSocketFrameAggregator(
+                            minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
+                            maxAccumulatedFrameSize: maxFrame))
+                    try sync.addHandler(
+                        WebSocketHandler(shared: shared, remoteAddress: channel.remoteAddress?.ipAddress))
+                }
+            })
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1024)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let sync = channel.pipeline.syncOperations
+                    let httpHandler = HTTPHandler(shared: shared)
+                    let boundHandler = NIOLoopBound(httpHandler, eventLoop: channel.eventLoop)
+                    try sync.configureHTTPServerPipeline(
+                        withServerUpgrade: (
+                            upgraders: [upgrader],
+                            completionHandler: { context in
+                                context.pipeline.syncOperations.removeHandler(boundHandler.value, promise: nil)
+                            }
+                        ),
+                        withErrorHandling: true)
+                    try sync.addHandler(httpHandler)
+                }
+            }
+        let channel = try await bootstrap.bind(host: configuration.host, port: configuration.port).get()
+        let engine = broker.engine
+        let period = TimeAmount.nanoseconds(min(1_000_000_000, max(50_000_000, configuration.broker.timeout.nanoseconds / 4)))
+        let sweeper = group.next().scheduleRepeatedTask(initialDelay: period, delay: period) { _ in
+            engine.sweep(now: .now())
+        }
+        state.withLockedValue { $0 = (channel, sweeper) }
+        return channel.localAddress?.port ?? configuration.port
+    }
+
+    /// Stops accepting, releases every parked connect and socket, and closes.
+    public func shutdown() async throws {
+        let (channel, sweeper) = state.withLockedValue { s in
+            let current = s
+            s = (nil, nil)
+            return current
+        }
+        sweeper?.cancel()
+        try? await channel?.close()
+        broker.engine.shutdown()
+        try await Task.sleep(nanoseconds: 200_000_000)
+        try await group.shutdownGracefully()
+    }
+
+    /// Waits until the listening channel closes.
+    public func waitUntilClosed() async throws {
+        let channel = state.withLockedValue { $0.channel }
+        try await channel?.closeFuture.get()
+    }
+}

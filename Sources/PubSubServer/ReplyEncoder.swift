@@ -1,0 +1,80 @@
+import Bayeux
+import NIOCore
+import PubSubCore
+
+/// Builds the JSON array a request or frame is answered with: replies first, then events. Events are already
+/// encoded as one-element arrays; their inner bytes are spliced in, never re-encoded.
+enum ReplyEncoder {
+    static func encode(
+        replies: [Message],
+        events: CircularBuffer<ByteBuffer>,
+        allocator: ByteBufferAllocator
+    ) -> ByteBuffer {
+        if replies.isEmpty, events.count == 1 { return events.first! }
+        var size = 2 + replies.count * 96
+        for e in events { size += e.readableBytes }
+        var buffer = allocator.buffer(capacity: size)
+        buffer.writeInteger(UInt8(ascii: "["))
+        var first = true
+        for reply in replies {
+            if !first { buffer.writeInteger(UInt8(ascii: ",")) }
+            first = false
+            buffer.writeJSON(reply.fields)
+        }
+        for event in events {
+            if !first { buffer.writeInteger(UInt8(ascii: ",")) }
+            first = false
+            var inner = event
+            inner.moveReaderIndex(forwardBy: 1)
+            buffer.writeImmutableBuffer(inner.getSlice(at: inner.readerIndex, length: inner.readableBytes - 1)!)
+        }
+        buffer.writeInteger(UInt8(ascii: "]"))
+        return buffer
+    }
+
+    /// Escapes raw U+2028 and U+2029, which old JavaScript does not accept in string literals (JSON-P).
+    static func escapeLineSeparators(_ buffer: ByteBuffer, allocator: ByteBufferAllocator) -> ByteBuffer {
+        let bytes = buffer.readableBytesView
+        guard bytes.contains(0xE2) else { return buffer }
+        var out = allocator.buffer(capacity: buffer.readableBytes + 16)
+        var i = bytes.startIndex
+        while i < bytes.endIndex {
+            if bytes[i] == 0xE2, i + 2 < bytes.endIndex, bytes[i + 1] == 0x80,
+                bytes[i + 2] == 0xA8 || bytes[i + 2] == 0xA9
+            {
+                out.writeString(bytes[i + 2] == 0xA8 ? "\\u2028" : "\\u2029")
+                i += 3
+            } else {
+                out.writeInteger(bytes[i])
+                i += 1
+            }
+        }
+        return out
+    }
+}
+
+extension Broker {
+    /// Collects what a batch of outcomes means for a transport: the replies to send now, the events to
+    /// deliver now, and the connect (if any) whose reply is still to come.
+    func split(_ outcomes: [Outcome], context: RequestContext)
+        -> (replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
+    {
+        var replies: [Message] = []
+        var events = CircularBuffer<ByteBuffer>()
+        var pending: PendingConnect?
+        for outcome in outcomes {
+            switch outcome {
+            case .reply(let reply): replies.append(reply)
+            case .none: break
+            case .connect(let connect):
+                events.append(contentsOf: connect.result.events)
+                if connect.result.answerNow {
+                    if let reply = finish(connect.reply, context: context) { replies.append(reply) }
+                } else {
+                    pending = connect
+                }
+            }
+        }
+        return (replies, events, pending)
+    }
+}

@@ -1,0 +1,48 @@
+import PubSubCore
+
+/// Settings of the network server.
+public struct ServerConfiguration: Sendable {
+    public var host: String
+    public var port: Int
+    /// The mount path, e.g. `/faye`: WebSocket, long-polling, JSON-P and EventSource all live under it.
+    public var mount: String
+    /// Largest HTTP request body (413 beyond it).
+    public var maxRequestBytes: Int
+    /// Largest WebSocket message (close 1009 beyond it).
+    public var maxFrameBytes: Int
+    /// Deepest JSON nesting accepted (HTTP 400, or an error reply on WebSocket, beyond it).
+    public var maxJSONDepth: Int
+    public var broker: BrokerConfiguration
+    public var extensions: ExtensionPipeline
+    /// Event-loop threads; 0 means one per core.
+    public var threads: Int
+
+    public init(
+        host: String = "127.0.0.1",
+        port: Int = 9292,
+        mount: String = "/faye",
+        maxRequestBytes: Int = 1 << 20,
+        maxFrameBytes: Int = 1 << 20,
+        maxJSONDepth: Int = 64,
+        broker: BrokerConfiguration = .init(),
+        extensions: ExtensionPipeline = .init(),
+        threads: Int = 0
+    ) {
+        self.host = host
+        self.port = port
+        self.mount = mount
+        self.maxRequestBytes = maxRequestBytes
+        self.maxFrameBytes = maxFrameBytes
+        self.maxJSONDepth = maxJSONDepth
+        self.broker = broker
+        self.extensions = extensions
+        self.threads = threads
+    }
+
+    /// The mount without a trailing slash ("" for "/").
+    var normalizedMount: String {
+        var m = mount.hasPrefix("/") ? mount : "/" + mount
+        while m.hasSuffix("/") { m.removeLast() }
+        return m
+    }
+}

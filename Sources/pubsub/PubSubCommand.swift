@@ -1,0 +1,11 @@
+import ArgumentParser
+
+@main
+struct PubSubCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pubsub",
+        abstract: "A Bayeux/Faye-compatible pub/sub broker.",
+        subcommands: [Serve.self],
+        defaultSubcommand: nil
+    )
+}

@@ -1,0 +1,159 @@
+import ArgumentParser
+import Dispatch
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import PubSubCore
+import PubSubServer
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the broker.",
+        discussion: """
+            With no arguments: a broker on 127.0.0.1:9292 mounted at /faye with the in-memory engine.
+            Every option can also be set with an environment variable, PUBSUB_ and the option name in
+            upper case with underscores (e.g. PUBSUB_PORT, PUBSUB_MAX_QUEUE); a flag wins over the variable.
+            """
+    )
+
+    @Option(help: "Address to listen on (PUBSUB_HOST).") var host: String?
+    @Option(help: "Port to listen on; 0 picks a free one (PUBSUB_PORT).") var port: Int?
+    @Option(help: "Mount path (PUBSUB_MOUNT).") var mount: String?
+    @Option(help: "Seconds a /meta/connect is held; sessions expire after twice this (PUBSUB_TIMEOUT).")
+    var timeout: Double?
+    @Option(help: "Seconds a client waits between connects, as advised (PUBSUB_INTERVAL).") var interval: Double?
+    @Option(help: "Largest HTTP request body in bytes; larger gets 413 (PUBSUB_MAX_REQUEST_BYTES).")
+    var maxRequestBytes: Int?
+    @Option(help: "Largest WebSocket message in bytes; larger closes with 1009 (PUBSUB_MAX_FRAME_BYTES).")
+    var maxFrameBytes: Int?
+    @Option(help: "Events queued per client before it is dropped (PUBSUB_MAX_QUEUE).") var maxQueue: Int?
+    @Option(help: "Messages in one request or frame (PUBSUB_MAX_MESSAGES_PER_REQUEST).")
+    var maxMessagesPerRequest: Int?
+    @Option(help: "Subscriptions per client (PUBSUB_MAX_SUBSCRIPTIONS).") var maxSubscriptions: Int?
+    @Option(help: "Longest channel name in bytes (PUBSUB_MAX_CHANNEL_LENGTH).") var maxChannelLength: Int?
+    @Option(help: "Deepest JSON nesting accepted (PUBSUB_MAX_JSON_DEPTH).") var maxJsonDepth: Int?
+    @Option(help: "PrivatePub secret token: signed subscriptions and a publish token (PUBSUB_SECRET).")
+    var secret: String?
+    @Option(help: "Seconds a subscription signature stays valid (PUBSUB_SIGNATURE_EXPIRATION).")
+    var signatureExpiration: Double?
+    @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
+    @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
+    var logLevel: String?
+
+    func resolved() throws -> (ServerConfiguration, Logger.Level) {
+        func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String, _ fallback: T) throws -> T {
+            if let flag { return flag }
+            return try Environment.value(env, as: T.self) ?? fallback
+        }
+        let timeout = try pick(self.timeout, "PUBSUB_TIMEOUT", 45.0)
+        let interval = try pick(self.interval, "PUBSUB_INTERVAL", 0.0)
+        let port = try pick(self.port, "PUBSUB_PORT", 9292)
+        guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535") }
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be above 0 and at most 3600 seconds") }
+        guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
+        func positive(_ value: Int, _ name: String) throws -> Int {
+            guard value > 0 else { throw ValidationError("--\(name) must be a positive number") }
+            return value
+        }
+        let broker = BrokerConfiguration(
+            timeout: .nanoseconds(Int64(timeout * 1e9)),
+            interval: .nanoseconds(Int64(interval * 1e9)),
+            maxQueue: try positive(pick(maxQueue, "PUBSUB_MAX_QUEUE", 1000), "max-queue"),
+            maxSubscriptionsPerClient: try positive(
+                pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", 1000), "max-subscriptions"),
+            maxChannelLength: try positive(
+                pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", 256), "max-channel-length"),
+            maxMessagesPerRequest: try positive(
+                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", 1000), "max-messages-per-request")
+        )
+        var extensions: [any BayeuxExtension] = []
+        if let secret = self.secret ?? Environment.string("PUBSUB_SECRET") {
+            let expiration = try self.signatureExpiration ?? Environment.value("PUBSUB_SIGNATURE_EXPIRATION", as: Double.self)
+            extensions.append(PrivatePubAuth(secret: secret, signatureExpiration: expiration))
+        }
+        let levelName = try pick(logLevel, "PUBSUB_LOG_LEVEL", "info")
+        guard let level = Logger.Level(rawValue: levelName) else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        let maxDepth = try positive(pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", 64), "max-json-depth")
+        guard maxDepth <= 512 else { throw ValidationError("--max-json-depth must be at most 512") }
+        let configuration = ServerConfiguration(
+            host: try pick(host, "PUBSUB_HOST", "127.0.0.1"),
+            port: port,
+            mount: try pick(mount, "PUBSUB_MOUNT", "/faye"),
+            maxRequestBytes: try positive(pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", 1 << 20), "max-request-bytes"),
+            maxFrameBytes: try positive(pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", 1 << 20), "max-frame-bytes"),
+            maxJSONDepth: maxDepth,
+            broker: broker,
+            extensions: ExtensionPipeline(extensions),
+            threads: try pick(threads, "PUBSUB_THREADS", 0)
+        )
+        return (configuration, level)
+    }
+
+    func run() async throws {
+        let (configuration, level) = try resolved()
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "pubsub")
+        let server = PubSubServer(configuration: configuration, logger: logger)
+        let port: Int
+        do {
+            port = try await server.start()
+        } catch {
+            printError("pubsub: cannot listen on \(configuration.host):\(configuration.port): \(error)")
+            throw ExitCode.failure
+        }
+        logger.info("listening on http://\(configuration.host):\(port)\(configuration.mount)")
+        if configuration.extensions.extensions.isEmpty {
+            logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
+        }
+        let signals = SignalWaiter()
+        await signals.wait()
+        logger.info("shutting down")
+        try await server.shutdown()
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+final class SignalWaiter: Sendable {
+    func wait() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let queue = DispatchQueue(label: "pubsub.signals")
+            let fired = NIOLockedValueBox(false)
+            var sources: [any DispatchSourceSignal] = []
+            for sig in [SIGTERM, SIGINT] {
+                signal(sig, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
+                source.setEventHandler {
+                    let first = fired.withLockedValue { wasFired in
+                        defer { wasFired = true }
+                        return !wasFired
+                    }
+                    if first { continuation.resume() }
+                }
+                source.resume()
+                sources.append(source)
+            }
+            SignalWaiter.keep(sources)
+        }
+    }
+
+    nonisolated(unsafe) private static var retained: [any DispatchSourceSignal] = []
+    private static func keep(_ sources: [any DispatchSourceSignal]) { retained = sources }
+}
+
+
+func printError(_ line: String) {
+    let text = line + "\n"
+    _ = text.utf8.withContiguousStorageIfAvailable { write(2, $0.baseAddress, $0.count) }
+}
