@@ -64,12 +64,18 @@ let package = Package(
         ),
         .testTarget(
             name: "BayeuxTests",
-            dependencies: ["Bayeux"],
+            dependencies: ["Bayeux", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "PubSubCoreTests",
-            dependencies: ["PubSubCore", "PubSubServer"],
+            dependencies: [
+                "PubSubCore",
+                "PubSubServer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
             swiftSettings: swiftSettings
         ),
     ]

@@ -1,0 +1,85 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+@testable import PubSubCore
+
+/// A sink that records what the engine hands it.
+final class RecordingSink: DeliverySink, @unchecked Sendable {
+    let loop: EmbeddedEventLoop
+    let isPersistent: Bool
+    private let box = NIOLockedValueBox<(events: [JSONValue], detaches: [DetachReason])>(([], []))
+
+    init(loop: EmbeddedEventLoop, persistent: Bool) {
+        self.loop = loop
+        self.isPersistent = persistent
+    }
+
+    var eventLoop: any EventLoop { loop }
+    var events: [JSONValue] { box.withLockedValue { $0.events } }
+    var detaches: [DetachReason] { box.withLockedValue { $0.detaches } }
+
+    func deliver(_ events: CircularBuffer<ByteBuffer>) {
+        let decoded = events.map { try! JSONParser().parse($0).arrayValue![0] }
+        box.withLockedValue { $0.events.append(contentsOf: decoded) }
+    }
+
+    func detached(_ reason: DetachReason) {
+        box.withLockedValue { $0.detaches.append(reason) }
+    }
+}
+
+/// Drives a broker with messages written as JSON text, on an embedded loop, with explicit time.
+struct Harness {
+    let loop = EmbeddedEventLoop()
+    let broker: Broker
+    var now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+
+    init(configuration: BrokerConfiguration = .init(timeout: .seconds(45)), extensions: [any BayeuxExtension] = []) {
+        broker = Broker(configuration: configuration, extensions: ExtensionPipeline(extensions))
+    }
+
+    func send(_ json: String, sink: (any DeliverySink)? = nil, type: ConnectionType = .longPolling) -> [Outcome] {
+        let elements = MessageBatch.elements(of: try! JSONParser().parse(json))!
+        let future = broker.handle(
+            elements, context: RequestContext(connectionType: type), sink: sink, now: now, on: loop)
+        let box = NIOLockedValueBox<[Outcome]?>(nil)
+        future.whenSuccess { outcomes in box.withLockedValue { $0 = outcomes } }
+        loop.run()
+        return box.withLockedValue { $0! }
+    }
+
+    /// The replies as JSON (a successful connect shows its reply).
+    func replies(_ json: String, sink: (any DeliverySink)? = nil) -> [JSONValue] {
+        send(json, sink: sink).compactMap { outcome in
+            switch outcome {
+            case .reply(let m): return .object(m.fields)
+            case .connect(let c): return .object(c.reply.fields)
+            case .none: return nil
+            }
+        }
+    }
+
+    func reply(_ json: String, sink: (any DeliverySink)? = nil) -> JSONObject {
+        replies(json, sink: sink)[0].objectValue!
+    }
+
+    func handshake() -> String {
+        reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)["clientId"]!
+            .stringValue!
+    }
+
+    func connect(_ clientId: String, sink: (any DeliverySink)? = nil) -> Outcome {
+        send(#"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling"}"#, sink: sink)[0]
+    }
+
+    func subscribe(_ clientId: String, _ channel: String) -> JSONObject {
+        reply(#"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"}"#)
+    }
+
+    func publish(_ channel: String, _ data: String = "1") -> JSONObject {
+        reply(#"{"channel":"\#(channel)","data":\#(data)}"#)
+    }
+}
+
+func json(_ text: String) -> JSONValue { try! JSONParser().parse(text) }
