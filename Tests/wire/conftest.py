@@ -345,19 +345,23 @@ def raw_http(b, request_bytes, *, timeout=HTTP_TIMEOUT, read_limit=1 << 20):
 
 
 class EventStream:
-    """A raw EventSource connection: GET <url>/<clientId> with Accept: text/event-stream."""
+    """A raw EventSource connection: GET <url>/<clientId> with Accept: text/event-stream.
+
+    Faye writes the stream unframed (Connection: close); a chunked body is decoded too."""
 
     def __init__(self, b, cid, timeout=HTTP_TIMEOUT):
         self.sock = socket.create_connection(("127.0.0.1", b.port), timeout=timeout)
         req = (f"GET /faye/{cid} HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\n"
                f"Accept: text/event-stream\r\nCache-Control: no-cache\r\n\r\n")
         self.sock.sendall(req.encode())
-        self.buf = b""
+        self.raw = b""       # bytes as received after the head
+        self.buf = b""       # decoded body not yet returned
         self.status = None
         self.headers = {}
+        self.chunked = False
         self._read_head(timeout)
 
-    def _fill(self, deadline):
+    def _recv(self, deadline):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("EventSource: nothing in time")
@@ -365,18 +369,37 @@ class EventStream:
         chunk = self.sock.recv(65536)
         if not chunk:
             raise EOFError("EventSource stream closed")
-        self.buf += chunk
+        self.raw += chunk
+
+    def _decode(self):
+        if not self.chunked:
+            self.buf += self.raw
+            self.raw = b""
+            return
+        while True:
+            line_end = self.raw.find(b"\r\n")
+            if line_end < 0:
+                return
+            size = int(self.raw[:line_end].split(b";")[0], 16)
+            if len(self.raw) < line_end + 2 + size + 2:
+                return
+            self.buf += self.raw[line_end + 2:line_end + 2 + size]
+            self.raw = self.raw[line_end + 2 + size + 2:]
+            if size == 0:
+                return
 
     def _read_head(self, timeout):
         deadline = time.monotonic() + timeout
-        while b"\r\n\r\n" not in self.buf:
-            self._fill(deadline)
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        while b"\r\n\r\n" not in self.raw:
+            self._recv(deadline)
+        head, _, self.raw = self.raw.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         self.status = int(lines[0].split(" ")[1])
         for line in lines[1:]:
             k, _, v = line.partition(":")
             self.headers[k.strip().lower()] = v.strip()
+        self.chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
+        self._decode()
 
     def next_block(self, timeout=HTTP_TIMEOUT):
         """Next event-stream block (text up to a blank line), without the terminator."""
@@ -386,7 +409,8 @@ class EventStream:
             if m:
                 block, self.buf = self.buf[:m.start()], self.buf[m.end():]
                 return block.decode("utf-8")
-            self._fill(deadline)
+            self._recv(deadline)
+            self._decode()
 
     def close(self):
         self.sock.close()

@@ -16,6 +16,8 @@ from conftest import (ALL6, ANY_CLIENT_ID, ERROR_RE, HTTP_TIMEOUT, SHORT_TIMEOUT
                       connect_msg, connect_now, handshake, handshake_msg, post, post_raw, publish,
                       raw_http, server_answers_handshake, subscribe)
 
+pytestmark = pytest.mark.timeout(120)
+
 
 def assert_bad_request(r):
     assert r.status_code == 400, (r.status_code, r.text[:200])
@@ -48,13 +50,18 @@ MALFORMED = [
     b"]",
     b"\x00\x01\x02",
     b"   ",
-    b"\xef\xbb\xbf{\"channel\":\"/a\",\"data\":1}",
 ]
 
 
 @pytest.mark.parametrize("body", MALFORMED, ids=[f"m{i}" for i in range(len(MALFORMED))])
 def test_malformed_json(broker, body):
     assert_bad_request(post_raw(broker, body))
+    server_answers_handshake(broker)
+
+
+def test_utf8_bom_is_rejected(broker):
+    """Faye (its JSON parser, Oj) answers a body that starts with a UTF-8 byte order mark with 400."""
+    assert_bad_request(post_raw(broker, b'\xef\xbb\xbf{"channel":"/a","data":1}'))
     server_answers_handshake(broker)
 
 
@@ -298,7 +305,11 @@ def test_json_depth_limit_setting(make_broker):
     with WS(b) as w:
         w.send(deep.decode())
         w.send([])
-        assert w.recv(timeout=5) == []   # the deep frame got no reply, the socket still works
+        reply = w.recv(timeout=5)
+        if reply != []:                  # the deep frame may be answered with an error reply
+            assert len(reply) == 1, reply
+            assert_error_reply(reply[0])
+            assert w.recv(timeout=5) == []
     server_answers_handshake(b)
 
 
@@ -467,7 +478,7 @@ def test_garbage_http(broker, raw):
                     break
                 data += chunk
         except socket.timeout:
-            pytest.fail(f"no answer and no close within 5 s; got {data[:200]!r}")
+            pytest.fail(f"the connection was not closed within 5 s; got {data[:200]!r}")
         except ConnectionResetError:
             pass
     finally:

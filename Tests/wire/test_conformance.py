@@ -15,6 +15,8 @@ from conftest import (ADVICE_HANDSHAKE, ALL6, ANY_CLIENT_ID, HTTP_TIMEOUT, SHORT
                       timed_post, wait_parked)
 from broker import Broker
 
+pytestmark = pytest.mark.timeout(120)
+
 
 def poll(b, cid, id="poll"):
     """Non-blocking delivery check: a connect with advice.timeout 0 returns what is queued."""
