@@ -33,6 +33,7 @@ extension Broker {
         return engine.createClient(now: now, on: loop).map { clientId in
             reply.clientId = clientId
             reply["advice"] = self.retryAdvice
+            if let position = self.engine.position { reply.ext = ["position": .string(position)] }
             return .reply(reply)
         }
     }
@@ -98,7 +99,9 @@ extension Broker {
         }
     }
 
-    func subscribe(_ message: Message, subscribing: Bool, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    func subscribe(_ message: Message, subscribing: Bool, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Outcome>
+    {
         var reply = message.makeResponse()
         reply["subscription"] = message["subscription"] ?? .array([])
         if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
@@ -138,11 +141,16 @@ extension Broker {
             }
             channels.append(name)
         }
+        // A resume token that is not a string is as good as a garbage one: answered, never an error.
+        let resume = message.ext?["resume"].map { $0.stringValue ?? "" }
         let future =
             subscribing
-            ? engine.subscribe(clientId!, to: channels, on: loop)
-            : engine.unsubscribe(clientId!, from: channels, on: loop)
-        return future.map { result in
+            ? engine.subscribe(clientId!, to: channels, resume: resume, now: now, on: loop)
+            : engine.unsubscribe(clientId!, from: channels, on: loop).map { ($0, nil) }
+        return future.map { result, resumed in
+            if let resumed {
+                reply.ext = ["resume": .object(["recovered": .bool(resumed.recovered), "missed": JSONValue(resumed.missed)])]
+            }
             switch result {
             case .unknownClient: reply.fail(.clientUnknown(clientId!))
             case .overflowed:
@@ -175,7 +183,7 @@ extension Broker {
         }
     }
 
-    func publish(_ message: Message, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    func publish(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
         var reply = message.makeResponse()
         if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
         let channel = message.channel
@@ -195,15 +203,28 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else {
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.publish(Self.encodeEvent(delivered), to: channel!, on: loop).map { .reply(reply) }
+        return engine.publish(delivered, to: channel!, now: now, on: loop).map { .reply(reply) }
     }
+}
 
+extension Message {
     /// The bytes every recipient gets: a one-element JSON array, so a single event is a whole frame as it is.
-    public static func encodeEvent(_ event: Message) -> ByteBuffer {
+    public func encodedEvent() -> ByteBuffer {
         var buffer = ByteBufferAllocator().buffer(capacity: 128)
         buffer.writeInteger(UInt8(ascii: "["))
-        buffer.writeJSON(event.fields)
+        buffer.writeJSON(fields)
         buffer.writeInteger(UInt8(ascii: "]"))
         return buffer
+    }
+
+    /// Adds `ext.position` (creating `ext` when absent; an `ext` that is not an object is left alone).
+    mutating func setPosition(_ token: String) {
+        switch fields["ext"] {
+        case nil, .null?: fields["ext"] = .object(["position": .string(token)])
+        case .object(var ext)?:
+            ext["position"] = .string(token)
+            fields["ext"] = .object(ext)
+        default: break
+        }
     }
 }

@@ -110,15 +110,15 @@ public final class Broker: Sendable {
         switch channel {
         case Channel.handshake?: future = handshake(message, now: now, on: loop)
         case Channel.connect?: future = connect(message, context: context, sink: sink, now: now, on: loop)
-        case Channel.subscribe?: future = subscribe(message, subscribing: true, on: loop)
-        case Channel.unsubscribe?: future = subscribe(message, subscribing: false, on: loop)
+        case Channel.subscribe?: future = subscribe(message, subscribing: true, now: now, on: loop)
+        case Channel.unsubscribe?: future = subscribe(message, subscribing: false, now: now, on: loop)
         case Channel.disconnect?: future = disconnect(message, on: loop)
         case let name? where Channel.isMeta(name):
             var reply = message.makeResponse()
             if message.error == nil { reply.fail(.channelForbidden(name)) }
             future = loop.makeSucceededFuture(.reply(reply))
         default:
-            future = publish(message, on: loop)
+            future = publish(message, now: now, on: loop)
         }
         return future.map { outcome in
             if case .reply(let reply) = outcome {

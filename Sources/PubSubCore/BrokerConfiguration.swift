@@ -11,6 +11,10 @@ public struct BrokerConfiguration: Sendable {
     public var maxSubscriptionsPerClient: Int
     public var maxChannelLength: Int
     public var maxMessagesPerRequest: Int
+    /// Published events kept for clients that resume after a reconnect; 0 turns history and positions off.
+    public var historySize: Int
+    /// How long an event stays in the history; nil: until the size limit pushes it out.
+    public var historyTTL: TimeAmount?
 
     public init(
         timeout: TimeAmount = .seconds(45),
@@ -18,7 +22,9 @@ public struct BrokerConfiguration: Sendable {
         maxQueue: Int = 1000,
         maxSubscriptionsPerClient: Int = 1000,
         maxChannelLength: Int = 256,
-        maxMessagesPerRequest: Int = 1000
+        maxMessagesPerRequest: Int = 1000,
+        historySize: Int = 1000,
+        historyTTL: TimeAmount? = nil
     ) {
         self.timeout = timeout
         self.interval = interval
@@ -26,6 +32,8 @@ public struct BrokerConfiguration: Sendable {
         self.maxSubscriptionsPerClient = maxSubscriptionsPerClient
         self.maxChannelLength = maxChannelLength
         self.maxMessagesPerRequest = maxMessagesPerRequest
+        self.historySize = historySize
+        self.historyTTL = historyTTL
     }
 
     var timeoutMilliseconds: Int64 { timeout.nanoseconds / 1_000_000 }

@@ -1,3 +1,4 @@
+import Bayeux
 import NIOCore
 
 /// Where a session's events go: a parked long-poll request (one-shot), a WebSocket or an EventSource stream
@@ -57,6 +58,19 @@ public enum SubscriptionResult: Sendable, Equatable {
     case limitReached(String)
 }
 
+/// The answer to a subscribe that asked to resume from a position.
+public struct ResumeResult: Sendable, Equatable {
+    /// True when every matching event after the position was still held and has been queued, in order.
+    public var recovered: Bool
+    /// How many matching events were queued; when not recovered, how many are known to be missed (a lower bound).
+    public var missed: Int
+
+    public init(recovered: Bool, missed: Int) {
+        self.recovered = recovered
+        self.missed = missed
+    }
+}
+
 /// Statistics every engine keeps, read by metrics and `STATUS=` lines.
 public struct EngineStatistics: Sendable, Equatable {
     public var clients = 0
@@ -84,15 +98,20 @@ public protocol Engine: Sendable {
     /// Detaches `sink` if it is still attached. With `takeEvents`, the waiting events are handed back
     /// (a parked poll whose hold ended); otherwise they stay queued for the next connection.
     func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer>
-    func subscribe(_ clientId: String, to channels: [String], on loop: any EventLoop)
-        -> EventLoopFuture<SubscriptionResult>
+    /// Subscribes to `channels`. With `resume` (a position token), the events after it that match these
+    /// channels are queued first, in their original order, if the history still holds all of them.
+    func subscribe(_ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<(SubscriptionResult, ResumeResult?)>
     func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
         -> EventLoopFuture<SubscriptionResult>
     /// Returns false when the client did not exist.
     func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool>
-    /// Queues the encoded event (`[{…}]`) for every subscriber of `channel` (one copy each, whatever the
-    /// number of matching patterns).
-    func publish(_ event: ByteBuffer, to channel: String, on loop: any EventLoop) -> EventLoopFuture<Void>
+    /// Encodes the event once (with its `ext.position` when the history is on) and queues the same bytes for
+    /// every subscriber of `channel` (one copy each, whatever the number of matching patterns).
+    func publish(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Void>
+    /// The position of the newest event, for a client that wants to start from "now"; nil without history.
+    var position: String? { get }
     /// Removes sessions with no connect for `2 × timeout`.
     func sweep(now: NIODeadline)
     /// Detaches every sink with `.shutdown`.

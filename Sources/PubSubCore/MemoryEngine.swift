@@ -34,11 +34,23 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     private var droppedOrder = CircularBuffer<String>()
     private let maxDroppedRemembered = 10_000
 
+    private var history: History
+    /// Changes at every start: positions of an earlier run are never taken for positions in this one.
+    public let epoch: UInt64
+
     public let configuration: BrokerConfiguration
     private var lifetime: TimeAmount { configuration.timeout * 2 }
 
-    public init(configuration: BrokerConfiguration) {
+    public init(configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52))) {
         self.configuration = configuration
+        self.history = History(capacity: configuration.historySize, maxAge: configuration.historyTTL)
+        self.epoch = epoch
+    }
+
+    public var position: String? {
+        lock.withLock {
+            history.isEnabled ? Position(epoch: epoch, sequence: history.lastSequence).description : nil
+        }
     }
 
     public var statistics: EngineStatistics {
@@ -138,25 +150,64 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         return events
     }
 
-    public func subscribe(_ clientId: String, to channels: [String], on loop: any EventLoop)
-        -> EventLoopFuture<SubscriptionResult>
-    {
-        let result = lock.withLock { () -> SubscriptionResult in
+    public func subscribe(
+        _ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop
+    ) -> EventLoopFuture<(SubscriptionResult, ResumeResult?)> {
+        var wake: [(Session, any DeliverySink)] = []
+        let result = lock.withLock { () -> (SubscriptionResult, ResumeResult?) in
             guard let session = sessions[clientId] else {
-                return dropped.contains(clientId) ? .overflowed : .unknownClient
+                return (dropped.contains(clientId) ? .overflowed : .unknownClient, nil)
             }
+            var subscribed: [String] = []
+            var result = SubscriptionResult.ok
             for channel in channels {
-                if session.subscriptions.contains(channel) { continue }
+                if session.subscriptions.contains(channel) {
+                    subscribed.append(channel)
+                    continue
+                }
                 if session.subscriptions.count >= configuration.maxSubscriptionsPerClient {
-                    return .limitReached(channel)
+                    result = .limitReached(channel)
+                    break
                 }
                 session.subscriptions.insert(channel)
                 index[channel, default: [:]][clientId] = session
                 stats.subscriptions += 1
+                subscribed.append(channel)
             }
-            return .ok
+            guard let resume else { return (result, nil) }
+            let outcome = replay(after: resume, matching: subscribed, into: session, now: now)
+            if outcome.recovered, outcome.missed > 0, let sink = session.sink, !session.wakeScheduled {
+                session.wakeScheduled = true
+                wake.append((session, sink))
+            }
+            return (result, outcome)
         }
+        if !wake.isEmpty { wakeUp(wake) }
         return loop.makeSucceededFuture(result)
+    }
+
+    /// Queues the held events after `token` that match `patterns`; the lock is held.
+    private func replay(after token: String, matching patterns: [String], into session: Session, now: NIODeadline)
+        -> ResumeResult
+    {
+        history.prune(now: now)
+        func matches(_ channel: String) -> Bool {
+            patterns.contains { Channel.matches(pattern: $0, name: channel) }
+        }
+        guard history.isEnabled, let position = Position(token: token), position.epoch == epoch else {
+            return ResumeResult(recovered: false, missed: 0)
+        }
+        guard let entries = history.entries(after: position.sequence) else {
+            return ResumeResult(
+                recovered: false, missed: history.countHeld(after: position.sequence, matching: matches))
+        }
+        let missed = entries.filter { matches($0.channel) }
+        guard session.queue.count + missed.count <= configuration.maxQueue else {
+            return ResumeResult(recovered: false, missed: missed.count)
+        }
+        for entry in missed { session.queue.append(entry.event) }
+        stats.queued += UInt64(missed.count)
+        return ResumeResult(recovered: true, missed: missed.count)
     }
 
     public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
@@ -215,11 +266,25 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         }
     }
 
-    public func publish(_ event: ByteBuffer, to channel: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Void>
+    {
         let keys = Channel.expand(channel)
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         lock.withLock {
+            // Sequence, history and queues change together, so every subscriber sees events in position order.
+            let event: ByteBuffer
+            if history.isEnabled {
+                let sequence = history.nextSequence()
+                var positioned = message
+                positioned.setPosition(Position(epoch: epoch, sequence: sequence).description)
+                event = positioned.encodedEvent()
+                history.prune(now: now)
+                history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
+            } else {
+                event = message.encodedEvent()
+            }
             stamp &+= 1
             let stamp = self.stamp
             let maxQueue = configuration.maxQueue

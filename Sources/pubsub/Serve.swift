@@ -38,6 +38,10 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Subscriptions per client (PUBSUB_MAX_SUBSCRIPTIONS).") var maxSubscriptions: Int?
     @Option(help: "Longest channel name in bytes (PUBSUB_MAX_CHANNEL_LENGTH).") var maxChannelLength: Int?
     @Option(help: "Deepest JSON nesting accepted (PUBSUB_MAX_JSON_DEPTH).") var maxJsonDepth: Int?
+    @Option(help: "Published messages kept for clients resuming after a reconnect; 0 turns history off (PUBSUB_HISTORY_SIZE).")
+    var historySize: Int?
+    @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
+    var historyTtl: Double?
     @Option(help: "PrivatePub secret token: signed subscriptions and a publish token (PUBSUB_SECRET).")
     var secret: String?
     @Option(help: "Seconds a subscription signature stays valid (PUBSUB_SIGNATURE_EXPIRATION).")
@@ -61,6 +65,10 @@ struct Serve: AsyncParsableCommand {
             guard value > 0 else { throw ValidationError("--\(name) must be a positive number") }
             return value
         }
+        let historySize = try pick(self.historySize, "PUBSUB_HISTORY_SIZE", 1000)
+        guard historySize >= 0 else { throw ValidationError("--history-size must not be negative") }
+        let historyTTL = try pick(self.historyTtl, "PUBSUB_HISTORY_TTL", 0.0)
+        guard historyTTL >= 0 else { throw ValidationError("--history-ttl must not be negative") }
         let broker = BrokerConfiguration(
             timeout: .nanoseconds(Int64(timeout * 1e9)),
             interval: .nanoseconds(Int64(interval * 1e9)),
@@ -70,7 +78,9 @@ struct Serve: AsyncParsableCommand {
             maxChannelLength: try positive(
                 pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", 256), "max-channel-length"),
             maxMessagesPerRequest: try positive(
-                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", 1000), "max-messages-per-request")
+                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", 1000), "max-messages-per-request"),
+            historySize: historySize,
+            historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil
         )
         var extensions: [any BayeuxExtension] = []
         if let secret = self.secret ?? Environment.string("PUBSUB_SECRET") {

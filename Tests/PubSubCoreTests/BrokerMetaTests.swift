@@ -6,7 +6,7 @@ import Testing
 
 @Suite struct HandshakeTests {
     @Test func successAdvertisesAllTypesAndAdvice() {
-        let h = Harness()
+        let h = Harness(configuration: BrokerConfiguration(historySize: 0))
         let reply = h.reply(#"{"channel":"/meta/handshake","version":"2.0","supportedConnectionTypes":["long-polling"],"id":"1"}"#)
         #expect(reply["successful"] == true)
         #expect(reply["version"] == "1.0")
@@ -51,7 +51,7 @@ import Testing
     }
 
     @Test func firstConnectIsAnsweredAtOnceLaterOnesPark() throws {
-        let h = Harness()
+        let h = Harness(configuration: BrokerConfiguration(historySize: 0))
         let cid = h.handshake()
         let sink = RecordingSink(loop: h.loop, persistent: false)
         guard case .connect(let first) = h.connect(cid, sink: sink) else { Issue.record("no connect"); return }

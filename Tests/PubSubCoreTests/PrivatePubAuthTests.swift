@@ -13,7 +13,9 @@ import Testing
     }
 
     func harness(expiration: Double? = 3600) -> Harness {
-        Harness(extensions: [PrivatePubAuth(secret: "secret", signatureExpiration: expiration, now: { Self.nowMs })])
+        Harness(
+            configuration: BrokerConfiguration(historySize: 0),
+            extensions: [PrivatePubAuth(secret: "secret", signatureExpiration: expiration, now: { Self.nowMs })])
     }
 
     func subscribe(_ h: Harness, _ cid: String, channel: String, ts: String, signature: String? = nil) -> JSONObject {
