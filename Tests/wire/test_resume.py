@@ -1,0 +1,152 @@
+"""Resume after reconnect (pubsub's position extension) over real sockets, long-polling and WebSocket.
+
+A Faye client ignores `ext.position`; a client that keeps the last one it saw can pass it as `ext.resume` in a
+later `/meta/subscribe` and is told whether everything it missed is coming (`recovered: true`) or not.
+"""
+
+import json
+
+import pytest
+import requests
+from websocket import create_connection
+
+from broker import Broker, target
+
+pytestmark = pytest.mark.skipif(target() != "pubsub", reason="resume is a pubsub extension")
+
+T = 5
+
+
+def post(b, body):
+    r = requests.post(b.url, data=json.dumps(body), headers={"Content-Type": "application/json"}, timeout=T + 5)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def handshake(b):
+    reply = post(b, {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["long-polling"]})[0]
+    assert reply["successful"], reply
+    return reply["clientId"], reply["ext"]["position"]
+
+
+def subscribe(b, cid, channel, resume=None):
+    msg = {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel}
+    if resume is not None:
+        msg["ext"] = {"resume": resume}
+    return post(b, msg)[0]
+
+
+def connect(b, cid):
+    """One connect that returns at once (advice timeout 0): the reply, then the events."""
+    replies = post(b, {"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling",
+                       "advice": {"timeout": 0}})
+    assert replies[0]["channel"] == "/meta/connect" and replies[0]["successful"], replies
+    return replies[1:]
+
+
+def publish(b, channel, data):
+    assert post(b, {"channel": channel, "data": data})[0]["successful"]
+
+
+def test_resume_delivers_exactly_what_was_missed_then_live_events():
+    with Broker(timeout=T) as b:
+        cid, _ = handshake(b)
+        connect(b, cid)
+        assert subscribe(b, cid, "/room/*")["successful"]
+        publish(b, "/room/a", 1)
+        events = connect(b, cid)
+        assert [e["data"] for e in events] == [1]
+        token = events[-1]["ext"]["position"]
+        post(b, {"channel": "/meta/disconnect", "clientId": cid})
+
+        publish(b, "/room/a", 2)
+        publish(b, "/elsewhere", 99)
+        publish(b, "/room/b", 3)
+
+        cid2, _ = handshake(b)
+        connect(b, cid2)
+        reply = subscribe(b, cid2, "/room/*", resume=token)
+        assert reply["successful"] is True
+        assert reply["ext"] == {"resume": {"recovered": True, "missed": 2}}
+        publish(b, "/room/a", 4)
+        events = connect(b, cid2)
+        assert [e["data"] for e in events] == [2, 3, 4]
+        positions = [e["ext"]["position"] for e in events]
+        assert len(set(positions + [token])) == 4
+
+
+def test_same_message_same_position_for_every_subscriber():
+    with Broker(timeout=T) as b:
+        a, _ = handshake(b)
+        c, _ = handshake(b)
+        for cid in (a, c):
+            connect(b, cid)
+            subscribe(b, cid, "/x")
+        publish(b, "/x", "hello")
+        pa = connect(b, a)[0]["ext"]["position"]
+        pc = connect(b, c)[0]["ext"]["position"]
+        assert pa == pc
+
+
+def test_token_older_than_history_and_garbage_tokens():
+    with Broker(timeout=T, extra_args=["--history-size", "3"]) as b:
+        cid, start = handshake(b)
+        for i in range(5):
+            publish(b, "/h", i)
+        reply = subscribe(b, cid, "/h", resume=start)
+        assert reply["successful"] is True
+        assert reply["ext"]["resume"]["recovered"] is False
+        for garbage in ["garbage", "", "1.x.y", 42]:
+            reply = subscribe(b, cid, "/h", resume=garbage)
+            assert reply["successful"] is True
+            assert reply["ext"] == {"resume": {"recovered": False, "missed": 0}}
+
+
+def test_a_restarted_broker_says_it_cannot_recover():
+    with Broker(timeout=T) as b:
+        cid, token = handshake(b)
+        connect(b, cid)
+        subscribe(b, cid, "/r")
+        publish(b, "/r", 1)
+        token = connect(b, cid)[0]["ext"]["position"]
+    with Broker(timeout=T) as b:
+        cid, now = handshake(b)
+        assert now != token
+        reply = subscribe(b, cid, "/r", resume=token)
+        assert reply["ext"] == {"resume": {"recovered": False, "missed": 0}}
+
+
+def test_resume_over_websocket():
+    with Broker(timeout=T) as b:
+        cid, token = handshake(b)
+        publish(b, "/ws/a", "missed")
+        ws = create_connection(b.ws_url, timeout=T)
+        try:
+            hs = {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}
+            ws.send(json.dumps([hs]))
+            cid = json.loads(ws.recv())[0]["clientId"]
+            ws.send(json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "websocket"}]))
+            json.loads(ws.recv())  # the first connect is answered at once
+            ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": cid, "subscription": "/ws/*",
+                                 "ext": {"resume": token}}]))
+            got = []
+            while not any(m.get("channel") == "/ws/a" for m in got):
+                got += json.loads(ws.recv())
+            sub = next(m for m in got if m.get("channel") == "/meta/subscribe")
+            assert sub["ext"] == {"resume": {"recovered": True, "missed": 1}}
+            event = next(m for m in got if m.get("channel") == "/ws/a")
+            assert event["data"] == "missed" and "position" in event["ext"]
+        finally:
+            ws.close()
+
+
+def test_history_off_means_no_positions():
+    with Broker(timeout=T, extra_args=["--history-size", "0"]) as b:
+        reply = post(b, {"channel": "/meta/handshake", "version": "1.0",
+                         "supportedConnectionTypes": ["long-polling"]})[0]
+        assert "ext" not in reply
+        cid = reply["clientId"]
+        connect(b, cid)
+        subscribe(b, cid, "/n")
+        publish(b, "/n", 1)
+        assert connect(b, cid) == [{"channel": "/n", "data": 1}]
