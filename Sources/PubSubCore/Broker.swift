@@ -58,13 +58,16 @@ public final class Broker: Sendable {
         var future = loop.makeSucceededFuture(())
         for (position, element) in elements.enumerated() {
             if position >= configuration.maxMessagesPerRequest {
+                // Appended in turn, after the replies of the messages before it (an engine may answer later).
+                let outcome: Outcome
                 if case .message(let message) = element {
                     var reply = message.makeResponse()
                     reply.fail(BayeuxError(.tooManyMessages))
-                    outcomes.append(finish(reply, context: context).map(Outcome.reply) ?? .none)
+                    outcome = finish(reply, context: context).map(Outcome.reply) ?? .none
                 } else {
-                    outcomes.append(.reply(Self.invalidElementReply))
+                    outcome = .reply(Self.invalidElementReply)
                 }
+                future = future.map { outcomes.append(outcome) }
                 continue
             }
             switch element {
