@@ -7,14 +7,18 @@ holds it for the full server timeout, so against Faye the same exchange takes ab
 
 import asyncio
 import json
+import os
+import sys
 import time
 
 import aiohttp
 import pytest
 
-from broker import Broker, target
+# Tests/wire/broker.py starts the broker under test (PUBSUB_TARGET=pubsub|faye).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wire"))
+from broker import Broker, target  # noqa: E402
 
-aiocometd = pytest.importorskip("aiocometd_ng", reason="pip install -r Tests/requirements.txt")
+# Missing packages: scripts/install-test-deps (pip install -r Tests/requirements.txt).
 from aiocometd_ng import Client, ConnectionType  # noqa: E402
 from aiocometd_ng.extensions import Extension  # noqa: E402
 
@@ -91,6 +95,11 @@ async def _exchange(url, connection_type, log, phases, t0):
         return received, ack_a, ack_b
     finally:
         await asyncio.gather(a.close(), b.close(), return_exceptions=True)
+        for c in (a, b):
+            # Client.close() leaves the HTTP session open when open() failed after the handshake.
+            session = c._http_session
+            if session is not None and not session.closed:
+                await session.close()
         mark("close")
 
 
@@ -161,6 +170,7 @@ def test_subscribe_publish_receive(aio_broker, connection_type):
 
 
 @pytest.mark.pubsub_only
+@pytest.mark.skipif(target() == "faye", reason="deliberate difference of pubsub from Faye (pubsub_only)")
 @pytest.mark.parametrize("connection_type", CONNECTION_TYPES)
 def test_first_connect_answered_at_once(aio_broker, connection_type):
     """pubsub answers the first /meta/connect at once, so aiocometd-ng is not kept waiting in open()."""
