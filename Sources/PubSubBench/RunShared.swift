@@ -1,0 +1,100 @@
+import Atomics
+import NIOCore
+
+/// What every client of one run shares: channel names, who listens where, and the two counters that keep the
+/// as-fast-as-possible mode honest (deliveries expected versus deliveries received, over all loops).
+final class RunShared: Sendable {
+    let options: BenchOptions
+    /// Channel names by index; the marker in each event carries the index.
+    let channels: [String]
+    let channelIndex: [String: Int]
+    /// Channel indexes each subscriber slot joins.
+    let memberships: [[Int]]
+    let expected = ManagedAtomic<Int>(0)
+    let delivered = ManagedAtomic<Int>(0)
+    /// Waiting publishers are woken once no more than this many deliveries are outstanding (set before
+    /// publishing starts; half the window).
+    let wakeThreshold = ManagedAtomic<Int>(0)
+    let gates: [PublisherGate]
+    let supportedTypes: String
+
+    init(options: BenchOptions, runId: String) {
+        self.options = options
+        let prefix = "/bench/\(runId)"
+        var channels: [String] = []
+        var memberships: [[Int]] = []
+        switch options.scenario {
+        case .fanout:
+            channels = ["\(prefix)/fanout"]
+            memberships = Array(repeating: [0], count: options.subscribers)
+        case .idle:
+            channels = ["\(prefix)/idle"]
+            memberships = Array(repeating: [0], count: options.subscribers)
+        case .publish:
+            channels = ["\(prefix)/publish"]
+            memberships = Array(repeating: [0], count: options.subscribers)
+        case .rooms:
+            channels = (0..<options.rooms).map { "\(prefix)/room/\($0)" }
+            let stride = max(1, options.rooms / options.roomsPerClient)
+            memberships = (0..<options.subscribers).map { i in
+                (0..<options.roomsPerClient).map { j in (i + j * stride) % options.rooms }
+            }
+        }
+        self.channels = channels
+        var index: [String: Int] = [:]
+        for (i, name) in channels.enumerated() { index[name] = i }
+        self.channelIndex = index
+        self.memberships = memberships
+        self.gates = (0..<max(1, options.publishers)).map { _ in PublisherGate() }
+        self.supportedTypes = options.transport == .websocket ? "\"websocket\",\"long-polling\"" : "\"long-polling\""
+    }
+
+    /// Deliveries expected but not yet received, over the whole run.
+    var outstanding: Int { expected.load(ordering: .relaxed) - delivered.load(ordering: .relaxed) }
+
+    /// Called by a subscriber after it counted `count` receipts: wakes publishers waiting for room.
+    func received(_ count: Int) {
+        let now = delivered.wrappingIncrementThenLoad(by: count, ordering: .relaxed)
+        guard expected.load(ordering: .relaxed) - now <= wakeThreshold.load(ordering: .relaxed) else { return }
+        for gate in gates where gate.blocked.load(ordering: .relaxed) {
+            gate.wake()
+        }
+    }
+}
+
+/// A publisher blocked on the window; whoever makes room wakes it on its own loop.
+final class PublisherGate: @unchecked Sendable {
+    let blocked = ManagedAtomic<Bool>(false)
+    /// Set once, on the publisher's loop, before it starts publishing.
+    private var resume: (@Sendable () -> Void)?
+    private var loop: (any EventLoop)?
+
+    func install(loop: any EventLoop, resume: @escaping @Sendable () -> Void) {
+        self.loop = loop
+        self.resume = resume
+    }
+
+    func wake() {
+        guard blocked.compareExchange(expected: true, desired: false, ordering: .acquiringAndReleasing).exchanged,
+            let loop, let resume
+        else { return }
+        loop.execute(resume)
+    }
+}
+
+/// How one publisher publishes, fixed when the load starts.
+struct PublishPlan: Sendable {
+    /// Subscribers per channel index (counted from the subscriptions that succeeded).
+    var fanout: [Int]
+    var windowStart: UInt64
+    /// When publishing stops (duration mode), or `.max`.
+    var windowEnd: UInt64
+    /// Publishes per second for this publisher; 0 for as fast as the window allows.
+    var rate: Double
+    /// Publishes this publisher makes inside the window (message-count mode), or nil.
+    var budget: Int?
+    /// Deliveries allowed outstanding over the run before publishers wait.
+    var windowDeliveries: Int
+    /// Publishes one publisher may have unacknowledged.
+    var windowAcks: Int
+}

@@ -1,0 +1,116 @@
+import ArgumentParser
+import PubSubBench
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+struct Bench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Load-test a Bayeux server (pubsub, Faye, CometD): deliveries/s, latency, losses, server CPU and memory.",
+        discussion: """
+            Scenarios:
+              fanout   --subscribers N on one channel; --publishers publish at --rate publishes/s, or (rate 0)
+                       as fast as a --window of publishes in flight allows.
+              rooms    CometD's chat shape: --subscribers clients, --rooms R, --rooms-per-client K; publishers
+                       send --batch messages per frame to the rooms.
+              idle     --subscribers connections handshaken, subscribed and held for --duration; with
+                       --server-pid, reports the server's RSS per connection; one publish checks they all live.
+              publish  HTTP publish ingest: publishers POST publishes without a handshake (as a Rails app does).
+            Latency is measured from the scheduled publish time to receipt (both in this process). Every expected
+            delivery is counted; losses are reported. With --server-pid (same machine), the server's CPU seconds
+            per million deliveries and its RSS are read from /proc. Use only against servers you run.
+            """
+    )
+
+    @Option(help: "Bayeux endpoint, e.g. http://127.0.0.1:9292/faye.") var url: String = "http://127.0.0.1:9292/faye"
+    @Option(help: "fanout, rooms, idle or publish.") var scenario: String = "fanout"
+    @Option(help: "websocket or long-polling (default: long-polling for publish, websocket otherwise).")
+    var transport: String?
+    @Option(help: "Subscribers (fanout), clients (rooms), connections (idle), listeners (publish; default 0).")
+    var subscribers: Int?
+    @Option(help: "Publishing connections.") var publishers: Int?
+    @Option(help: "Rooms (rooms scenario).") var rooms: Int = 100
+    @Option(help: "Rooms each client joins (rooms scenario).") var roomsPerClient: Int = 10
+    @Option(help: "Bytes of each message's data.") var size: Int = 64
+    @Option(help: "Publishes per second over all publishers; 0 for as fast as the window allows.") var rate: Double = 0
+    @Option(help: "Publishes per frame or request.") var batch: Int = 1
+    @Option(help: "Publishes in flight (unacknowledged or not yet received by all) when --rate is 0.")
+    var window: Int = 16
+    @Option(help: "Seconds to measure (idle: seconds to hold).") var duration: Double = 10
+    @Option(help: "Publishes to measure, instead of --duration.") var messages: Int?
+    @Option(help: "Seconds of load before measuring.") var warmup: Double = 2
+    @Option(help: "Seconds to wait for outstanding deliveries at the end.") var drain: Double = 10
+    @Option(help: "Event-loop threads of the load generator.") var threads: Int = 1
+    @Option(help: "Connections opened at once.") var connectConcurrency: Int = 200
+    @Option(help: "Seconds a connection may take to get ready.") var connectTimeout: Double = 60
+    @Option(help: "PID of the server on this machine, for its CPU and memory.") var serverPid: Int32?
+    @Option(help: "A name for the server in the report (e.g. faye-1.4.0).") var label: String?
+    @Flag(help: "Print the report as JSON on standard output.") var json = false
+    @Flag(help: "No progress line on standard error.") var quiet = false
+
+    func options() throws -> BenchOptions {
+        guard let url = BenchURL(url) else { throw ValidationError("--url must look like http://127.0.0.1:9292/faye") }
+        guard let scenario = Scenario(rawValue: scenario) else {
+            throw ValidationError("--scenario must be fanout, rooms, idle or publish")
+        }
+        let transport: Transport
+        if let name = self.transport {
+            guard let t = Transport(rawValue: name) else { throw ValidationError("--transport must be websocket or long-polling") }
+            transport = t
+        } else {
+            transport = scenario == .publish ? .longPolling : .websocket
+        }
+        let defaultSubscribers: Int
+        switch scenario {
+        case .fanout: defaultSubscribers = 100
+        case .rooms: defaultSubscribers = 1000
+        case .idle: defaultSubscribers = 1000
+        case .publish: defaultSubscribers = 0
+        }
+        let options = BenchOptions(
+            url: url, scenario: scenario, transport: transport,
+            subscribers: subscribers ?? defaultSubscribers,
+            publishers: publishers ?? (scenario == .rooms ? 10 : scenario == .publish ? 4 : 1),
+            rooms: rooms, roomsPerClient: roomsPerClient, payloadBytes: size, rate: rate, batch: batch,
+            window: window, duration: duration, messages: messages, warmup: warmup, drain: drain,
+            threads: threads, connectConcurrency: connectConcurrency, connectTimeout: connectTimeout,
+            serverPID: serverPid)
+        if let problem = options.problem() { throw ValidationError(problem) }
+        return options
+    }
+
+    func validate() throws { _ = try options() }
+
+    func run() async throws {
+        let options = try options()
+        let interactive = isatty(2) != 0
+        let quiet = self.quiet
+        let runner = BenchRunner(options: options) { line in
+            guard !quiet else { return }
+            if interactive {
+                writeStandardError("\r\u{1B}[K" + line)
+            } else {
+                writeStandardError(line + "\n")
+            }
+        }
+        var report: BenchReport
+        do {
+            report = try await runner.run()
+        } catch {
+            if interactive, !quiet { writeStandardError("\n") }
+            writeStandardError("pubsub bench: \(error)\n")
+            throw ExitCode.failure
+        }
+        if interactive, !quiet { writeStandardError("\r\u{1B}[K") }
+        report.serverName = label
+        print(json ? report.jsonText : report.table)
+        if report.lost > 0 || report.connectFailures > 0 { throw ExitCode(2) }
+    }
+}
+
+private func writeStandardError(_ text: String) {
+    _ = text.utf8.withContiguousStorageIfAvailable { write(2, $0.baseAddress, $0.count) }
+}
