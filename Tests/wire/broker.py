@@ -153,6 +153,11 @@ class Broker:
         raise RuntimeError(f"server did not accept TCP on port {self.port} within "
                            f"{self.START_TIMEOUT}s:\n{self.log()}")
 
+    @property
+    def pid(self):
+        """The server's process id (puma's for Faye), or None before start."""
+        return None if self._proc is None else self._proc.pid
+
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
