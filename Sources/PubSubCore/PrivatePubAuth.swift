@@ -24,16 +24,28 @@ public struct PrivatePubAuth: BayeuxExtension {
     public var maxClockSkew: Double
     /// Wall-clock milliseconds since the epoch.
     public var now: @Sendable () -> Int64
+    /// Which subscription signatures are accepted: PrivatePub's SHA-1, HMAC-SHA256, or either.
+    public var signatures: SignatureScheme
+    /// With HMAC signatures: refuse a signature that is not bound to the subscriber's clientId.
+    public var requireClientBinding: Bool
+    /// Channel patterns anyone may subscribe to without a signature (publishing still needs the token).
+    public var publicChannels: [String]
 
     public init(
         secret: String,
         signatureExpiration: Double? = nil,
         maxClockSkew: Double = 300,
+        signatures: SignatureScheme = .privatePub,
+        requireClientBinding: Bool = false,
+        publicChannels: [String] = [],
         now: @escaping @Sendable () -> Int64 = PrivatePubAuth.wallClockMilliseconds
     ) {
         self.secret = secret
         self.signatureExpiration = signatureExpiration
         self.maxClockSkew = maxClockSkew
+        self.signatures = signatures
+        self.requireClientBinding = requireClientBinding
+        self.publicChannels = publicChannels
         self.now = now
     }
 
@@ -70,6 +82,17 @@ public struct PrivatePubAuth: BayeuxExtension {
     }
 
     func checkSubscription(_ message: Message) -> String? {
+        if isPublicSubscription(message) { return nil }
+        switch signatures {
+        case .privatePub: return checkPrivatePubSignature(message)
+        case .hmac: return checkHMACSignature(message)
+        case .both:
+            return message.ext?["signature"] != nil
+                ? checkHMACSignature(message) : checkPrivatePubSignature(message)
+        }
+    }
+
+    func checkPrivatePubSignature(_ message: Message) -> String? {
         guard let ext = message.ext,
             let signature = ext["private_pub_signature"]?.stringValue,
             let timestampValue = ext["private_pub_timestamp"]
@@ -87,6 +110,11 @@ public struct PrivatePubAuth: BayeuxExtension {
         }
         let expected = Self.signature(secret: secret, channel: subscription, timestamp: timestampText)
         guard constantTimeEqual(signature, expected) else { return Self.incorrectSignature }
+        return checkTimestamp(timestampValue)
+    }
+
+    /// The expiry and clock-skew checks shared by both signature schemes, after the signature matched.
+    func checkTimestamp(_ timestampValue: JSONValue) -> String? {
         guard let timestamp = timestampValue.integerValue else { return Self.incorrectSignature }
         let nowMs = now()
         if let expiration = signatureExpiration,
