@@ -1,0 +1,139 @@
+"""Fixtures and helpers of the browser suite: headless Chromium (Debian's `chromium`), a page server on its own
+port (so pages are cross-origin to the broker), brokers from Tests/wire/broker.py, and screenshots.
+
+The suite has no conftest.py: run in one session with Tests/wire, a second module named `conftest` would shadow
+the one Tests/wire's tests import from. Test modules import the fixtures they use from here.
+
+Screenshots go to $PUBSUB_SCREENSHOTS or Tests/browser/screenshots/; each path is printed when it is taken.
+"""
+
+import os
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WIRE = os.path.join(REPO, "Tests", "wire")
+if WIRE not in sys.path:
+    sys.path.insert(0, WIRE)
+
+import pytest  # noqa: E402
+
+import broker as broker_module  # noqa: E402
+from broker import Broker  # noqa: E402
+from cdp import Browser  # noqa: E402
+
+SCREENSHOTS = os.environ.get("PUBSUB_SCREENSHOTS", os.path.join(HERE, "screenshots"))
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RestartableBroker(Broker):
+    """A Broker that can be restarted on the same port, as a real deployment restarts."""
+
+    def restart(self):
+        port = self.port
+        self.stop()
+        original = broker_module._free_port
+        broker_module._free_port = lambda: port
+        try:
+            self.start()
+        finally:
+            broker_module._free_port = original
+
+
+class PageServer:
+    """Serves pages registered by the tests from http://127.0.0.1:<own port>/."""
+
+    def __init__(self):
+        self.pages = {}
+        pages = self.pages
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                if path not in pages:
+                    self.send_error(404)
+                    return
+                content_type, body = pages[path]
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.origin = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def add(self, path, body, content_type="text/html; charset=utf-8"):
+        self.pages[path] = (content_type, body.encode("utf-8") if isinstance(body, str) else body)
+        return self.origin + path
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def page(browser):
+    p = browser.new_page()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def page_server():
+    s = PageServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_broker():
+    started = []
+
+    def make(**kwargs):
+        b = RestartableBroker(**kwargs)
+        b.start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def screenshot(request):
+    """screenshot(page, name) saves a PNG under the screenshots folder, prints its path and returns it."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def take(page, name):
+        path = page.screenshot(os.path.join(SCREENSHOTS, f"{name}.png"))
+        if reporter is not None:
+            reporter.write_line(f"\nscreenshot: {path}")
+        else:
+            print(f"screenshot: {path}")
+        return path
+
+    return take
