@@ -14,6 +14,7 @@ let package = Package(
         .library(name: "Bayeux", targets: ["Bayeux"]),
         .library(name: "PubSubCore", targets: ["PubSubCore"]),
         .library(name: "PubSubServer", targets: ["PubSubServer"]),
+        .library(name: "PubSubClient", targets: ["PubSubClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -67,10 +68,23 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "PubSubClient",
+            dependencies: [
+                "Bayeux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "PubSubCLI",
             dependencies: [
                 "PubSubServer",
+                "PubSubClient",
                 "PubSubBench",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -42,10 +42,7 @@ struct Serve: AsyncParsableCommand {
     var historySize: Int?
     @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
     var historyTtl: Double?
-    @Option(help: "PrivatePub secret token: signed subscriptions and a publish token (PUBSUB_SECRET).")
-    var secret: String?
-    @Option(help: "Seconds a subscription signature stays valid (PUBSUB_SIGNATURE_EXPIRATION).")
-    var signatureExpiration: Double?
+    @OptionGroup(title: "Authentication") var auth: AuthOptions
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
     var logLevel: String?
@@ -83,10 +80,7 @@ struct Serve: AsyncParsableCommand {
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil
         )
         var extensions: [any BayeuxExtension] = []
-        if let secret = self.secret ?? Environment.string("PUBSUB_SECRET") {
-            let expiration = try self.signatureExpiration ?? Environment.value("PUBSUB_SIGNATURE_EXPIRATION", as: Double.self)
-            extensions.append(PrivatePubAuth(secret: secret, signatureExpiration: expiration))
-        }
+        if let auth = try auth.resolve().extension { extensions.append(auth) }
         let levelName = try pick(logLevel, "PUBSUB_LOG_LEVEL", "info")
         guard let level = Logger.Level(rawValue: levelName) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
@@ -124,6 +118,7 @@ struct Serve: AsyncParsableCommand {
             throw ExitCode.failure
         }
         logger.info("listening on http://\(configuration.host):\(port)\(configuration.mount)")
+        if let summary = try? auth.resolve().summary { logger.info("auth: \(summary)") }
         if configuration.extensions.extensions.isEmpty {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }

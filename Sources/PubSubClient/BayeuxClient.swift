@@ -1,0 +1,362 @@
+import Bayeux
+import NIOCore
+import NIOPosix
+
+/// A Bayeux client, as Faye's: handshake, a connect loop that follows the server's advice, subscriptions that
+/// survive a re-handshake, publishing (one message, or many pipelined), and disconnect. Speaks long-polling
+/// over HTTP/1.1 or WebSocket.
+///
+///     let client = try BayeuxClient(url: "http://127.0.0.1:9292/faye")
+///     try await client.subscribe("/chat/room")
+///     try await client.publish("/chat/room", data: ["text": "hi"])
+///     for try await message in client.events { print(message.data!) }
+///
+/// Publishing needs no handshake (like PrivatePub's `publish_to`); subscribing handshakes first if needed.
+public actor BayeuxClient {
+    public struct Configuration: Sendable {
+        public enum Transport: Sendable, Equatable {
+            /// WebSocket for `ws://` URLs, long-polling for `http://`.
+            case automatic
+            case longPolling
+            case webSocket
+        }
+
+        public var transport: Transport
+        /// How long to wait for a TCP connection (and a WebSocket upgrade).
+        public var connectTimeout: TimeAmount
+        /// How long to wait for the answer to anything but a held `/meta/connect`.
+        public var requestTimeout: TimeAmount
+        /// How often a request answered `429 Too Many Requests` is retried before giving up.
+        public var maxRateLimitRetries: Int
+        /// The longest `Retry-After` honoured, in seconds (longer advice is cut to this).
+        public var maxRetryAfter: Double
+        /// Largest WebSocket message accepted from the server.
+        public var maxFrameBytes: Int
+        /// Messages per request when publishing many.
+        public var batchSize: Int
+        /// Requests outstanding at once when publishing many.
+        public var pipelineDepth: Int
+        /// Pause before the next connect after one failed on the network.
+        public var retryDelay: TimeAmount
+        /// Consecutive failed connects after which `events` ends with the error; nil retries forever, as Faye.
+        public var maxConnectFailures: Int?
+        /// `ext` sent with every handshake.
+        public var handshakeExt: JSONObject?
+        /// Called for every subscribe, also the ones repeated after a re-handshake, to produce its `ext`
+        /// (a fresh signature, bound to the current clientId if the scheme wants it).
+        public var subscriptionExt: (@Sendable (_ channel: String, _ clientId: String) -> JSONObject?)?
+
+        public init(
+            transport: Transport = .automatic,
+            connectTimeout: TimeAmount = .seconds(3),
+            requestTimeout: TimeAmount = .seconds(10),
+            maxRateLimitRetries: Int = 5,
+            maxRetryAfter: Double = 30,
+            maxFrameBytes: Int = 1 << 24,
+            batchSize: Int = 100,
+            pipelineDepth: Int = 8,
+            retryDelay: TimeAmount = .seconds(1),
+            maxConnectFailures: Int? = nil,
+            handshakeExt: JSONObject? = nil,
+            subscriptionExt: (@Sendable (_ channel: String, _ clientId: String) -> JSONObject?)? = nil
+        ) {
+            self.transport = transport
+            self.connectTimeout = connectTimeout
+            self.requestTimeout = requestTimeout
+            self.maxRateLimitRetries = maxRateLimitRetries
+            self.maxRetryAfter = maxRetryAfter
+            self.maxFrameBytes = maxFrameBytes
+            self.batchSize = batchSize
+            self.pipelineDepth = pipelineDepth
+            self.retryDelay = retryDelay
+            self.maxConnectFailures = maxConnectFailures
+            self.handshakeExt = handshakeExt
+            self.subscriptionExt = subscriptionExt
+        }
+    }
+
+    /// One message to publish.
+    public struct Publication: Sendable {
+        public var channel: String
+        public var data: JSONValue
+        public var ext: JSONObject?
+
+        public init(channel: String, data: JSONValue, ext: JSONObject? = nil) {
+            self.channel = channel
+            self.data = data
+            self.ext = ext
+        }
+    }
+
+    /// What the server said to one publication.
+    public struct PublishResult: Sendable, Equatable {
+        public var successful: Bool
+        /// The server's `error` string when it refused.
+        public var error: String?
+    }
+
+    public nonisolated let url: BayeuxURL
+    public nonisolated let configuration: Configuration
+    /// Messages delivered to this client's subscriptions, in arrival order. Ends after `disconnect()`, or with
+    /// an error when the session cannot be kept (advice `none`, a refused re-subscription, too many failures).
+    public nonisolated let events: AsyncThrowingStream<Message, any Error>
+
+    private let eventSink: AsyncThrowingStream<Message, any Error>.Continuation
+    private let transport: any BayeuxTransport
+    public private(set) var clientId: String?
+    private var subscriptions: [(channel: String, ext: JSONObject?)] = []
+    private var connectTask: Task<Void, Never>?
+    private var nextId = 0
+    private var adviceTimeout: TimeAmount = .seconds(45)
+    private var adviceInterval: TimeAmount = .zero
+    private var adviceReconnect = "retry"
+    private var closed = false
+
+    public init(
+        url: String, configuration: Configuration = .init(),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) throws {
+        let parsed = try BayeuxURL(url)
+        self.url = parsed
+        self.configuration = configuration
+        let (stream, continuation) = AsyncThrowingStream<Message, any Error>.makeStream()
+        self.events = stream
+        self.eventSink = continuation
+        let onEvents: @Sendable ([Message]) -> Void = { events in
+            for event in events { continuation.yield(event) }
+        }
+        let useWebSocket =
+            configuration.transport == .webSocket
+            || (configuration.transport == .automatic && parsed.prefersWebSocket)
+        if useWebSocket {
+            transport = WebSocketTransport(url: parsed, group: group, configuration: configuration, onEvents: onEvents)
+        } else {
+            transport = HTTPTransport(url: parsed, group: group, configuration: configuration, onEvents: onEvents)
+        }
+    }
+
+    /// The `connectionType` in use: `long-polling` or `websocket`.
+    public nonisolated var connectionType: String { transport.connectionType.rawValue }
+
+    private func makeId() -> JSONValue {
+        nextId += 1
+        return .string(String(nextId, radix: 36))
+    }
+
+    // MARK: Session
+
+    /// Handshakes (if not done yet) and starts the connect loop; returns the clientId.
+    @discardableResult
+    public func handshake() async throws -> String {
+        if let clientId { return clientId }
+        let id = try await performHandshake()
+        startConnectLoop()
+        return id
+    }
+
+    private func performHandshake() async throws -> String {
+        guard !closed else { throw BayeuxClientError(.notConnected, "the client is closed") }
+        var message = Message()
+        message.channel = Channel.handshake
+        message["version"] = "1.0"
+        message["supportedConnectionTypes"] = .array([.string(transport.connectionType.rawValue)])
+        message["id"] = makeId()
+        if let ext = configuration.handshakeExt { message.ext = ext }
+        let reply = try await roundTrip(message, timeout: configuration.requestTimeout)
+        guard reply["successful"] == .bool(true), let id = reply.clientId else {
+            throw BayeuxClientError(.refused, reply.error ?? "handshake refused")
+        }
+        applyAdvice(reply)
+        clientId = id
+        return id
+    }
+
+    private func applyAdvice(_ reply: Message) {
+        guard let advice = reply["advice"]?.objectValue else { return }
+        if let t = advice["timeout"]?.doubleValue, t >= 0 { adviceTimeout = .nanoseconds(Int64(t * 1_000_000)) }
+        if let i = advice["interval"]?.doubleValue, i >= 0 { adviceInterval = .nanoseconds(Int64(i * 1_000_000)) }
+        if let r = advice["reconnect"]?.stringValue { adviceReconnect = r }
+    }
+
+    private func startConnectLoop() {
+        connectTask?.cancel()
+        connectTask = Task { await self.connectLoop() }
+    }
+
+    private func connectLoop() async {
+        var failures = 0
+        while !Task.isCancelled, !closed, let clientId {
+            var message = Message()
+            message.channel = Channel.connect
+            message.clientId = clientId
+            message["connectionType"] = .string(transport.connectionType.rawValue)
+            message["id"] = makeId()
+            do {
+                let reply = try await roundTrip(message, timeout: adviceTimeout + configuration.requestTimeout)
+                failures = 0
+                applyAdvice(reply)
+                if reply["successful"] == .bool(true) {
+                    if adviceInterval > .zero { try await sleep(adviceInterval) }
+                    continue
+                }
+                switch adviceReconnect {
+                case "none":
+                    finish(BayeuxClientError(.refused, reply.error ?? "the server ended the session"))
+                    return
+                case "retry":
+                    try await sleep(max(adviceInterval, configuration.retryDelay))
+                default:
+                    try await rehandshake()
+                }
+            } catch {
+                if Task.isCancelled || closed { return }
+                if let e = error as? BayeuxClientError, e.code == .refused {
+                    finish(e)
+                    return
+                }
+                failures += 1
+                if let limit = configuration.maxConnectFailures, failures >= limit {
+                    finish(error)
+                    return
+                }
+                try? await sleep(configuration.retryDelay)
+            }
+        }
+    }
+
+    /// A new session after the server forgot the old one: handshake again, then repeat every subscription.
+    private func rehandshake() async throws {
+        clientId = nil
+        let id = try await performHandshake()
+        for (channel, ext) in subscriptions {
+            try await sendSubscribe(channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext)
+        }
+    }
+
+    private func sleep(_ amount: TimeAmount) async throws {
+        try await Task.sleep(nanoseconds: UInt64(max(0, amount.nanoseconds)))
+    }
+
+    private func finish(_ error: (any Error)?) {
+        eventSink.finish(throwing: error)
+    }
+
+    // MARK: Subscriptions
+
+    /// Subscribes to a channel or pattern; returns once the server accepted it. A refusal throws `.refused`
+    /// with the server's error. `ext` (for instance a PrivatePub signature) is sent with the subscribe; without
+    /// it, `configuration.subscriptionExt` is asked.
+    public func subscribe(_ channel: String, ext: JSONObject? = nil) async throws {
+        let id = try await handshake()
+        try await sendSubscribe(channel, clientId: id, ext: ext ?? configuration.subscriptionExt?(channel, id))
+        subscriptions.append((channel, ext))
+    }
+
+    private func sendSubscribe(_ channel: String, clientId: String, ext: JSONObject?) async throws {
+        var message = Message()
+        message.channel = Channel.subscribe
+        message.clientId = clientId
+        message["subscription"] = .string(channel)
+        message["id"] = makeId()
+        if let ext { message.ext = ext }
+        let reply = try await roundTrip(message, timeout: configuration.requestTimeout)
+        guard reply["successful"] == .bool(true) else {
+            throw BayeuxClientError(.refused, reply.error ?? "subscription to \(channel) refused")
+        }
+    }
+
+    public func unsubscribe(_ channel: String) async throws {
+        subscriptions.removeAll { $0.channel == channel }
+        guard let clientId else { return }
+        var message = Message()
+        message.channel = Channel.unsubscribe
+        message.clientId = clientId
+        message["subscription"] = .string(channel)
+        message["id"] = makeId()
+        let reply = try await roundTrip(message, timeout: configuration.requestTimeout)
+        guard reply["successful"] == .bool(true) else {
+            throw BayeuxClientError(.refused, reply.error ?? "unsubscribe from \(channel) refused")
+        }
+    }
+
+    // MARK: Publishing
+
+    /// Publishes one message and returns once the server acknowledged it; a refusal throws `.refused` with the
+    /// server's error string.
+    public func publish(_ channel: String, data: JSONValue, ext: JSONObject? = nil) async throws {
+        let reply = try await roundTrip(publication(Publication(channel: channel, data: data, ext: ext)),
+                                        timeout: configuration.requestTimeout)
+        guard reply["successful"] == .bool(true) else {
+            throw BayeuxClientError(.refused, reply.error ?? "publish to \(channel) refused")
+        }
+    }
+
+    /// Publishes many messages in order, `batchSize` per request with up to `pipelineDepth` requests in
+    /// flight, and returns what the server said to each. Throws only when the exchange itself failed (then
+    /// some of them may have been delivered).
+    public func publish(_ publications: [Publication]) async throws -> [PublishResult] {
+        let messages = publications.map(publication)
+        let size = max(1, configuration.batchSize)
+        let batches = stride(from: 0, to: messages.count, by: size).map {
+            Array(messages[$0..<min($0 + size, messages.count)])
+        }
+        let replies = try await transport.exchangePipelined(
+            batches, window: configuration.pipelineDepth, timeout: configuration.requestTimeout)
+        var byId: [JSONValue: Message] = [:]
+        for batch in replies { for reply in batch { if let id = reply.id { byId[id] = reply } } }
+        return messages.map { message in
+            guard let reply = byId[message.id!] else {
+                return PublishResult(successful: false, error: "no reply from the server")
+            }
+            let ok = reply["successful"] == .bool(true)
+            return PublishResult(successful: ok, error: ok ? nil : (reply.error ?? "refused"))
+        }
+    }
+
+    private func publication(_ p: Publication) -> Message {
+        var message = Message()
+        message.channel = p.channel
+        message["data"] = p.data
+        message["id"] = makeId()
+        if let clientId { message.clientId = clientId }
+        if let ext = p.ext { message.ext = ext }
+        return message
+    }
+
+    // MARK: Ending
+
+    /// Ends the session: stops the connect loop, sends `/meta/disconnect` (without waiting long for the
+    /// answer), closes the connections and ends `events`.
+    public func disconnect() async {
+        connectTask?.cancel()
+        connectTask = nil
+        if let clientId, !closed {
+            var message = Message()
+            message.channel = Channel.disconnect
+            message.clientId = clientId
+            message["id"] = makeId()
+            _ = try? await transport.exchange([message], timeout: .seconds(2))
+        }
+        self.clientId = nil
+        await close()
+    }
+
+    /// Closes the connections without telling the server; the session expires there on its own.
+    public func close() async {
+        closed = true
+        connectTask?.cancel()
+        connectTask = nil
+        await transport.close()
+        finish(nil)
+    }
+
+    // MARK: Exchange
+
+    private func roundTrip(_ message: Message, timeout: TimeAmount) async throws -> Message {
+        let replies = try await transport.exchange([message], timeout: timeout)
+        guard let reply = replies.first(where: { $0.id == message.id }) else {
+            throw BayeuxClientError(.protocolError, "no reply to \(message.channel ?? "the message") from the server")
+        }
+        return reply
+    }
+}

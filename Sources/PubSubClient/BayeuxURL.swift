@@ -1,0 +1,69 @@
+/// The address of a Bayeux endpoint: `http://host:port/path` (long-polling) or `ws://host:port/path`
+/// (WebSocket); either form names the same endpoint, the scheme only picks the default transport.
+public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
+    public var secure: Bool
+    public var host: String
+    public var port: Int
+    /// The path with the query, e.g. `/faye`; `/` when the URL has none.
+    public var path: String
+    /// True when the URL was written with `ws:` or `wss:`.
+    public var prefersWebSocket: Bool
+
+    public init(_ string: String) throws(BayeuxClientError) {
+        func invalid(_ why: String) -> BayeuxClientError {
+            BayeuxClientError(.invalidURL, "invalid URL '\(string)': \(why)")
+        }
+        guard let schemeEnd = string.firstRange(of: "://") else {
+            throw invalid("expected http://HOST[:PORT]/PATH")
+        }
+        let scheme = string[..<schemeEnd.lowerBound].lowercased()
+        switch scheme {
+        case "http": (secure, prefersWebSocket) = (false, false)
+        case "ws": (secure, prefersWebSocket) = (false, true)
+        case "https", "wss":
+            throw invalid("TLS (\(scheme)) is not supported by this client yet; use http:// to a local endpoint")
+        default: throw invalid("unknown scheme '\(scheme)'")
+        }
+        let rest = string[schemeEnd.upperBound...]
+        let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
+        var authority = rest[..<authorityEnd]
+        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        var path = String(rest[authorityEnd...])
+        if let hash = path.firstIndex(of: "#") { path = String(path[..<hash]) }
+        if path.isEmpty || path.hasPrefix("?") { path = "/" + path }
+        self.path = path
+        let defaultPort = 80
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { throw invalid("unclosed '[' in host") }
+            host = String(authority[authority.index(after: authority.startIndex)..<close])
+            let after = authority[authority.index(after: close)...]
+            if after.isEmpty {
+                port = defaultPort
+            } else if after.hasPrefix(":"), let p = Int(after.dropFirst()), (1...65535).contains(p) {
+                port = p
+            } else {
+                throw invalid("bad port")
+            }
+        } else if let colon = authority.lastIndex(of: ":") {
+            host = String(authority[..<colon])
+            guard let p = Int(authority[authority.index(after: colon)...]), (1...65535).contains(p) else {
+                throw invalid("bad port")
+            }
+            port = p
+        } else {
+            host = String(authority)
+            port = defaultPort
+        }
+        guard !host.isEmpty else { throw invalid("no host") }
+    }
+
+    /// The `Host` header value.
+    var hostHeader: String {
+        let h = host.contains(":") ? "[\(host)]" : host
+        return port == 80 ? h : "\(h):\(port)"
+    }
+
+    public var description: String {
+        "\(prefersWebSocket ? "ws" : "http")://\(hostHeader)\(path)"
+    }
+}

@@ -1,0 +1,32 @@
+import ArgumentParser
+import Bayeux
+import PubSubClient
+import PubSubCore
+
+/// Where the client commands connect and with which secret.
+struct ClientOptions: ParsableArguments {
+    static let defaultURL = "http://127.0.0.1:9292/faye"
+
+    @Option(
+        name: [.customLong("url"), .customLong("server")],
+        help: "The broker's Bayeux endpoint (PUBSUB_URL; default http://127.0.0.1:9292/faye).")
+    var url: String?
+
+    @Option(help: "The secret token shared with the broker (PUBSUB_SECRET).")
+    var secret: String?
+
+    @OptionGroup var privatePub: PrivatePubConfigOptions
+
+    /// Flags first, then the PrivatePub file, then the environment, then the default.
+    func resolve() throws -> (url: String, secret: String?) {
+        let file = try privatePub.load()
+        let url = self.url ?? file?.server ?? Environment.string("PUBSUB_URL") ?? Self.defaultURL
+        do {
+            _ = try BayeuxURL(url)
+        } catch {
+            throw failure(error.message, ExitStatus.usage)
+        }
+        let secret = self.secret ?? file?.secretToken ?? Environment.string("PUBSUB_SECRET")
+        return (url, secret)
+    }
+}
