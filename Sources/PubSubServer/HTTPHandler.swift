@@ -11,6 +11,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     let shared: ServerShared
+    private let makeUpgradeHandler: () -> HTTPServerUpgradeHandler
+    /// Whether an upgrade handler stands in front of this one, waiting for the next request.
+    private var upgradeArmed = true
     private var context: ChannelHandlerContext?
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
@@ -18,7 +21,17 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var parked: LongPollSink?
     private var stream: EventSourceSink?
 
-    init(shared: ServerShared) { self.shared = shared }
+    init(shared: ServerShared, makeUpgradeHandler: @escaping () -> HTTPServerUpgradeHandler) {
+        self.shared = shared
+        self.makeUpgradeHandler = makeUpgradeHandler
+    }
+
+    /// Puts an upgrade handler back in front of this one, so the next request may be a WebSocket upgrade.
+    private func rearmUpgrade(context: ChannelHandlerContext) {
+        guard !upgradeArmed else { return }
+        upgradeArmed = true
+        try? context.pipeline.syncOperations.addHandler(makeUpgradeHandler(), position: .before(self))
+    }
 
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
 
@@ -35,6 +48,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
+            // The upgrade handler passed this request on and left the pipeline.
+            upgradeArmed = false
             self.head = head
             body = nil
             rejected = false
@@ -75,11 +90,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .health:
             respond(status: .ok, text: "ok\n")
         case .staticFile(let name):
-            if let file = StaticFiles.response(name: name, method: head.method, requestHeaders: head.headers) {
-                respond(status: file.status, headers: file.headers, body: file.body)
-            } else {
-                respond(status: .notFound, text: "No such file: \(name)\n")
-            }
+            respond(status: .notFound, text: "No such file: \(name)\n")
         case .bayeux, .bayeuxWithSuffix:
             if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
                 preflight(head)
@@ -302,6 +313,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
         if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
+        if keepAlive { rearmUpgrade(context: context) }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
         if !keepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
     }

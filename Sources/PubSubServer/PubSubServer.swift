@@ -70,18 +70,7 @@ public final class PubSubServer: Sendable {
             .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let sync = channel.pipeline.syncOperations
-                    let httpHandler = HTTPHandler(shared: shared)
-                    let boundHandler = NIOLoopBound(httpHandler, eventLoop: channel.eventLoop)
-                    try sync.configureHTTPServerPipeline(
-                        withServerUpgrade: (
-                            upgraders: [upgrader],
-                            completionHandler: { context in
-                                context.pipeline.syncOperations.removeHandler(boundHandler.value, promise: nil)
-                            }
-                        ),
-                        withErrorHandling: true)
-                    try sync.addHandler(httpHandler)
+                    try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
                 }
             }
         let channel = try await bootstrap.bind(host: configuration.host, port: configuration.port).get()
@@ -92,6 +81,33 @@ public final class PubSubServer: Sendable {
         }
         state.withLockedValue { $0 = (channel, sweeper) }
         return channel.localAddress?.port ?? configuration.port
+    }
+
+    /// HTTP/1.1 with WebSocket upgrade on any request of a keep-alive connection, not only the first: clients
+    /// that pool connections (aiohttp, for one) send the upgrade on the connection their handshake POST used.
+    /// NIO's upgrade handler looks at one request and leaves; `HTTPHandler` puts a fresh one back in front of
+    /// itself before each response ends, which is before the pipelining handler lets the next request through.
+    static func configureHTTP(
+        channel: any Channel, shared: ServerShared, upgrader: NIOWebSocketServerUpgrader
+    ) throws {
+        let sync = channel.pipeline.syncOperations
+        let encoder = HTTPResponseEncoder()
+        let decoder = ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes))
+        let pipelining = HTTPServerPipelineHandler()
+        let errors = HTTPServerProtocolErrorHandler()
+        try sync.addHandlers([encoder, decoder, pipelining, errors])
+        var httpHandler: HTTPHandler?
+        let makeUpgradeHandler = { () -> HTTPServerUpgradeHandler in
+            HTTPServerUpgradeHandler(
+                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors],
+                upgradeCompletionHandler: { context in
+                    if let httpHandler { context.pipeline.syncOperations.removeHandler(httpHandler, promise: nil) }
+                })
+        }
+        let handler = HTTPHandler(shared: shared, makeUpgradeHandler: makeUpgradeHandler)
+        httpHandler = handler
+        try sync.addHandler(makeUpgradeHandler())
+        try sync.addHandler(handler)
     }
 
     /// Stops accepting, releases every parked connect and socket, and closes.
