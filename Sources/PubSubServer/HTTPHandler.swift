@@ -90,7 +90,11 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .health:
             respond(status: .ok, text: "ok\n")
         case .staticFile(let name):
-            respond(status: .notFound, text: "No such file: \(name)\n")
+            if let file = StaticFiles.response(name: name, method: head.method, requestHeaders: head.headers) {
+                respond(status: file.status, headers: file.headers, body: file.body)
+            } else {
+                respond(status: .notFound, text: "No such file: \(name)\n")
+            }
         case .bayeux, .bayeuxWithSuffix:
             if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
                 preflight(head)
