@@ -1,0 +1,158 @@
+"""`pubsub subscribe` end to end: signed subscriptions, --count, --timeout, --full, WebSocket, refusals."""
+
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+from clitools import SECRET, Broker, clean_env, closed_port, pubsub_bin, run
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def broker():
+    with Broker(timeout=45, secret=SECRET, signature_expiration=3600) as b:
+        yield b
+
+
+class Subscriber:
+    """`pubsub subscribe ...` in the background; waits for its "subscribed" line on stderr."""
+
+    def __init__(self, args, env=None):
+        self.proc = subprocess.Popen([pubsub_bin(), "subscribe"] + list(args), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env or clean_env())
+        self.err_lines = []
+        self.subscribed = threading.Event()
+        self._reader = threading.Thread(target=self._read_err, daemon=True)
+        self._reader.start()
+
+    def _read_err(self):
+        for line in self.proc.stderr:
+            self.err_lines.append(line)
+            if "subscribed to" in line:
+                self.subscribed.set()
+
+    def wait_subscribed(self, timeout=10):
+        assert self.subscribed.wait(timeout), f"not subscribed: {self.err_lines}"
+
+    def finish(self, timeout=15):
+        out, _ = self.proc.communicate(timeout=timeout)
+        self._reader.join(timeout=2)
+        return self.proc.returncode, out, "".join(self.err_lines)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def publish(broker, channel, data):
+    p = run(["publish", "--url", broker.url, "--secret", SECRET, channel, json.dumps(data)])
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("transport", [[], ["--websocket"]])
+def test_count_prints_data_lines_and_exits(broker, transport):
+    s = Subscriber(["--url", broker.url, "--secret", SECRET, "--count", "3", "--timeout", "20"] + transport
+                   + ["/sub/a", "/sub/wild/*"])
+    try:
+        s.wait_subscribed()
+        publish(broker, "/sub/a", {"n": 1})
+        publish(broker, "/sub/wild/x", [2, "two"])
+        publish(broker, "/sub/other", {"never": True})
+        publish(broker, "/sub/a", "three")
+        rc, out, err = s.finish()
+    finally:
+        s.kill()
+    assert rc == 0, err
+    assert out.splitlines() == ['{"n":1}', '[2,"two"]', '"three"']
+    expected = "websocket" if transport else "long-polling"
+    assert f"subscribed to /sub/a, /sub/wild/* ({expected})" in err
+
+
+def test_full_prints_whole_messages(broker):
+    s = Subscriber(["--url", broker.url.replace("http://", "ws://"), "--secret", SECRET, "--count", "1",
+                    "--full", "--timeout", "20", "/sub/full"])
+    try:
+        s.wait_subscribed()
+        publish(broker, "/sub/full", {"x": 1})
+        rc, out, err = s.finish()
+    finally:
+        s.kill()
+    assert rc == 0, err
+    [line] = out.splitlines()
+    message = json.loads(line)
+    assert message["channel"] == "/sub/full" and message["data"] == {"x": 1}
+    assert message["ext"]["private_pub_token"] is None
+    assert "(websocket)" in err
+
+
+def test_timeout_without_count_exits_zero(broker):
+    p = run(["subscribe", "--url", broker.url, "--secret", SECRET, "--timeout", "1", "--quiet", "/sub/t"])
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    assert 0.9 <= p.elapsed < 6
+
+
+def test_timeout_before_count_is_a_failure(broker):
+    p = run(["subscribe", "--url", broker.url, "--secret", SECRET, "--timeout", "1", "--count", "2", "/sub/t"])
+    assert p.returncode == 75
+    assert "timed out after 1 s with 0 of 2 messages" in p.stderr
+
+
+def test_sigterm_ends_cleanly(broker):
+    s = Subscriber(["--url", broker.url, "--secret", SECRET, "/sub/term"])
+    try:
+        s.wait_subscribed()
+        s.proc.terminate()
+        rc, out, err = s.finish(timeout=10)
+    finally:
+        s.kill()
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--secret", "wrong"], "Incorrect signature."),
+    ([], "Incorrect signature."),
+])
+def test_refused_subscription(broker, args, error):
+    p = run(["subscribe", "--url", broker.url, "--timeout", "10"] + args + ["/sub/refused"])
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"pubsub: refused by the server: {error}"]
+    assert p.elapsed < 8
+
+
+def test_hmac_refused_by_a_privatepub_broker(broker):
+    p = run(["subscribe", "--url", broker.url, "--secret", SECRET, "--hmac", "--timeout", "10", "/sub/h"])
+    assert p.returncode == 1
+    assert "Incorrect signature." in p.stderr
+
+
+def test_hmac_bound_subscription(tmp_path):
+    with Broker(timeout=45, secret=SECRET, extra_args=["--signatures", "hmac", "--require-client-binding"]) as b:
+        s = Subscriber(["--url", b.url, "--secret", SECRET, "--hmac", "--count", "1", "--timeout", "20", "/sub/h"])
+        try:
+            s.wait_subscribed()
+            publish(b, "/sub/h", {"strong": True})
+            rc, out, err = s.finish()
+        finally:
+            s.kill()
+        assert rc == 0, err
+        assert out.splitlines() == ['{"strong":true}']
+        # PrivatePub's SHA-1 signature is not accepted in hmac mode.
+        p = run(["subscribe", "--url", b.url, "--secret", SECRET, "--timeout", "10", "/sub/h"])
+        assert p.returncode == 1 and "Incorrect signature." in p.stderr
+
+
+def test_unreachable_and_bad_arguments():
+    port = closed_port()
+    p = run(["subscribe", "--url", f"http://127.0.0.1:{port}/faye", "--timeout", "10", "/sub/x"])
+    assert p.returncode == 69 and p.elapsed < 5
+    assert p.stderr.strip().splitlines() == [f"pubsub: cannot connect to 127.0.0.1:{port}: connection refused"]
+    for channel in ["/meta/connect", "/service/x", "nope"]:
+        p = run(["subscribe", "--url", f"http://127.0.0.1:{port}/faye", channel])
+        assert p.returncode == 64, (channel, p.stderr)
+    p = run(["subscribe", "--url", f"http://127.0.0.1:{port}/faye", "--hmac", "/sub/x"])
+    assert p.returncode == 64 and "--hmac needs a secret" in p.stderr
