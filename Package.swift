@@ -99,6 +99,17 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "PubSubClientTests",
+            dependencies: [
+                "PubSubClient",
+                "PubSubCore",
+                "PubSubServer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "PubSubCoreTests",
             dependencies: [
                 "PubSubCore",
