@@ -68,6 +68,8 @@ public final class PubSubServer: Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 16)
+            // Idle connections keep their receive buffer: start it small (it doubles on a full read).
+            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
