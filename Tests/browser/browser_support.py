@@ -126,12 +126,15 @@ def make_broker():
 @pytest.fixture
 def screenshot(request):
     """screenshot(page, name) saves a PNG under the screenshots folder, prints its path and returns it."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
 
     def take(page, name):
         path = page.screenshot(os.path.join(SCREENSHOTS, f"{name}.png"))
-        if reporter is not None:
-            reporter.write_line(f"\nscreenshot: {path}")
+        request.node.user_properties.append(("screenshot", path))
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"\nscreenshot: {path}")
         else:
             print(f"screenshot: {path}")
         return path
