@@ -185,13 +185,18 @@ public actor BayeuxClient {
 
     private func connectLoop() async {
         var failures = 0
-        while !Task.isCancelled, !closed, let clientId {
-            var message = Message()
-            message.channel = Channel.connect
-            message.clientId = clientId
-            message["connectionType"] = .string(transport.connectionType.rawValue)
-            message["id"] = makeId()
+        while !Task.isCancelled, !closed {
             do {
+                // A re-handshake that failed on the network left no session: try it again.
+                guard let clientId else {
+                    try await rehandshake()
+                    continue
+                }
+                var message = Message()
+                message.channel = Channel.connect
+                message.clientId = clientId
+                message["connectionType"] = .string(transport.connectionType.rawValue)
+                message["id"] = makeId()
                 let reply = try await roundTrip(message, timeout: adviceTimeout + configuration.requestTimeout)
                 failures = 0
                 applyAdvice(reply)
@@ -228,8 +233,15 @@ public actor BayeuxClient {
     private func rehandshake() async throws {
         clientId = nil
         let id = try await performHandshake()
-        for (channel, ext) in subscriptions {
-            try await sendSubscribe(channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext)
+        do {
+            for (channel, ext) in subscriptions {
+                try await sendSubscribe(channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext)
+            }
+        } catch let error as BayeuxClientError where error.code == .refused {
+            throw error
+        } catch {
+            clientId = nil  // not every subscription is back: start over with a new session
+            throw error
         }
     }
 

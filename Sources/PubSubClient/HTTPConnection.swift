@@ -2,6 +2,12 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// One HTTP response, whole.
 struct HTTPResponse: Sendable {
     var status: Int
@@ -144,10 +150,10 @@ func describe(_ error: any Error) -> String {
     }
     if let e = error as? IOError {
         switch e.errnoCode {
-        case 111: return "connection refused"
-        case 110: return "connection timed out"
-        case 113, 101: return "no route to host"
-        case 104: return "connection reset"
+        case ECONNREFUSED: return "connection refused"
+        case ETIMEDOUT: return "connection timed out"
+        case EHOSTUNREACH, ENETUNREACH: return "no route to host"
+        case ECONNRESET: return "connection reset"
         default: return "\(e)"
         }
     }
