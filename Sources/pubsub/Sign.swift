@@ -6,11 +6,12 @@ struct Sign: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print a subscription signature as PrivatePub's subscribe_to helper hands it to the browser.",
         discussion: """
-            Prints {"server":…,"timestamp":…,"channel":…,"signature":…} on one line, the object PrivatePub.sign()
-            takes. The signature is hex(SHA-1(secret + channel + timestamp)); with --hmac it is
-            hex(HMAC-SHA256(secret, "subscribe\\nCHANNEL\\nTIMESTAMP\\nCLIENTID")), to be sent as ext.signature and
-            ext.timestamp (CLIENTID empty unless --client-id binds it to one client). A pattern (/chat/*) may be
-            signed: the signature is good for that exact pattern only.
+            Prints {"server":…,"timestamp":…,"channel":…,"signature":…} on one line, the object \
+            PrivatePub.sign() takes. The signature is hex(SHA-1(secret + channel + timestamp)), timestamp in \
+            milliseconds. With --hmac it is hex(HMAC-SHA256(secret, "subscribe\\nCHANNEL\\nTIMESTAMP\\nCLIENTID")), \
+            to be sent as ext.signature and ext.timestamp; CLIENTID is empty unless --client-id binds the \
+            signature to one client. A pattern (/chat/*) may be signed: the signature is good for that exact \
+            pattern only. The server is --server, then PUBSUB_URL, then http://127.0.0.1:9292/faye.
             """
     )
 

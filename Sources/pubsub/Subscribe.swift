@@ -9,14 +9,19 @@ struct Subscribe: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Subscribe to channels and print each message's data as one JSON line.",
         discussion: """
-            With a secret (--secret or PUBSUB_SECRET) every subscription is signed, with PrivatePub's SHA-1
-            scheme or, with --hmac, with HMAC-SHA256 bound to this client's id; a re-subscription after the
-            server forgot the session is signed afresh. Once every subscription is accepted, a line saying so
-            goes to stderr (unless --quiet). Channels may be patterns: /chat/*, /chat/**.
+            With a secret (--secret, then PUBSUB_SECRET) every subscription is signed, with PrivatePub's \
+            SHA-1 scheme or, with --hmac, with HMAC-SHA256 bound to this client's id; a re-subscription \
+            after the server forgot the session is signed afresh. Once every subscription is accepted, a \
+            line saying so goes to stderr (unless --quiet). Channels may be patterns: /chat/*, /chat/**. \
+            The URL is --url, then PUBSUB_URL, then http://127.0.0.1:9292/faye; a ws:// URL or --websocket \
+            uses a WebSocket, otherwise long-polling.
 
-            Exit status: 0 after --count messages, at --timeout without --count, or on SIGINT/SIGTERM;
-            1 when the server refused a subscription (its error is printed); 64 bad arguments; 69 the server
-            cannot be reached; 75 --timeout passed before --count messages arrived, or the connection broke.
+            Exit status:
+              0   --count messages arrived, --timeout passed without --count, or SIGINT/SIGTERM
+              1   the server refused a subscription (its error is printed on stderr)
+              64  bad arguments
+              69  the server cannot be reached
+              75  --timeout passed before --count messages arrived, or the session broke
             """
     )
 
