@@ -209,7 +209,10 @@ Socket.prototype.send = function (env) {
     this._ws = null;
     return this._closed(null);
   }
+  // A proxy may neither pass nor refuse the upgrade: a socket not open in time counts as blocked.
+  var opening = later(function () { self._closed(ws); }, Math.min(10000, this._client._requestTimeout()));
   ws.onopen = function () {
+    clearTimeout(opening);
     if (self._ws !== ws) return;
     self._open = true;
     var queue = self._queue;
@@ -229,7 +232,7 @@ Socket.prototype.send = function (env) {
     });
     self._client._receive(list);
   };
-  ws.onclose = ws.onerror = function () { self._closed(ws); };
+  ws.onclose = ws.onerror = function () { clearTimeout(opening); self._closed(ws); };
 };
 
 Socket.prototype._write = function (env) {

@@ -2,8 +2,8 @@
 
 /// The browser client served at `<mount>/client.js` and `<mount>.js`.
 enum BrowserClient {
-    static let etag = "\"69d2d6073a4f7b58e52646f11e93c203ea0ee974\""
-    static let lastModified = "Sun, 22 Nov 2026 11:52:44 GMT"
+    static let etag = "\"cf6e0aafd8e6e3aebe6bdb43a767152645f05e8c\""
+    static let lastModified = "Sun, 22 Nov 2026 12:09:36 GMT"
     static let source = #"""
 /* pubsub browser client: the Faye.Client API over WebSocket, CORS long-polling and JSON-P. MIT licence. */
 (function (global) {
@@ -177,7 +177,9 @@ ws = this._ws = new global.WebSocket(this._url);
 this._ws = null;
 return this._closed(null);
 }
+var opening = later(function () { self._closed(ws); }, Math.min(10000, this._client._requestTimeout()));
 ws.onopen = function () {
+clearTimeout(opening);
 if (self._ws !== ws) return;
 self._open = true;
 var queue = self._queue;
@@ -197,7 +199,7 @@ if (self._sent[i].msg.id === reply.id) { clearTimeout(self._sent[i].timer); self
 });
 self._client._receive(list);
 };
-ws.onclose = ws.onerror = function () { self._closed(ws); };
+ws.onclose = ws.onerror = function () { clearTimeout(opening); self._closed(ws); };
 };
 Socket.prototype._write = function (env) {
 var self = this, ws = this._ws;

@@ -54,11 +54,11 @@ window.WebSocket.prototype.close = function () {};
 """
 
 
-def open_client_page(page, page_server, broker, name, options=None, setup="", before=""):
+def open_client_page(page, page_server, broker, name, options=None, setup="", before="", timeout=15):
     html = PAGE.format(broker=broker.url, broker_json=json.dumps(broker.url), options=json.dumps(options or {}),
                        setup=setup, before=before)
     page.navigate(page_server.add(f"/{name}.html", html))
-    page.wait_for("window.subscribed || window.subscribeError", what="the subscription")
+    page.wait_for("window.subscribed || window.subscribeError", timeout=timeout, what="the subscription")
     assert page.evaluate("window.subscribeError || null") is None
     return page
 
@@ -124,9 +124,22 @@ def test_polling_when_websocket_is_disabled(page, page_server, make_broker, tran
     assert error == "405 Invalid channel"
 
 
-def test_falls_back_when_websocket_is_blocked(page, page_server, make_broker):
+# A WebSocket that neither opens nor fails, as behind a proxy that swallows the upgrade.
+HANG_WEBSOCKET = """
+window.WebSocket = function () {};
+window.WebSocket.prototype.send = function () {};
+window.WebSocket.prototype.close = function () {};
+"""
+
+
+@pytest.mark.parametrize("blocker", ["refused", "hanging"])
+def test_falls_back_when_websocket_is_blocked(page, page_server, make_broker, blocker):
     b = make_broker(timeout=10)
-    open_client_page(page, page_server, b, "blocked", before=BLOCK_WEBSOCKET)
+    before = BLOCK_WEBSOCKET if blocker == "refused" else HANG_WEBSOCKET
+    t0 = time.monotonic()
+    open_client_page(page, page_server, b, f"blocked-{blocker}", before=before, timeout=25)
+    if blocker == "hanging":
+        assert 9 <= time.monotonic() - t0 < 20, "a socket that does not open is given up after 10 s"
     assert page.evaluate("client.getTransport()") == "cross-origin-long-polling"
     publish(b, "/chat/room", {"text": "after the fallback"})
     page.wait_for("received.length >= 1")
@@ -178,10 +191,12 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     assert page.evaluate("other") == ["one"], "a cancelled subscription gets nothing more"
 
 
-def test_broker_restart_rehandshakes_and_resubscribes(page, page_server, make_broker):
+@pytest.mark.parametrize("transport", ["websocket", "callback-polling"])
+def test_broker_restart_rehandshakes_and_resubscribes(page, page_server, make_broker, transport):
     b = make_broker(timeout=10)
-    open_client_page(page, page_server, b, "restart")
-    assert page.evaluate("client.getTransport()") == "websocket"
+    setup = "" if transport == "websocket" else "client.disable('websocket'); client.disable('cross-origin-long-polling');"
+    open_client_page(page, page_server, b, f"restart-{transport}", setup=setup)
+    assert page.evaluate("client.getTransport()") == transport
     publish(b, "/chat/room", "before")
     page.wait_for("received.length >= 1")
     first_id = page.evaluate("client.getClientId()")
@@ -194,7 +209,7 @@ def test_broker_restart_rehandshakes_and_resubscribes(page, page_server, make_br
     page.wait_for("received.length >= 2", timeout=15)
     assert page.evaluate("received") == ["before", "after"]
     assert page.evaluate("events") == ["up", "down", "up"]
-    assert page.evaluate("client.getTransport()") == "websocket"
+    assert page.evaluate("client.getTransport()") == transport
 
 
 PRIVATE_PUB_JS = """
