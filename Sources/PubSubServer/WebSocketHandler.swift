@@ -16,7 +16,7 @@ final class WebSocketHandler: ChannelInboundHandler {
     private var sink: WebSocketSink?
     private var held: (connect: PendingConnect, timer: Scheduled<Void>)?
     /// Events waiting while the socket is not writable; bounded by the per-client queue limit.
-    private var backlog = CircularBuffer<ByteBuffer>()
+    private var backlog = CircularBuffer<ByteBuffer>(initialCapacity: 1)
     private var closing = false
     private let requestContext: RequestContext
 
