@@ -11,7 +11,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     final class Session {
         let id: String
         var subscriptions: Set<String> = []
-        var queue = CircularBuffer<ByteBuffer>()
+        var queue = CircularBuffer<ByteBuffer>(initialCapacity: 1)
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
         var wakeScheduled = false
@@ -145,7 +145,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Takes the session's queue; the lock is held.
     private func take(_ session: Session) -> CircularBuffer<ByteBuffer> {
         guard !session.queue.isEmpty else { return [] }
-        var events = CircularBuffer<ByteBuffer>()
+        var events = CircularBuffer<ByteBuffer>(initialCapacity: 1)
         swap(&events, &session.queue)
         return events
     }
