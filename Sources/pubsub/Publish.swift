@@ -9,7 +9,7 @@ struct Publish: AsyncParsableCommand {
         discussion: """
             The data is the JSON argument or, without one, standard input. With --lines every non-empty \
             line of standard input is one message: all lines are checked before any is sent, then they are \
-            published in order, pipelined (100 messages per request, 8 requests in flight). The secret \
+            published in order, pipelined (--batch-size messages per request, 8 requests in flight). The secret \
             (--secret, then PUBSUB_SECRET) is sent as ext.private_pub_token, as PrivatePub's publish_to \
             does. The URL is --url, then PUBSUB_URL, then http://127.0.0.1:9292/faye.
 
@@ -43,6 +43,9 @@ struct Publish: AsyncParsableCommand {
     @Option(help: "Seconds to wait for each answer from the server.")
     var timeout: Double = 10
 
+    @Option(help: "With --lines: messages per request (lower it when the broker's rate limit counts messages).")
+    var batchSize: Int = 100
+
     @Argument(help: "The channel, e.g. /messages/new (no wildcards).")
     var channel: String
 
@@ -52,6 +55,7 @@ struct Publish: AsyncParsableCommand {
     func validate() throws {
         if lines && data != nil { throw ValidationError("give the data on standard input with --lines, not as an argument") }
         guard timeout > 0, timeout.isFinite else { throw ValidationError("--timeout must be positive") }
+        guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
     }
 
     func run() async throws {
@@ -61,7 +65,7 @@ struct Publish: AsyncParsableCommand {
         var ext: JSONObject?
         if let secret { ext = ["private_pub_token": .string(secret)] }
         let configuration = BayeuxClient.Configuration(
-            transport: .longPolling, requestTimeout: .nanoseconds(Int64(timeout * 1e9)))
+            transport: .longPolling, requestTimeout: .nanoseconds(Int64(timeout * 1e9)), batchSize: batchSize)
         let bayeux = try BayeuxClient(url: url, configuration: configuration)
         do {
             try await send(payloads, ext: ext, with: bayeux)

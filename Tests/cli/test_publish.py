@@ -233,3 +233,12 @@ def test_help_documents_the_contract():
     for text in ["--lines", "--privatepub", "--eval", "PUBSUB_URL", "PUBSUB_SECRET", "http://127.0.0.1:9292/faye",
                  "Exit status", "64", "65", "69", "75", "wildcard"]:
         assert text in p.stdout, text
+
+
+def test_batch_size_sets_messages_per_request():
+    with RateLimiter(limited=0) as fake:
+        p = run(["publish", "--lines", "--batch-size", "10", "--url", fake.url, "/cli/batches"],
+                input="".join(f"{i}\n" for i in range(25)))
+        assert p.returncode == 0, p.stderr
+        assert [len(body) for _, body in fake.requests] == [10, 10, 5]
+        assert [m["data"] for _, body in fake.requests for m in body] == list(range(25))
