@@ -77,8 +77,6 @@ private struct Reader {
     }
 
     mutating func parseDocument() throws -> JSONValue {
-        // A UTF-8 byte order mark is tolerated, as most JSON readers do.
-        if bytes.count >= 3, bytes[0] == 0xEF, bytes[1] == 0xBB, bytes[2] == 0xBF { index = 3 }
         skipWhitespace()
         let value = try parseValue()
         skipWhitespace()

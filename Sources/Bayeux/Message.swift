@@ -69,15 +69,26 @@ public enum MessageBatch {
     }
 
     /// Returns nil when the top level is neither an object nor an array (a transport error: HTTP 400).
+    /// Nested arrays are flattened, as Faye (Ruby) does: `[[{…}],[{…}]]` is two messages.
     public static func elements(of value: JSONValue) -> [Element]? {
         switch value {
         case .object(let object): return [.message(Message(object))]
         case .array(let values):
-            return values.map { value in
-                if case .object(let object) = value { return .message(Message(object)) }
-                return .invalid(value)
-            }
+            var elements: [Element] = []
+            elements.reserveCapacity(values.count)
+            flatten(values, into: &elements)
+            return elements
         default: return nil
+        }
+    }
+
+    private static func flatten(_ values: [JSONValue], into elements: inout [Element]) {
+        for value in values {
+            switch value {
+            case .object(let object): elements.append(.message(Message(object)))
+            case .array(let inner): flatten(inner, into: &elements)
+            default: elements.append(.invalid(value))
+            }
         }
     }
 }

@@ -41,9 +41,12 @@ final class WebSocketHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
         switch frame.opcode {
-        case .text, .binary:
+        case .text:
             guard !closing else { return }
             handleMessage(frame.unmaskedData, context: context)
+        case .binary:
+            // Bayeux travels in text frames; a binary frame is refused as RFC 6455 says (1003).
+            close(code: .unacceptableData, context: context)
         case .ping:
             let pong = WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)
             context.writeAndFlush(wrapOutboundOut(pong), promise: nil)
@@ -78,6 +81,11 @@ final class WebSocketHandler: ChannelInboundHandler {
             value = try JSONParser(maxDepth: shared.configuration.maxJSONDepth).parse(payload)
         } catch {
             shared.logger.debug("invalid JSON on websocket", metadata: ["pubsub.error": "\(error)"])
+            if !Self.isValidUTF8(payload) {
+                // A text frame that is not UTF-8 fails the WebSocket connection (RFC 6455: 1007).
+                close(code: .dataInconsistentWithMessage, context: context)
+                return
+            }
             send(replies: [Self.badRequestReply], events: [], context: context)
             return
         }
@@ -118,6 +126,10 @@ final class WebSocketHandler: ChannelInboundHandler {
                     self.send(replies: replies, events: events, context: context)
                 }
             }
+    }
+
+    static func isValidUTF8(_ buffer: ByteBuffer) -> Bool {
+        buffer.withUnsafeReadableBytes { String(validating: $0, as: UTF8.self) != nil }
     }
 
     static let badRequestReply: Message = {

@@ -67,3 +67,22 @@ import Testing
         #expect(String(buffer: escaped) == #""a\u2028b\u2029""#)
     }
 }
+
+@Suite struct MessageBatchTests {
+    @Test func nestedArraysAreFlattenedAsRubyFayeDoes() throws {
+        let value = try JSONParser().parse(#"[[{"channel":"/a"}],[[{"channel":"/b"}]],[],[[]],1]"#)
+        let elements = try #require(MessageBatch.elements(of: value))
+        #expect(elements.count == 3)
+        guard case .message(let a) = elements[0], case .message(let b) = elements[1], case .invalid = elements[2]
+        else {
+            Issue.record("unexpected elements \(elements)")
+            return
+        }
+        #expect(a.channel == "/a" && b.channel == "/b")
+        #expect(MessageBatch.elements(of: .string("x")) == nil)
+    }
+
+    @Test func aByteOrderMarkIsRefusedAsFayeDoes() {
+        #expect(throws: JSONParseError.self) { try JSONParser().parse([0xEF, 0xBB, 0xBF, 0x5B, 0x5D]) }
+    }
+}
