@@ -98,7 +98,9 @@ public final class PubSubServer: Sendable {
         let pipelining = HTTPServerPipelineHandler()
         let errors = HTTPServerProtocolErrorHandler()
         try sync.addHandlers([encoder, decoder, pipelining, errors])
-        var httpHandler: HTTPHandler?
+        // Weak: the handler keeps `makeUpgradeHandler`, whose upgrade handlers capture this variable; a strong
+        // reference would make a cycle that keeps every connection's HTTPHandler alive for ever.
+        weak var httpHandler: HTTPHandler?
         let makeUpgradeHandler = { () -> HTTPServerUpgradeHandler in
             HTTPServerUpgradeHandler(
                 upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors],
