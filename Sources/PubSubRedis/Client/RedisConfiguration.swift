@@ -1,0 +1,128 @@
+import NIOCore
+
+/// Where Redis is and how to talk to it, usually read from a `redis://[[user]:password@]host[:port][/db]` URL.
+public struct RedisConfiguration: Sendable, Hashable {
+    public var host: String
+    public var port: Int
+    public var username: String?
+    public var password: String?
+    public var database: Int
+    /// A reply slower than this closes the connection (its pipeline can no longer be trusted) and reconnects.
+    public var commandTimeout: TimeAmount
+    public var connectTimeout: TimeAmount
+    /// Reconnect delays grow from the first to the last, doubling, with jitter.
+    public var backoff: (first: TimeAmount, last: TimeAmount)
+    public var decoderLimits: RESPDecoder.Limits
+
+    public init(
+        host: String = "127.0.0.1", port: Int = 6379, username: String? = nil, password: String? = nil,
+        database: Int = 0, commandTimeout: TimeAmount = .seconds(5), connectTimeout: TimeAmount = .seconds(2),
+        backoff: (first: TimeAmount, last: TimeAmount) = (.milliseconds(50), .seconds(2)),
+        decoderLimits: RESPDecoder.Limits = .init()
+    ) {
+        self.host = host
+        self.port = port
+        self.username = username
+        self.password = password
+        self.database = database
+        self.commandTimeout = commandTimeout
+        self.connectTimeout = connectTimeout
+        self.backoff = backoff
+        self.decoderLimits = decoderLimits
+    }
+
+    public struct URLError: Error, CustomStringConvertible, Hashable {
+        public var url: String
+        public var reason: String
+        public var description: String { "invalid Redis URL '\(url)': \(reason)" }
+    }
+
+    /// Parses `redis://[[user]:password@]host[:port][/db]`; user and password are percent-decoded.
+    public init(url: String) throws {
+        func fail(_ reason: String) -> URLError {
+            // Never echo a password back.
+            URLError(url: url.contains("@") ? "redis://…@" + (url.split(separator: "@").last.map(String.init) ?? "") : url,
+                reason: reason)
+        }
+        guard url.hasPrefix("redis://") else { throw fail("it must start with redis://") }
+        var rest = Substring(url.dropFirst("redis://".count))
+        if let q = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) { rest = rest[..<q] }
+        self.init()
+        if let at = rest.lastIndex(of: "@") {
+            let userinfo = rest[..<at]
+            rest = rest[rest.index(after: at)...]
+            if let colon = userinfo.firstIndex(of: ":") {
+                let user = String(userinfo[..<colon])
+                username = user.isEmpty ? nil : try Self.percentDecoded(user, fail)
+                password = try Self.percentDecoded(String(userinfo[userinfo.index(after: colon)...]), fail)
+            } else if !userinfo.isEmpty {
+                // `redis://secret@host` is how some tools write a password alone.
+                password = try Self.percentDecoded(String(userinfo), fail)
+            }
+        }
+        var hostPort = rest
+        if let slash = rest.firstIndex(of: "/") {
+            hostPort = rest[..<slash]
+            let db = rest[rest.index(after: slash)...]
+            if !db.isEmpty {
+                guard let n = Int(db), n >= 0, n < 1 << 16 else { throw fail("the database must be a number") }
+                database = n
+            }
+        }
+        if hostPort.hasPrefix("["), let close = hostPort.firstIndex(of: "]") {
+            host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
+            hostPort = hostPort[hostPort.index(after: close)...]
+            if hostPort.hasPrefix(":") {
+                guard let p = Int(hostPort.dropFirst()), (1...65535).contains(p) else { throw fail("bad port") }
+                port = p
+            } else if !hostPort.isEmpty {
+                throw fail("bad host")
+            }
+        } else if let colon = hostPort.lastIndex(of: ":") {
+            host = String(hostPort[..<colon])
+            guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else {
+                throw fail("bad port")
+            }
+            port = p
+        } else {
+            host = String(hostPort)
+        }
+        if host.isEmpty { host = "127.0.0.1" }
+    }
+
+    private static func percentDecoded(_ text: String, _ fail: (String) -> URLError) throws -> String {
+        var bytes: [UInt8] = []
+        var iterator = Array(text.utf8).makeIterator()
+        while let byte = iterator.next() {
+            if byte == UInt8(ascii: "%") {
+                guard let h = iterator.next(), let l = iterator.next(),
+                    let value = UInt8(String(decoding: [h, l], as: UTF8.self), radix: 16)
+                else { throw fail("bad percent escape") }
+                bytes.append(value)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// The URL without the password, for logs.
+    public var redacted: String {
+        let auth = password == nil ? "" : (username ?? "") + ":***@"
+        let shownHost = host.contains(":") ? "[\(host)]" : host
+        return "redis://\(auth)\(shownHost):\(port)/\(database)"
+    }
+
+    public static func == (a: Self, b: Self) -> Bool {
+        a.host == b.host && a.port == b.port && a.username == b.username && a.password == b.password
+            && a.database == b.database && a.commandTimeout == b.commandTimeout
+            && a.connectTimeout == b.connectTimeout && a.backoff.first == b.backoff.first
+            && a.backoff.last == b.backoff.last && a.decoderLimits == b.decoderLimits
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(host)
+        hasher.combine(port)
+        hasher.combine(database)
+    }
+}

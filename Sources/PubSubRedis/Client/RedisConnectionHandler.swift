@@ -1,0 +1,94 @@
+import NIOCore
+
+/// What the client writes: encoded commands and one promise per reply expected (none for SUBSCRIBE).
+struct RedisOutbound {
+    var bytes: ByteBuffer
+    var promises: [EventLoopPromise<RESPValue>]
+}
+
+/// Pipelining over one connection: replies complete promises in the order the commands were written; pub/sub
+/// pushes go to `onPush`. A reply later than `timeout` fails every pending command and closes the connection,
+/// since a pipeline that lost its place can never be trusted again.
+final class RedisConnectionHandler: ChannelDuplexHandler {
+    typealias InboundIn = RESPValue
+    typealias OutboundIn = RedisOutbound
+    typealias OutboundOut = ByteBuffer
+
+    private var pending = CircularBuffer<(promise: EventLoopPromise<RESPValue>, sentAt: NIODeadline)>()
+    private let timeout: TimeAmount
+    private let onPush: (@Sendable (RESPValue) -> Void)?
+    private var timer: RepeatedTask?
+
+    init(timeout: TimeAmount, onPush: (@Sendable (RESPValue) -> Void)?) {
+        self.timeout = timeout
+        self.onPush = onPush
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let period = TimeAmount.nanoseconds(max(10_000_000, timeout.nanoseconds / 4))
+        let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        timer = context.eventLoop.scheduleRepeatedTask(initialDelay: period, delay: period) { _ in
+            let (handler, context) = loopBound.value
+            handler.checkTimeout(context: context)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        failAll(RedisError(.connectionClosed))
+    }
+
+    private func checkTimeout(context: ChannelHandlerContext) {
+        guard let first = pending.first, first.sentAt + timeout < .now() else { return }
+        failAll(RedisError(.timeout, "no reply within \(timeout.nanoseconds / 1_000_000) ms"))
+        context.close(promise: nil)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let outbound = unwrapOutboundIn(data)
+        let now = NIODeadline.now()
+        for p in outbound.promises { pending.append((p, now)) }
+        context.write(wrapOutboundOut(outbound.bytes), promise: promise)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let value = unwrapInboundIn(data)
+        if let onPush, Self.isPush(value) {
+            onPush(value)
+            return
+        }
+        guard let first = pending.popFirst() else {
+            // A reply nobody asked for: the stream is out of step.
+            context.fireErrorCaught(RedisError(.protocolViolation, "unexpected reply"))
+            return
+        }
+        first.promise.succeed(value)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        failAll(RedisError(.connectionClosed))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        failAll(error as? RedisError ?? RedisError(.protocolViolation, "\(error)"))
+        context.close(promise: nil)
+    }
+
+    private func failAll(_ error: RedisError) {
+        while let p = pending.popFirst() { p.promise.fail(error) }
+    }
+
+    static func isPush(_ value: RESPValue) -> Bool {
+        guard case .array(let elements?) = value, let kind = elements.first?.buffer else { return false }
+        switch kind.readableBytes {
+        case 7: return kind.readableBytesView.elementsEqual("message".utf8)
+        case 8: return kind.readableBytesView.elementsEqual("pmessage".utf8)
+        case 9: return kind.readableBytesView.elementsEqual("subscribe".utf8)
+        case 10: return kind.readableBytesView.elementsEqual("psubscribe".utf8)
+        case 11: return kind.readableBytesView.elementsEqual("unsubscribe".utf8)
+        case 12: return kind.readableBytesView.elementsEqual("punsubscribe".utf8)
+        default: return false
+        }
+    }
+}

@@ -1,0 +1,27 @@
+/// What went wrong talking to Redis.
+public struct RedisError: Error, Hashable, CustomStringConvertible {
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        enum Base: Hashable, Sendable { case notConnected, connectionClosed, timeout, server, protocolViolation, closed }
+        let base: Base
+        public static let notConnected = Code(base: .notConnected)
+        public static let connectionClosed = Code(base: .connectionClosed)
+        public static let timeout = Code(base: .timeout)
+        /// Redis answered with an error reply.
+        public static let server = Code(base: .server)
+        /// A reply that makes no sense for the command.
+        public static let protocolViolation = Code(base: .protocolViolation)
+        /// The client was closed.
+        public static let closed = Code(base: .closed)
+        public var description: String { "\(base)" }
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String = "") {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message.isEmpty ? "redis: \(code)" : "redis: \(code): \(message)" }
+}
