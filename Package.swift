@@ -98,6 +98,7 @@ let package = Package(
                 "PubSubServer",
                 "PubSubClient",
                 "PubSubBench",
+                "PubSubRedis",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

@@ -29,10 +29,13 @@ public final class PubSubServer: Sendable {
     let group: MultiThreadedEventLoopGroup
     private let state = NIOLockedValueBox<(channel: (any Channel)?, sweeper: RepeatedTask?)>((nil, nil))
 
-    public init(configuration: ServerConfiguration, logger: Logger = Logger(label: "pubsub")) {
+    /// Without `engine`, the broker uses a memory engine.
+    public init(
+        configuration: ServerConfiguration, logger: Logger = Logger(label: "pubsub"), engine: (any Engine)? = nil
+    ) {
         self.configuration = configuration
         self.broker = Broker(
-            configuration: configuration.broker, extensions: configuration.extensions, logger: logger)
+            configuration: configuration.broker, engine: engine, extensions: configuration.extensions, logger: logger)
         self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger)
         self.group = MultiThreadedEventLoopGroup(
             numberOfThreads: configuration.threads > 0 ? configuration.threads : System.coreCount)

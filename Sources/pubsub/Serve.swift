@@ -43,6 +43,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
     var historyTtl: Double?
     @OptionGroup(title: "Authentication") var auth: AuthOptions
+    @OptionGroup(title: "Several nodes") var cluster: EngineOptions
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
     var logLevel: String?
@@ -109,7 +110,8 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "pubsub")
-        let server = PubSubServer(configuration: configuration, logger: logger)
+        let engine = try await cluster.makeEngine(configuration: configuration.broker, logger: logger)
+        let server = PubSubServer(configuration: configuration, logger: logger, engine: engine)
         let port: Int
         do {
             port = try await server.start()

@@ -1,0 +1,243 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import PubSubCore
+
+/// What arrives on this node's notification channel, handled in Redis' order on the engine's event loop.
+extension RedisEngine {
+    func received(_ push: RESPValue) {
+        guard let parts = push.array, let kind = parts.first?.string else { return }
+        switch kind {
+        case "message":
+            guard parts.count == 3, let payload = parts[2].buffer else { return }
+            guard let message = NodeMessage.parse(payload) else {
+                logger.warning("unreadable notification", metadata: ["pubsub.redis.bytes": "\(payload.readableBytes)"])
+                return
+            }
+            let buffer = state.withLockedValue { s -> Bool in
+                if s.filling {
+                    s.buffered.append(message)
+                    return true
+                }
+                return false
+            }
+            if !buffer { handle(message) }
+        case "subscribe":
+            fillAfterSubscribing()
+        default:
+            break
+        }
+    }
+
+    func handle(_ message: NodeMessage) {
+        switch message {
+        case .event(let sequence, let channel, let event):
+            let fresh = state.withLockedValue { s -> Bool in
+                guard sequence > s.delivered else { return false }
+                s.delivered = sequence
+                s.lastSequence = max(s.lastSequence, sequence)
+                s.redis.eventsReceived += 1
+                return true
+            }
+            if fresh { dropOverflowed(local.enqueue(event, on: channel)) }
+        case .adopt(let clientId, let connectedBefore, let subscriptions):
+            local.adopt(clientId, subscriptions: subscriptions, connectedOnce: connectedBefore, now: .now())
+            let waiters = state.withLockedValue { $0.adoptWaiters.removeValue(forKey: clientId) } ?? []
+            for waiter in waiters { waiter.succeed(()) }
+        case .move(let clientId, let node):
+            let queue = local.evict(clientId, reason: .superseded) ?? []
+            let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
+            _ = commands.send(
+                RESPCommand("PUBLISH", .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
+        case .handoff(let clientId, let events):
+            let (waiter, abandoned) = state.withLockedValue { s in
+                (s.handoffWaiters.removeValue(forKey: clientId), s.abandoned.remove(clientId) != nil)
+            }
+            if !abandoned, !events.isEmpty,
+                local.insert(CircularBuffer(events), into: clientId, atFront: true) == false
+            {
+                dropOverflowed([clientId])
+            }
+            waiter?.succeed(())
+        case .subscribed(let clientId, let channels, let events):
+            guard local.hasSession(clientId) else { return }
+            if !channels.isEmpty {
+                _ = local.subscribe(clientId, to: channels, resume: nil, now: .now(), on: commands.eventLoop)
+            }
+            if !events.isEmpty, local.insert(CircularBuffer(events), into: clientId, atFront: false) == false {
+                dropOverflowed([clientId])
+            }
+        case .unsubscribed(let clientId, let channels):
+            _ = local.unsubscribe(clientId, from: channels, on: commands.eventLoop)
+        case .destroyed(let clientId, let reason):
+            local.evict(clientId, reason: Self.reason(named: reason))
+        case .barrier(let n):
+            let promise = state.withLockedValue { $0.barriers.removeValue(forKey: n) }
+            promise?.succeed(())
+        }
+    }
+
+    /// After (re)subscribing, delivers from the history what was published while this node was not listening,
+    /// then what arrived meanwhile; nothing twice, nothing out of order.
+    func fillAfterSubscribing() {
+        state.withLockedValue { s in
+            s.subscribed = true
+            s.filling = true
+        }
+        let after = state.withLockedValue { $0.delivered }
+        eval(RedisScripts.history, [.integer(Int64(after)), .string(String(epochCandidate))]).whenComplete { result in
+            var recovered = 0
+            var gap: UInt64 = 0
+            if case .success(let reply) = result, let values = reply.array, values.count >= 2,
+                let epochText = values[0].string, let last = values[1].int.map({ UInt64(max(0, $0)) })
+            {
+                let (known, sameEpoch, delivered) = self.state.withLockedValue { s in
+                    (s.deliveredEpoch != nil, s.deliveredEpoch == epochText, s.delivered)
+                }
+                if !known {
+                    // First subscription: what was published before this node existed is not its business.
+                    self.state.withLockedValue { s in
+                        s.deliveredEpoch = epochText
+                        s.delivered = last
+                        s.epoch = UInt64(epochText)
+                        s.lastSequence = max(s.lastSequence, last)
+                    }
+                } else {
+                    let from = sameEpoch ? delivered : 0
+                    if !sameEpoch {
+                        self.logger.warning("Redis lost its data (new history epoch): positions start over")
+                        self.state.withLockedValue { s in
+                            s.deliveredEpoch = epochText
+                            s.delivered = 0
+                            s.epoch = UInt64(epochText)
+                            s.lastSequence = last
+                        }
+                    }
+                    var firstHeld: UInt64?
+                    for entry in values.dropFirst(2) {
+                        guard let buffer = entry.buffer else { continue }
+                        var reader = NodeMessage.Reader(buffer: buffer)
+                        guard let sequence = reader.integer(), reader.field() != nil, let channel = reader.string()
+                        else { continue }
+                        firstHeld = firstHeld ?? sequence
+                        let fresh = self.state.withLockedValue { s -> Bool in
+                            guard sequence > s.delivered else { return false }
+                            s.delivered = sequence
+                            return true
+                        }
+                        if fresh {
+                            recovered += 1
+                            self.dropOverflowed(self.local.enqueue(reader.buffer, on: channel))
+                        }
+                    }
+                    let firstNeeded = from + 1
+                    if let firstHeld, firstHeld > firstNeeded {
+                        gap = firstHeld - firstNeeded
+                    } else if firstHeld == nil, last >= firstNeeded {
+                        gap = last - from
+                    }
+                    self.state.withLockedValue { s in
+                        s.delivered = max(s.delivered, last)
+                        s.lastSequence = max(s.lastSequence, last)
+                    }
+                }
+            } else if case .failure(let error) = result {
+                self.logger.warning("could not read the history after reconnecting", metadata: ["pubsub.error": "\(error)"])
+            }
+            let buffered = self.state.withLockedValue { s -> [NodeMessage] in
+                s.filling = false
+                s.redis.recoveredAfterCut += UInt64(recovered)
+                s.redis.missedAfterCut += gap
+                defer { s.buffered = [] }
+                return s.buffered
+            }
+            if recovered > 0 || gap > 0 {
+                self.logger.notice(
+                    "notifications resumed",
+                    metadata: ["pubsub.redis.recovered": "\(recovered)", "pubsub.redis.missed": "\(gap)"])
+            }
+            for message in buffered { self.handle(message) }
+        }
+    }
+
+    func subscriberEvent(_ event: RedisClient.Event) {
+        switch event {
+        case .connected:
+            subscriber.sendWithoutReply([RESPCommand("SUBSCRIBE", .string(notificationChannel))])
+        case .disconnected(let error):
+            state.withLockedValue { $0.subscribed = false }
+            logger.warning("lost the Redis notification connection", metadata: ["pubsub.error": "\(error)"])
+        }
+    }
+
+    func commandsEvent(_ event: RedisClient.Event) {
+        switch event {
+        case .connected:
+            resynchronise()
+        case .disconnected(let error):
+            state.withLockedValue { s in
+                s.redis.outages += 1
+                s.outageSince = .now()
+                s.outageLocalPublishes = 0
+            }
+            logger.error(
+                "Redis unavailable: serving this node's clients only until it is back",
+                metadata: ["pubsub.error": "\(error)", "pubsub.redis.url": "\(settings.redis.redacted)"])
+            // Whatever waits on a notification would wait for nothing.
+            let (adopts, handoffs, barriers) = state.withLockedValue { s in
+                defer {
+                    s.adoptWaiters = [:]
+                    s.handoffWaiters = [:]
+                    s.barriers = [:]
+                }
+                return (s.adoptWaiters.values.flatMap { $0 }, Array(s.handoffWaiters.values), Array(s.barriers.values))
+            }
+            for p in adopts { p.fail(RedisError(.connectionClosed)) }
+            for p in handoffs { p.succeed(()) }
+            for p in barriers { p.fail(RedisError(.connectionClosed)) }
+        }
+    }
+
+    /// After (re)connecting: puts this node's sessions and routing back (Redis may have restarted empty, or
+    /// changes made during the outage were local only), and finishes destroys made meanwhile.
+    func resynchronise() {
+        let (since, localPublishes, destroys) = state.withLockedValue { s in
+            defer {
+                s.outageSince = nil
+                s.outageLocalPublishes = 0
+                s.pendingDestroys = []
+            }
+            return (s.outageSince, s.outageLocalPublishes, s.pendingDestroys)
+        }
+        if let since {
+            let seconds = Double((NIODeadline.now() - since).nanoseconds) / 1e9
+            logger.notice(
+                "Redis is back",
+                metadata: [
+                    "pubsub.redis.outage_seconds": "\(seconds)",
+                    "pubsub.redis.local_only_publishes": "\(localPublishes)",
+                ])
+        }
+        let now = NIODeadline.now()
+        var work: [EventLoopFuture<Void>] = []
+        for (id, reason) in destroys { work.append(destroyInRedis(id, reason: reason).map { _ in }) }
+        let sessions = local.snapshot()
+        for (id, subscriptions) in sessions {
+            let arguments: [RESPArgument] =
+                [.string(id), .string(node), expiry(now), .integer(Int64(subscriptions.count))]
+                + subscriptions.map { .string($0) }
+            work.append(eval(RedisScripts.register, arguments).map { reply in
+                if reply.int == 0 { self.local.evict(id, reason: .superseded) }
+            })
+        }
+        EventLoopFuture.whenAllComplete(work, on: commands.eventLoop).whenComplete { _ in
+            var counts: [String: Int] = [:]
+            for (_, subscriptions) in self.local.snapshot() {
+                for channel in subscriptions { counts[channel, default: 0] += 1 }
+            }
+            var arguments: [RESPArgument] = [.string(self.node), .integer(Int64(counts.count))]
+            for (channel, count) in counts { arguments += [.string(channel), .integer(Int64(count))] }
+            _ = self.eval(RedisScripts.reroute, arguments)
+        }
+    }
+}

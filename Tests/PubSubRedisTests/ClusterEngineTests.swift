@@ -1,0 +1,153 @@
+import Bayeux
+import NIOCore
+import Testing
+@testable import PubSubCore
+@testable import PubSubRedis
+
+/// Several Redis-engine nodes in one process, sharing one redis-server.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct ClusterEngineTests {
+    @Test func aSessionIsVisibleOnEveryNode() async throws {
+        try await withCluster(.redis, nodes: 3) { cluster in
+            let (a, b, c) = (cluster.nodes[0], cluster.nodes[1], cluster.nodes[2])
+            let cid = try await a.handshake()
+            #expect(try await b.subscribe(cid, "/news")["successful"] == true)
+            _ = try await c.connect(cid)
+            _ = try await a.publish("/news", "1")
+            _ = try await b.publish("/news", "2")
+            try await c.settle()
+            #expect(try await c.receive(cid) == [1, 2])
+        }
+    }
+
+    @Test func aLongPollingClientHoppingNodesGetsEveryEventOnceInOrder() async throws {
+        try await withCluster(.redis, nodes: 3) { cluster in
+            let cid = try await cluster.nodes[0].handshake()
+            _ = try await cluster.nodes[1].subscribe(cid, "/s")
+            var received: [JSONValue] = []
+            var counter = 0
+            for round in 0..<12 {
+                let publisher = cluster.nodes[(round + 1) % 3]
+                for _ in 0..<3 {
+                    counter += 1
+                    _ = try await publisher.publish("/s", "\(counter)")
+                }
+                let poller = cluster.nodes[round % 3]
+                for node in cluster.nodes { try await node.settle() }
+                received += try await poller.receive(cid)
+            }
+            for node in cluster.nodes { try await node.settle() }
+            received += try await cluster.nodes[0].receive(cid)
+            #expect(received == (1...counter).map { JSONValue($0) })
+        }
+    }
+
+    @Test func aParkedConnectOnOneNodeIsReleasedByAPublishOnAnother() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)
+            _ = try await a.subscribe(cid, "/x")
+            let sink = RecordingSink(loop: b.loop, persistent: false)
+            let parked = try #require(try await b.connect(cid, sink: sink))
+            #expect(parked.result.attached)
+            #expect(try await a.publish("/x", "42")["successful"] == true)
+            try await b.settle()
+            #expect(sink.data == [42])
+        }
+    }
+
+    @Test func onePublishIsOneRedisMessagePerInterestedNode() async throws {
+        try await withCluster(.redis, nodes: 3) { cluster in
+            let (a, b, c) = (cluster.nodes[0], cluster.nodes[1], cluster.nodes[2])
+            var sinks: [RecordingSink] = []
+            for _ in 0..<40 {
+                let cid = try await b.handshake()
+                _ = try await b.subscribe(cid, "/fan")
+                let ws = RecordingSink(loop: b.loop, persistent: true)
+                _ = try await b.connect(cid, sink: ws, type: "websocket")
+                sinks.append(ws)
+            }
+            _ = try await a.publish("/fan", "7")
+            try await b.settle()
+            try await b.settle()
+            #expect(sinks.allSatisfy { $0.data == [7] })
+            #expect(b.redis!.redisStatistics.eventsReceived == 1)
+            #expect(c.redis!.redisStatistics.eventsReceived == 0)
+            #expect(a.redis!.redisStatistics.eventsReceived == 0)
+        }
+    }
+
+    @Test func queuedEventsMoveWithTheSession() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)
+            _ = try await a.subscribe(cid, "/m")
+            for i in 1...5 { _ = try await b.publish("/m", "\(i)") }
+            try await a.settle()
+            // The queue is on a; the client comes back through b.
+            let ws = RecordingSink(loop: b.loop, persistent: true)
+            let c = try #require(try await b.connect(cid, sink: ws, type: "websocket"))
+            var got = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+            _ = try await a.publish("/m", "6")
+            try await b.settle()
+            try await b.settle()
+            got += ws.data
+            #expect(got == [1, 2, 3, 4, 5, 6])
+            #expect(b.redis!.redisStatistics.claims == 1)
+        }
+    }
+
+    @Test func whenANodeDiesItsClientsGoOnElsewhereWithTheirSession() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)
+            _ = try await a.subscribe(cid, "/d")
+            await a.redis!.close()  // gone without a word: no handoff will come
+            _ = try await b.publish("/d", "1")
+            let ws = RecordingSink(loop: b.loop, persistent: true)
+            let c = try #require(try await b.connect(cid, sink: ws, type: "websocket"))
+            #expect(c.result.status == .ok)
+            _ = try await b.publish("/d", "2")
+            try await b.settle()
+            try await b.settle()
+            #expect(ws.data == [2])
+        }
+    }
+
+    @Test func expiryIsSweptOnceForTheCluster() async throws {
+        try await withCluster(.redis, nodes: 2, configuration: BrokerConfiguration(timeout: .seconds(5))) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            var ids: [String] = []
+            for _ in 0..<5 { ids.append(try await a.handshake()) }
+            for _ in 0..<5 { ids.append(try await b.handshake()) }
+            let later = a.now + .seconds(11)
+            async let x: Void = a.sweep(at: later)
+            async let y: Void = b.sweep(at: later)
+            _ = try await (x, y)
+            let swept = a.redis!.redisStatistics.sweptSessions + b.redis!.redisStatistics.sweptSessions
+            #expect(swept == 10)
+            try await a.settle()
+            try await b.settle()
+            #expect(a.redis!.local.statistics.clients == 0 && b.redis!.local.statistics.clients == 0)
+            #expect(try await b.connectReply(ids[0])["error"] == .string("401:\(ids[0]):Unknown client"))
+        }
+    }
+
+    @Test func resumeWorksAcrossNodes() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let handshake = try await a.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let token = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
+            _ = try await a.publish("/r", "1")
+            _ = try await b.publish("/r", "2")
+            let cid = try await b.handshake()
+            _ = try await b.connect(cid)
+            let reply = try await b.subscribe(cid, "/r", ext: #"{"resume":"\#(token)"}"#)
+            #expect(reply["ext"] == json(#"{"resume":{"recovered":true,"missed":2}}"#))
+            try await b.settle()
+            #expect(try await b.receive(cid) == [1, 2])
+        }
+    }
+}

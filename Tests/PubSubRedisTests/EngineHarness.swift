@@ -1,0 +1,191 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+@testable import PubSubCore
+@testable import PubSubRedis
+
+enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case memory
+    case redis
+    var testDescription: String { rawValue }
+}
+
+import Testing
+
+/// A sink that records what the engine hands it (on a real event loop).
+final class RecordingSink: DeliverySink, @unchecked Sendable {
+    let eventLoop: any EventLoop
+    let isPersistent: Bool
+    private let box = NIOLockedValueBox<(events: [JSONValue], detaches: [DetachReason])>(([], []))
+
+    init(loop: any EventLoop, persistent: Bool) {
+        self.eventLoop = loop
+        self.isPersistent = persistent
+    }
+
+    var events: [JSONValue] { box.withLockedValue { $0.events } }
+    var data: [JSONValue] { events.map { $0.objectValue?["data"] ?? .null } }
+    var detaches: [DetachReason] { box.withLockedValue { $0.detaches } }
+
+    func deliver(_ events: CircularBuffer<ByteBuffer>) {
+        let decoded = events.map { try! JSONParser().parse($0).arrayValue![0] }
+        box.withLockedValue { $0.events.append(contentsOf: decoded) }
+    }
+
+    func detached(_ reason: DetachReason) {
+        box.withLockedValue { $0.detaches.append(reason) }
+    }
+}
+
+/// One broker node over either engine, driven with JSON text, with explicit time. Several nodes of the Redis
+/// kind share one redis-server: a cluster in one process.
+final class Node: @unchecked Sendable {
+    let loop: any EventLoop
+    let broker: Broker
+    let redis: RedisEngine?
+    var now = NIODeadline.uptimeNanoseconds(1_000_000_000_000)
+
+    init(broker: Broker, redis: RedisEngine?, loop: any EventLoop) {
+        self.broker = broker
+        self.redis = redis
+        self.loop = loop
+    }
+
+    var engine: any Engine { broker.engine }
+
+    func send(_ json: String, sink: (any DeliverySink)? = nil, type: ConnectionType = .longPolling) async throws
+        -> [Outcome]
+    {
+        let elements = MessageBatch.elements(of: try JSONParser().parse(json))!
+        return try await broker.handle(
+            elements, context: RequestContext(connectionType: type), sink: sink, now: now, on: loop
+        ).get()
+    }
+
+    func replies(_ json: String, sink: (any DeliverySink)? = nil) async throws -> [JSONObject] {
+        try await send(json, sink: sink).compactMap { outcome in
+            switch outcome {
+            case .reply(let m): return m.fields
+            case .connect(let c): return c.reply.fields
+            case .none: return nil
+            }
+        }
+    }
+
+    func reply(_ json: String, sink: (any DeliverySink)? = nil) async throws -> JSONObject {
+        try await replies(json, sink: sink)[0]
+    }
+
+    func handshake() async throws -> String {
+        try await reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)[
+            "clientId"]!.stringValue!
+    }
+
+    func connect(_ clientId: String, sink: (any DeliverySink)? = nil, type: String = "long-polling") async throws
+        -> PendingConnect?
+    {
+        let outcome = try await send(
+            #"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"\#(type)"}"#, sink: sink)[0]
+        if case .connect(let c) = outcome { return c }
+        return nil
+    }
+
+    func connectReply(_ clientId: String) async throws -> JSONObject {
+        try await reply(#"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling"}"#)
+    }
+
+    /// The `data` of the events a sink-less connect returns.
+    func receive(_ clientId: String) async throws -> [JSONValue] {
+        guard let c = try await connect(clientId) else { return [] }
+        return c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+    }
+
+    func subscribe(_ clientId: String, _ channel: String, ext: String = "") async throws -> JSONObject {
+        let e = ext.isEmpty ? "" : #","ext":\#(ext)"#
+        return try await reply(#"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(e)}"#)
+    }
+
+    func publish(_ channel: String, _ data: String = "1") async throws -> JSONObject {
+        try await reply(#"{"channel":"\#(channel)","data":\#(data)}"#)
+    }
+
+    func sweep(at time: NIODeadline) async throws {
+        if let redis { try await redis.sweepNow(now: time).get() } else { engine.sweep(now: time) }
+    }
+
+    /// Waits until every notification this node was sent has been handled and its deliveries have run.
+    func settle() async throws {
+        if let redis { try await redis.settle().get() }
+        try await loop.submit {}.get()
+    }
+}
+
+/// Nodes of one kind; `close()` stops every engine and server.
+final class Cluster: @unchecked Sendable {
+    let kind: EngineKind
+    let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+    private(set) var nodes: [Node] = []
+    let server: RedisServer?
+    let configuration: BrokerConfiguration
+
+    private init(kind: EngineKind, server: RedisServer?, configuration: BrokerConfiguration) {
+        self.kind = kind
+        self.server = server
+        self.configuration = configuration
+    }
+
+    static func start(_ kind: EngineKind, nodes count: Int = 1, configuration: BrokerConfiguration = .init())
+        async throws -> Cluster
+    {
+        let server = kind == .redis ? try await RedisServer.start() : nil
+        let cluster = Cluster(kind: kind, server: server, configuration: configuration)
+        for _ in 0..<count { try await cluster.addNode() }
+        return cluster
+    }
+
+    @discardableResult
+    func addNode(handoffTimeout: TimeAmount = .seconds(1)) async throws -> Node {
+        let loop = group.next()
+        switch kind {
+        case .memory:
+            let broker = Broker(configuration: configuration, engine: MemoryEngine(configuration: configuration))
+            let node = Node(broker: broker, redis: nil, loop: loop)
+            nodes.append(node)
+            return node
+        case .redis:
+            let settings = RedisEngineConfiguration(
+                redis: try RedisConfiguration(url: server!.url), sweepPeriod: .zero, handoffTimeout: handoffTimeout)
+            let engine = RedisEngine(configuration: configuration, settings: settings)
+            try await engine.start(timeout: .seconds(10)).get()
+            let node = Node(broker: Broker(configuration: configuration, engine: engine), redis: engine, loop: loop)
+            nodes.append(node)
+            return node
+        }
+    }
+
+    var first: Node { nodes[0] }
+
+    func close() async {
+        for node in nodes { await node.redis?.close() }
+        server?.stop()
+        try? await group.shutdownGracefully()
+    }
+}
+
+/// Runs `body` against a fresh cluster and always closes it.
+func withCluster(
+    _ kind: EngineKind, nodes: Int = 1, configuration: BrokerConfiguration = .init(),
+    _ body: (Cluster) async throws -> Void
+) async throws {
+    let cluster = try await Cluster.start(kind, nodes: nodes, configuration: configuration)
+    do {
+        try await body(cluster)
+    } catch {
+        await cluster.close()
+        throw error
+    }
+    await cluster.close()
+}
+
+func json(_ text: String) -> JSONValue { try! JSONParser().parse(text) }

@@ -1,0 +1,115 @@
+import Foundation
+import NIOCore
+import NIOPosix
+@testable import PubSubRedis
+
+/// A real `redis-server` on a free loopback port, for one test. Not finding or not starting it is a failure
+/// (thrown), never a skip: CI installs it (scripts/install-test-deps).
+final class RedisServer: @unchecked Sendable {
+    let port: Int
+    private let process: Process
+    private let directory: URL
+
+    struct StartError: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    static func start() async throws -> RedisServer {
+        if let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text) {
+            // A server the developer runs (e.g. to watch it with MONITOR); emptied first, never stopped.
+            let server = RedisServer(existing: port)
+            let client = RedisClient(configuration: RedisConfiguration(port: port), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
+            client.start()
+            for _ in 0..<100 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+            _ = try await client.send(RESPCommand("FLUSHALL")).get()
+            try await client.close().get()
+            return server
+        }
+        let candidates = ["/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"]
+        guard let binary = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
+            throw StartError(description: "redis-server not found (apt-get install redis-server; scripts/install-test-deps does)")
+        }
+        var lastError = ""
+        for _ in 0..<3 {
+            let port = try freePort()
+            let server = try RedisServer(binary: binary, port: port)
+            if await server.waitUntilReady(within: .seconds(10)) { return server }
+            lastError = server.log
+            server.stop()
+        }
+        throw StartError(description: "redis-server did not start: \(lastError)")
+    }
+
+    private init(existing port: Int) {
+        self.port = port
+        process = Process()
+        directory = FileManager.default.temporaryDirectory
+    }
+
+    private init(binary: String, port: Int) throws {
+        self.port = port
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-redis-\(port)-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = [
+            "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--dir", directory.path, "--logfile", directory.appendingPathComponent("log").path,
+        ]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+    }
+
+    var log: String { (try? String(contentsOf: directory.appendingPathComponent("log"), encoding: .utf8)) ?? "" }
+
+    var url: String { "redis://127.0.0.1:\(port)/0" }
+
+    private func waitUntilReady(within timeout: TimeAmount) async -> Bool {
+        let deadline = NIODeadline.now() + timeout
+        let group = MultiThreadedEventLoopGroup.singleton
+        while NIODeadline.now() < deadline, process.isRunning {
+            let client = RedisClient(
+                configuration: RedisConfiguration(port: port, connectTimeout: .milliseconds(200)),
+                eventLoop: group.next())
+            client.start()
+            for _ in 0..<20 where !client.isConnected { try? await Task.sleep(nanoseconds: 10_000_000) }
+            let pong = try? await client.send(RESPCommand("PING")).get()
+            try? await client.close().get()
+            if pong?.string == "PONG" { return true }
+            try? await Task.sleep(nanoseconds: 50_000_000)
+        }
+        return false
+    }
+
+    /// SIGKILL (a SIGTERM may be ignored: the test process can pass an ignored SIGTERM on to its children), then
+    /// a bounded wait.
+    func stop() {
+        guard process.executableURL != nil else { return }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            for _ in 0..<500 where process.isRunning { usleep(10_000) }
+        }
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw StartError(description: "socket() failed") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+        }
+        guard bound == 0 else { throw StartError(description: "bind() failed") }
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
