@@ -16,14 +16,18 @@ extension RedisEngine {
             }
             let buffer = state.withLockedValue { s -> Bool in
                 if s.filling {
-                    s.buffered.append(message)
+                    if s.buffered.count < 1_000_000 { s.buffered.append(message) }
                     return true
                 }
                 return false
             }
             if !buffer { handle(message) }
         case "subscribe":
-            fillAfterSubscribing()
+            let both = state.withLockedValue { s -> Bool in
+                s.subscribed = true
+                return s.routed
+            }
+            if both { fillFromHistory() }
         default:
             break
         }
@@ -77,15 +81,18 @@ extension RedisEngine {
         }
     }
 
-    /// After (re)subscribing, delivers from the history what was published while this node was not listening,
-    /// then what arrived meanwhile; nothing twice, nothing out of order.
-    func fillAfterSubscribing() {
-        state.withLockedValue { s in
-            s.subscribed = true
-            s.filling = true
+    /// Once both connections are back and this node's routing is in Redis again: delivers from the history what
+    /// was published while this node was not listening, then what arrived meanwhile; nothing twice, nothing out
+    /// of order.
+    func fillFromHistory() {
+        let position = state.withLockedValue { s -> (UInt64, String)? in
+            guard s.filling, !s.fillRunning else { return nil }
+            s.fillRunning = true
+            return (s.delivered, s.deliveredEpoch ?? "")
         }
-        let after = state.withLockedValue { $0.delivered }
-        eval(RedisScripts.history, [.integer(Int64(after)), .string(String(epochCandidate))]).whenComplete { result in
+        guard let (after, afterEpoch) = position else { return }
+        let arguments: [RESPArgument] = [.integer(Int64(after)), .string(String(epochCandidate)), .string(afterEpoch)]
+        eval(RedisScripts.history, arguments).whenComplete { result in
             var recovered = 0
             var gap: UInt64 = 0
             if case .success(let reply) = result, let values = reply.array, values.count >= 2,
@@ -144,12 +151,21 @@ extension RedisEngine {
             } else if case .failure(let error) = result {
                 self.logger.warning("could not read the history after reconnecting", metadata: ["pubsub.error": "\(error)"])
             }
-            let buffered = self.state.withLockedValue { s -> [NodeMessage] in
+            let (buffered, again) = self.state.withLockedValue { s -> ([NodeMessage], Bool) in
+                s.fillRunning = false
+                guard case .success = result, s.subscribed, s.routed else {
+                    // A connection dropped meanwhile (or the read failed): keep holding, read again.
+                    return ([], s.subscribed && s.routed)
+                }
                 s.filling = false
                 s.redis.recoveredAfterCut += UInt64(recovered)
                 s.redis.missedAfterCut += gap
                 defer { s.buffered = [] }
-                return s.buffered
+                return (s.buffered, false)
+            }
+            if again {
+                self.commands.eventLoop.scheduleTask(in: .milliseconds(100)) { self.fillFromHistory() }
+                return
             }
             if recovered > 0 || gap > 0 {
                 self.logger.notice(
@@ -165,7 +181,10 @@ extension RedisEngine {
         case .connected:
             subscriber.sendWithoutReply([RESPCommand("SUBSCRIBE", .string(notificationChannel))])
         case .disconnected(let error):
-            state.withLockedValue { $0.subscribed = false }
+            state.withLockedValue { s in
+                s.subscribed = false
+                s.filling = true
+            }
             logger.warning("lost the Redis notification connection", metadata: ["pubsub.error": "\(error)"])
         }
     }
@@ -179,6 +198,8 @@ extension RedisEngine {
                 s.redis.outages += 1
                 s.outageSince = .now()
                 s.outageLocalPublishes = 0
+                s.routed = false
+                s.filling = true
             }
             logger.error(
                 "Redis unavailable: serving this node's clients only until it is back",
@@ -237,7 +258,13 @@ extension RedisEngine {
             }
             var arguments: [RESPArgument] = [.string(self.node), .integer(Int64(counts.count))]
             for (channel, count) in counts { arguments += [.string(channel), .integer(Int64(count))] }
-            _ = self.eval(RedisScripts.reroute, arguments)
+            self.eval(RedisScripts.reroute, arguments).whenSuccess { _ in
+                let both = self.state.withLockedValue { s -> Bool in
+                    s.routed = true
+                    return s.subscribed
+                }
+                if both { self.fillFromHistory() }
+            }
         }
     }
 }

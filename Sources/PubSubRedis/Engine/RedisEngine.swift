@@ -88,7 +88,9 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     let positionMarker: String
     /// Adds to a monotonic deadline to get milliseconds since the Unix epoch (shared by nodes).
     let wallOffsetMilliseconds: Int64
-    let epochCandidate: UInt64
+    /// A new epoch, should Redis have none (first start, or it restarted without its data). Fresh at every
+    /// call: a restarted Redis must never get the epoch it had before, or old positions would look valid.
+    var epochCandidate: UInt64 { UInt64.random(in: 1...(1 << 52)) }
 
     struct State {
         var epoch: UInt64?
@@ -97,8 +99,14 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         /// Highest position delivered from notifications, in `deliveredEpoch`.
         var delivered: UInt64 = 0
         var deliveredEpoch: String?
+        /// The notification channel is subscribed.
         var subscribed = false
-        var filling = false
+        /// This node's sessions and routing are in Redis since the command connection last came up.
+        var routed = false
+        /// Notifications are held back (from a disconnect until the history has been read after both
+        /// connections are back), so that what the history gives and what arrives live merge in order.
+        var filling = true
+        var fillRunning = false
         var buffered: [NodeMessage] = []
         var adoptWaiters: [String: [EventLoopPromise<Void>]] = [:]
         var handoffWaiters: [String: EventLoopPromise<Void>] = [:]
@@ -133,7 +141,6 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         clock_gettime(CLOCK_REALTIME, &wall)
         let wallMilliseconds = Int64(wall.tv_sec) * 1000 + Int64(wall.tv_nsec) / 1_000_000
         self.wallOffsetMilliseconds = wallMilliseconds - Int64(NIODeadline.now().uptimeNanoseconds / 1_000_000)
-        self.epochCandidate = UInt64.random(in: 1...(1 << 52))
         let loop = group.next()
         let setup = RedisScripts.all.map { RESPCommand("SCRIPT", "LOAD", .string($0.source)) }
         let box = NIOLockedValueBox<RedisEngine?>(nil)
@@ -169,7 +176,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
 
     /// Both connections are up and this node receives its notifications.
     public var isReady: Bool {
-        commands.isConnected && subscriber.isConnected && state.withLockedValue { $0.subscribed && !$0.filling }
+        commands.isConnected && subscriber.isConnected
+            && state.withLockedValue { $0.subscribed && $0.routed && !$0.filling }
     }
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }

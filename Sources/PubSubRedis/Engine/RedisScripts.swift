@@ -282,7 +282,8 @@ enum RedisScripts {
         """)
 
     /// Reads the history after a sequence, for a node whose notifications were cut.
-    /// ARGV: after, epoch candidate. Returns {epoch, last sequence, entries...}.
+    /// ARGV: after, epoch candidate, the epoch `after` belongs to (another epoch: every entry is after it).
+    /// Returns {epoch, last sequence, entries...}.
     static let history = Script("""
         redis.call('SET', P .. 'epoch', ARGV[4], 'NX')
         local epoch = redis.call('GET', P .. 'epoch')
@@ -290,6 +291,7 @@ enum RedisScripts {
         local entries = redis.call('LRANGE', P .. 'history', 0, -1)
         local first = last - #entries + 1
         local after = tonumber(ARGV[3])
+        if epoch ~= ARGV[5] then after = 0 end
         local out = {epoch, last}
         for i = math.max(1, after - first + 2), #entries do out[#out + 1] = entries[i] end
         return out
