@@ -1,0 +1,133 @@
+"""Three `pubsub serve --engine redis` nodes and one redis-server, as behind a plain load balancer."""
+
+import re
+import threading
+import time
+
+from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
+
+
+def data_of(events, channel):
+    return [m["data"] for m in events if m.get("channel") == channel]
+
+
+def test_cross_node_delivery_both_ways(nodes):
+    a, b, _ = nodes
+    on_a = WSClient(a, handshake(a))
+    on_b = WSClient(b, handshake(b))
+    try:
+        for client, node in ((on_a, a), (on_b, b)):
+            subscribe(node, client.cid, "/chat")
+            client.connect()
+            client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+        assert publish(b, "/chat", "from b")["successful"]
+        assert publish(a, "/chat", "from a")["successful"]
+        for client in (on_a, on_b):
+            client.read(lambda ms: len(data_of(ms, "/chat")) >= 2)
+            assert data_of(client.events(), "/chat") == ["from b", "from a"]
+    finally:
+        on_a.close()
+        on_b.close()
+
+
+def test_long_polling_client_on_a_different_node_at_every_request(nodes):
+    cid = handshake(nodes[0])
+    subscribe(nodes[1], cid, "/poll/**")
+    received, sent = [], []
+    n = 0
+    for request in range(30):
+        for _ in range(request % 4):
+            n += 1
+            assert publish(nodes[(request + 2) % 3], "/poll/x", n)["successful"]
+            sent.append(n)
+        time.sleep(0.02)
+        reply, events = long_poll(nodes[request % 3], cid)
+        assert reply["successful"], reply
+        received += data_of(events, "/poll/x")
+    deadline = time.monotonic() + 5
+    while received != sent and time.monotonic() < deadline:
+        reply, events = long_poll(nodes[0], cid)
+        received += data_of(events, "/poll/x")
+        time.sleep(0.05)
+    assert received == sent
+
+
+def test_kill_9_of_the_node_a_websocket_client_was_on(nodes):
+    a, b, c = nodes
+    cid = handshake(a)
+    subscribe(a, cid, "/k")
+    client = WSClient(a, cid)
+    client.connect()
+    client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+    assert publish(c, "/k", 1)["successful"]
+    client.read(lambda ms: 1 in data_of(ms, "/k"))
+    a.kill()
+    client.close()
+    # The client reconnects through another node with the same client id, and does not subscribe again.
+    again = WSClient(b, cid)
+    try:
+        again.connect()
+        msgs = again.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+        connect = [m for m in msgs if m.get("channel") == "/meta/connect"][0]
+        assert connect["successful"], connect
+        assert publish(c, "/k", 2)["successful"]
+        again.read(lambda ms: 2 in data_of(ms, "/k"))
+        assert data_of(again.events(), "/k") == [2]
+    finally:
+        again.close()
+
+
+def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
+    a, b, _ = nodes
+    cid = handshake(b)
+    subscribe(b, cid, "/stream")
+    client = WSClient(b, cid)
+    client.connect()
+    client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+    total, rejected = 300, []
+    stop = threading.Event()
+
+    def publisher():
+        for i in range(1, total + 1):
+            try:
+                if not publish(a, "/stream", i, timeout=5).get("successful"):
+                    rejected.append(i)
+            except Exception:
+                rejected.append(i)
+            time.sleep(0.01)
+        stop.set()
+
+    thread = threading.Thread(target=publisher, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    redis_server.kill()
+    outage_started = time.monotonic()
+    time.sleep(1.0)
+    redis_server.start()
+    outage = time.monotonic() - outage_started
+    thread.join(timeout=60)
+    assert stop.is_set()
+    # Let the nodes reconnect and resynchronise, then publish a tail that must arrive whole.
+    deadline = time.monotonic() + 15
+    tail_ok = False
+    while time.monotonic() < deadline and not tail_ok:
+        tail_ok = publish(a, "/stream", "probe").get("successful", False)
+        time.sleep(0.2)
+    for i in range(total + 1, total + 21):
+        assert publish(a, "/stream", i)["successful"]
+    client.read(lambda ms: total + 20 in data_of(ms, "/stream"), timeout=20)
+    got = [d for d in data_of(client.events(), "/stream") if d != "probe"]
+    client.close()
+    # In order, no duplicates, and the tail published after the restart is all there.
+    assert got == sorted(set(got)), got
+    assert list(range(total + 1, total + 21)) == got[-20:]
+    missing = sorted(set(range(1, total + 1)) - set(got))
+    local_only = sum(int(n) for n in re.findall(r"pubsub\.redis\.local_only_publishes=(\d+)", a.log()))
+    missed_by_b = sum(int(n) for n in re.findall(r"pubsub\.redis\.missed=(\d+)", b.log()))
+    print(f"outage {outage:.2f}s: {len(missing)} of {total} missed, {len(rejected)} refused to the publisher, "
+          f"{local_only} reached node A's subscribers only, {missed_by_b} counted missed by node B")
+    # Every loss is counted: by the publisher (refused), by the node that accepted it while Redis was away,
+    # or by the receiving node (positions it never saw); and it is bounded by the outage.
+    assert len(missing) <= len(rejected) + local_only + missed_by_b, (
+        f"missing {missing}\nrejected {rejected}\nnode A:\n{a.log()[-3000:]}\nnode B:\n{b.log()[-3000:]}")
+    assert len(missing) <= int((outage + 3.0) / 0.01)
