@@ -1,10 +1,42 @@
-"""Three `pubsub serve --engine redis` nodes and one redis-server, as behind a plain load balancer."""
+"""Three `pubsub serve --engine redis` nodes and one redis-server, as behind a plain load balancer.
+
+redis-server must be installed (scripts/install-test-deps does it); a missing one fails the suite, never skips it.
+(No conftest.py here: the wire suite imports its own `conftest` module by that name.)
+"""
 
 import re
 import threading
 import time
 
-from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
+import pytest
+
+from cluster_helpers import Broker, RedisServer, WSClient, handshake, long_poll, publish, subscribe, wait_ready
+
+
+@pytest.fixture
+def redis_server():
+    r = RedisServer()
+    r.start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def nodes(redis_server):
+    """Three nodes sharing one Redis."""
+    started = []
+    try:
+        for _ in range(3):
+            b = Broker(timeout=10, extra_args=["--engine", "redis", "--redis-url", redis_server.url,
+                                                "--log-level", "info"])
+            b.start()
+            started.append(b)
+        for b in started:
+            wait_ready(b)
+        yield started
+    finally:
+        for b in started:
+            b.stop()
 
 
 def data_of(events, channel):
