@@ -30,7 +30,8 @@ extension Broker {
             reply["advice"] = Advice.handshake
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.createClient(now: now, on: loop).map { clientId in
+        return engine.createClient(now: now, on: loop).map { [reply] clientId in
+            var reply = reply
             reply.clientId = clientId
             reply["advice"] = self.retryAdvice
             if let position = self.engine.position { reply.ext = ["position": .string(position)] }
@@ -79,7 +80,9 @@ extension Broker {
             reply["advice"] = retryAdvice
         }
         let offered: (any DeliverySink)? = (hold == .zero && sink?.isPersistent != true) ? nil : sink
-        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, on: loop).map { result in
+        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, on: loop).map {
+            [reply, hold] result in
+            var reply = reply
             switch result.status {
             case .unknownClient:
                 reply.fail(.clientUnknown(clientId))
@@ -147,7 +150,8 @@ extension Broker {
             subscribing
             ? engine.subscribe(clientId!, to: channels, resume: resume, now: now, on: loop)
             : engine.unsubscribe(clientId!, from: channels, on: loop).map { ($0, nil) }
-        return future.map { result, resumed in
+        return future.map { [reply, channelError] result, resumed in
+            var reply = reply
             if let resumed {
                 reply.ext = ["resume": .object(["recovered": .bool(resumed.recovered), "missed": JSONValue(resumed.missed)])]
             }
@@ -174,7 +178,8 @@ extension Broker {
             reply.clientId = nil
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.destroyClient(clientId, reason: .disconnected, on: loop).map { existed in
+        return engine.destroyClient(clientId, reason: .disconnected, on: loop).map { [reply] existed in
+            var reply = reply
             if !existed {
                 reply.fail(.clientUnknown(clientId))
                 reply.clientId = nil
@@ -203,7 +208,7 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else {
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.publish(delivered, to: channel!, now: now, on: loop).map { .reply(reply) }
+        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] in .reply(reply) }
     }
 }
 

@@ -51,8 +51,8 @@ public final class Broker: Sendable {
         now: NIODeadline,
         on loop: any EventLoop
     ) -> EventLoopFuture<[Outcome]> {
-        var outcomes: [Outcome] = []
-        outcomes.reserveCapacity(elements.count)
+        // Filled in order, by one chain of futures on `loop`.
+        let outcomes = OutcomeList(capacity: elements.count)
         var offer = sink
         if let s = sink, !s.isPersistent, elements.count != 1 { offer = nil }
         var future = loop.makeSucceededFuture(())
@@ -84,7 +84,14 @@ public final class Broker: Sendable {
                 }
             }
         }
-        return future.map { outcomes }
+        return future.map { outcomes.values }
+    }
+
+    /// The outcomes of one request, appended by the steps of a single future chain (never concurrently).
+    private final class OutcomeList: @unchecked Sendable {
+        var values: [Outcome] = []
+        init(capacity: Int) { values.reserveCapacity(capacity) }
+        func append(_ outcome: Outcome) { values.append(outcome) }
     }
 
     static let invalidElementReply: Message = {

@@ -8,7 +8,8 @@ import NIOCore
 /// queue and collects the sinks to wake, grouped by event loop, so each loop gets one task per publish burst
 /// (not one per recipient) and drains all its sessions under a single lock acquisition.
 public final class MemoryEngine: Engine, @unchecked Sendable {
-    final class Session {
+    /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
+    final class Session: @unchecked Sendable {
         let id: String
         var subscriptions: Set<String> = []
         var queue = CircularBuffer<ByteBuffer>(initialCapacity: 1)
