@@ -150,4 +150,26 @@ import Testing
             #expect(try await b.receive(cid) == [1, 2])
         }
     }
+
+    @Test func eventsPublishedWhileANodesNotificationsAreCutComeFromTheHistory() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await b.handshake()
+            _ = try await b.subscribe(cid, "/cut")
+            let ws = RecordingSink(loop: b.loop, persistent: true)
+            _ = try await b.connect(cid, sink: ws, type: "websocket")
+            _ = try await a.publish("/cut", "1")
+            try await b.settle()
+            b.redis!.subscriber.dropConnection()
+            for i in 2...6 { _ = try await a.publish("/cut", "\(i)") }
+            for _ in 0..<500 where !b.redis!.isReady { try await Task.sleep(nanoseconds: 10_000_000) }
+            #expect(b.redis!.isReady)
+            _ = try await a.publish("/cut", "7")
+            try await b.settle()
+            try await b.settle()
+            #expect(ws.data == (1...7).map { JSONValue($0) })
+            #expect(b.redis!.redisStatistics.missedAfterCut == 0)
+            #expect(b.redis!.redisStatistics.recoveredAfterCut > 0)
+        }
+    }
 }

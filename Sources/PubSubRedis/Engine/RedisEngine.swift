@@ -574,6 +574,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             local.sweep(now: now)
             return commands.eventLoop.makeSucceededVoidFuture()
         }
+        // A silent network cut shows on the notification connection only when something waits for an answer.
+        subscriber.send([RESPCommand("PING")]).whenFailure { _ in }
         let period = settings.sweepPeriod.nanoseconds / 1_000_000
         let heartbeat = max(3 * period, 3000)
         let commands: [RESPCommand] = [
