@@ -14,8 +14,8 @@ final class RedisServer: @unchecked Sendable {
         var description: String
     }
 
-    static func start() async throws -> RedisServer {
-        if let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text) {
+    static func start(arguments extra: [String] = []) async throws -> RedisServer {
+        if extra.isEmpty, let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text) {
             // A server the developer runs (e.g. to watch it with MONITOR); emptied first, never stopped.
             let server = RedisServer(existing: port)
             let client = RedisClient(configuration: RedisConfiguration(port: port), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
@@ -32,8 +32,10 @@ final class RedisServer: @unchecked Sendable {
         var lastError = ""
         for _ in 0..<3 {
             let port = try freePort()
-            let server = try RedisServer(binary: binary, port: port)
-            if await server.waitUntilReady(within: .seconds(10)) { return server }
+            let server = try RedisServer(binary: binary, port: port, extra: extra)
+            if await server.waitUntilReady(within: .seconds(10), password: extra.firstIndex(of: "--requirepass").map { extra[$0 + 1] }) {
+                return server
+            }
             lastError = server.log
             server.stop()
         }
@@ -46,7 +48,7 @@ final class RedisServer: @unchecked Sendable {
         directory = FileManager.default.temporaryDirectory
     }
 
-    private init(binary: String, port: Int) throws {
+    private init(binary: String, port: Int, extra: [String]) throws {
         self.port = port
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-redis-\(port)-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -55,7 +57,7 @@ final class RedisServer: @unchecked Sendable {
         process.arguments = [
             "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--daemonize", "no", "--dir", directory.path, "--logfile", directory.appendingPathComponent("log").path,
-        ]
+        ] + extra
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
@@ -66,12 +68,12 @@ final class RedisServer: @unchecked Sendable {
 
     var url: String { "redis://127.0.0.1:\(port)/0" }
 
-    private func waitUntilReady(within timeout: TimeAmount) async -> Bool {
+    private func waitUntilReady(within timeout: TimeAmount, password: String?) async -> Bool {
         let deadline = NIODeadline.now() + timeout
         let group = MultiThreadedEventLoopGroup.singleton
         while NIODeadline.now() < deadline, process.isRunning {
             let client = RedisClient(
-                configuration: RedisConfiguration(port: port, connectTimeout: .milliseconds(200)),
+                configuration: RedisConfiguration(port: port, password: password, connectTimeout: .milliseconds(200)),
                 eventLoop: group.next())
             client.start()
             for _ in 0..<20 where !client.isConnected { try? await Task.sleep(nanoseconds: 10_000_000) }

@@ -1,0 +1,65 @@
+import NIOCore
+import NIOConcurrencyHelpers
+import NIOPosix
+import Testing
+@testable import PubSubRedis
+
+/// The client against a real redis-server: AUTH and SELECT from the URL, pipelining, pub/sub, reconnect.
+@Suite(.serialized, .timeLimit(.minutes(1))) struct RedisClientTests {
+    func connected(_ url: String, onPush: (@Sendable (RESPValue) -> Void)? = nil) async throws -> RedisClient {
+        let client = RedisClient(
+            configuration: try RedisConfiguration(url: url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            onPush: onPush)
+        client.start()
+        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        return client
+    }
+
+    @Test func authSelectPipeliningAndReconnect() async throws {
+        let server = try await RedisServer.start(arguments: ["--requirepass", "s3cret"])
+        defer { server.stop() }
+        let client = try await connected("redis://:s3cret@127.0.0.1:\(server.port)/3")
+        #expect(client.isConnected)
+        let replies = try await client.send((1...100).map { _ in RESPCommand("INCR", "n") } + [RESPCommand("GET", "n")]).get()
+        #expect(replies.prefix(100).map { $0.int } == (1...100).map { Int64($0) })
+        #expect(replies.last?.string == "100")
+        let other = try await connected("redis://:s3cret@127.0.0.1:\(server.port)/0")
+        #expect(try await other.send(RESPCommand("GET", "n")).get().isNull)  // database 0 is another one
+        await #expect(throws: RedisError.self) { try await other.send(RESPCommand("NOSUCHCOMMAND")).get() }
+        // A dropped connection comes back by itself.
+        client.dropConnection()
+        for _ in 0..<300 where client.isConnected { try await Task.sleep(nanoseconds: 1_000_000) }
+        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        #expect(try await client.send(RESPCommand("GET", "n")).get().string == "100")
+        try await client.close().get()
+        try await other.close().get()
+        // A wrong password never connects (and never hangs).
+        let wrong = try await connected("redis://:nope@127.0.0.1:\(server.port)/0")
+        #expect(!wrong.isConnected)
+        await #expect(throws: RedisError.self) { try await wrong.send(RESPCommand("PING")).get() }
+        try await wrong.close().get()
+    }
+
+    @Test func pubSubPushesArriveInOrder() async throws {
+        let server = try await RedisServer.start()
+        defer { server.stop() }
+        let received = NIOLockedValueBox<[String]>([])
+        let subscriber = try await connected("redis://127.0.0.1:\(server.port)") { push in
+            if push.array?.first?.string == "message", let payload = push.array?[2].string {
+                received.withLockedValue { $0.append(payload) }
+            }
+        }
+        subscriber.sendWithoutReply([RESPCommand("SUBSCRIBE", "ch")])
+        let publisher = try await connected("redis://127.0.0.1:\(server.port)")
+        for _ in 0..<200 {
+            if try await publisher.send(RESPCommand("PUBLISH", "ch", "0")).get().int == 1 { break }
+            try await Task.sleep(nanoseconds: 5_000_000)
+        }
+        _ = try await publisher.send((1...50).map { RESPCommand("PUBLISH", "ch", .string("\($0)")) }).get()
+        for _ in 0..<300 where received.withLockedValue({ $0.count }) < 51 { try await Task.sleep(nanoseconds: 10_000_000) }
+        #expect(received.withLockedValue { Array($0.drop { $0 == "0" }) } == (1...50).map(String.init))
+        #expect(try await subscriber.send(RESPCommand("PING")).get().array?.first?.string == "pong")
+        try await subscriber.close().get()
+        try await publisher.close().get()
+    }
+}
