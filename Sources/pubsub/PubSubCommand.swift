@@ -5,7 +5,7 @@ struct PubSubCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "pubsub",
         abstract: "A Bayeux/Faye-compatible pub/sub broker.",
-        subcommands: [Serve.self, Bench.self, Publish.self, Subscribe.self, Sign.self],
+        subcommands: [Serve.self, Bench.self, Publish.self, Subscribe.self, Sign.self, RelayCommand.self],
         defaultSubcommand: nil
     )
 }

@@ -1,0 +1,82 @@
+import Bayeux
+
+/// One change read from a source's feed: a document (or row) inserted, updated or deleted, or a whole collection
+/// truncated.
+public struct Change: Sendable, Hashable {
+    public enum Operation: String, Sendable, Hashable {
+        case insert
+        case update
+        case delete
+        /// Every row of the collection removed at once; `id` is nil.
+        case truncate
+    }
+
+    /// The collection's path below the prefix, one element per channel segment (`["public", "notes"]`).
+    public var collection: [String]
+    /// The document's id (for PostgreSQL the primary key, as text; a composite key as a JSON array); nil for
+    /// a truncate.
+    public var id: String?
+    public var operation: Operation
+    /// The source position of this change, opaque to subscribers (for PostgreSQL `<commit end LSN>:<index>`).
+    public var seq: String
+    /// The row or document, when the source has it (the new row for insert/update, the old identity for delete).
+    public var document: JSONObject?
+    /// Extra fields the source adds to `data` (for PostgreSQL `txn` and `ts`).
+    public var extra: JSONObject
+
+    public init(collection: [String], id: String?, operation: Operation, seq: String, document: JSONObject? = nil,
+                extra: JSONObject = [:]) {
+        self.collection = collection
+        self.id = id
+        self.operation = operation
+        self.seq = seq
+        self.document = document
+        self.extra = extra
+    }
+}
+
+/// What a source hands to the relay at once: changes in feed order, and the position to confirm once all of them
+/// are acknowledged. A batch may hold no change at all and still move the position (a transaction that touched
+/// no relayed table, DDL).
+public struct ChangeBatch: Sendable, Equatable {
+    public var changes: [Change]
+    /// The position after the last change of the batch, as the source writes it in its checkpoint.
+    public var position: String
+
+    public init(changes: [Change], position: String) {
+        self.changes = changes
+        self.position = position
+    }
+}
+
+/// How far a source is behind the feed's head, for progress lines.
+public struct SourceLag: Sendable, Equatable {
+    /// Bytes (PostgreSQL WAL) or changes still to read, as the source counts them.
+    public var amount: UInt64
+    public var unit: String
+
+    public init(amount: UInt64, unit: String) {
+        self.amount = amount
+        self.unit = unit
+    }
+}
+
+/// A replication change feed (PostgreSQL logical decoding, CouchDB `_changes`, Sync Gateway BLIP, Simperium).
+///
+/// The relay calls `start(after:)` once with its own checkpoint, then `next()` repeatedly; after every change of a
+/// batch was acknowledged by the broker and the checkpoint was written durably, it calls `confirm(_:)` with the
+/// batch's position. A source must never hand out a change at or below the position given to `start(after:)`,
+/// even when its server replays it (a PostgreSQL slot rewinds after a crash).
+public protocol ChangeSource: Sendable {
+    /// Names the feed in checkpoints, idempotency keys and logs (`pg:<slot>`).
+    var sourceID: String { get }
+    /// Connects and resumes after `position` (nil: from wherever the feed starts).
+    func start(after position: String?) async throws
+    /// The next batch, or nil when nothing new is there yet (the relay then waits a little and asks again).
+    func next() async throws -> ChangeBatch?
+    /// Tells the server that everything up to `position` is safely relayed (PostgreSQL: advance the slot).
+    func confirm(_ position: String) async throws
+    /// How far behind the feed's head the last batch was, when the source can tell.
+    func lag() async -> SourceLag?
+    func close() async
+}

@@ -1,0 +1,138 @@
+import PostgresNIO
+
+/// A libpq-style connection URL: `postgres[ql]://[user[:password]@][host][:port][/database][?host=/socket/dir]`.
+/// `host=` naming a directory connects to the Unix socket `<dir>/.s.PGSQL.<port>`. TLS is not supported yet:
+/// `sslmode` may be absent, `disable`, `allow` or `prefer`.
+public struct PostgresDSN: Sendable, Equatable {
+    public var user: String
+    public var password: String?
+    public var host: String
+    public var port: Int
+    public var database: String
+    /// The socket directory, when connecting over a Unix socket.
+    public var socketDirectory: String?
+
+    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
+        public var message: String
+        public var description: String { message }
+    }
+
+    public init(_ text: String) throws(Error) {
+        var rest = Substring(text)
+        if rest.hasPrefix("postgres://") {
+            rest = rest.dropFirst("postgres://".count)
+        } else if rest.hasPrefix("postgresql://") {
+            rest = rest.dropFirst("postgresql://".count)
+        } else {
+            throw Error(message: "invalid --dsn \(text): expected postgres://user@host:port/database")
+        }
+        var query = Substring("")
+        if let mark = rest.firstIndex(of: "?") {
+            query = rest[rest.index(after: mark)...]
+            rest = rest[..<mark]
+        }
+        var path = Substring("")
+        if let slash = rest.firstIndex(of: "/") {
+            path = rest[rest.index(after: slash)...]
+            rest = rest[..<slash]
+        }
+        var userInfo: Substring?
+        if let at = rest.lastIndex(of: "@") {
+            userInfo = rest[..<at]
+            rest = rest[rest.index(after: at)...]
+        }
+        user = "postgres"
+        if let userInfo {
+            if let colon = userInfo.firstIndex(of: ":") {
+                user = try Self.decode(userInfo[..<colon])
+                password = try Self.decode(userInfo[userInfo.index(after: colon)...])
+            } else {
+                user = try Self.decode(userInfo)
+            }
+        }
+        host = "127.0.0.1"
+        port = 5432
+        if !rest.isEmpty {
+            var hostPart = rest
+            if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
+                host = String(rest[rest.index(after: rest.startIndex)..<close])
+                hostPart = rest[rest.index(after: close)...]
+                if hostPart.hasPrefix(":") { hostPart = hostPart.dropFirst() } else { hostPart = "" }
+                if !hostPart.isEmpty { port = try Self.port(hostPart, text) }
+            } else if let colon = rest.lastIndex(of: ":") {
+                host = String(rest[..<colon])
+                port = try Self.port(rest[rest.index(after: colon)...], text)
+            } else {
+                host = String(hostPart)
+            }
+            if host.isEmpty { host = "127.0.0.1" }
+        }
+        database = path.isEmpty ? user : try Self.decode(path)
+        for pair in query.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            let name = parts[0]
+            let value = parts.count > 1 ? try Self.decode(parts[1]) : ""
+            switch name {
+            case "host":
+                if value.hasPrefix("/") { socketDirectory = value } else { host = value }
+            case "port":
+                port = try Self.port(Substring(value), text)
+            case "user":
+                user = value
+            case "password":
+                password = value
+            case "dbname":
+                database = value
+            case "sslmode":
+                guard ["disable", "allow", "prefer"].contains(value) else {
+                    throw Error(message: "invalid --dsn: sslmode=\(value) is not supported yet (TLS to PostgreSQL)")
+                }
+            case "application_name", "connect_timeout":
+                break
+            default:
+                throw Error(message: "invalid --dsn: unknown parameter \(name)")
+            }
+        }
+    }
+
+    public var configuration: PostgresConnection.Configuration {
+        if let socketDirectory {
+            return PostgresConnection.Configuration(
+                unixSocketPath: socketDirectory + "/.s.PGSQL.\(port)", username: user, password: password,
+                database: database)
+        }
+        return PostgresConnection.Configuration(
+            host: host, port: port, username: user, password: password, database: database, tls: .disable)
+    }
+
+    /// Where it connects, without the password, for logs and errors.
+    public var endpoint: String {
+        socketDirectory.map { "\($0)/.s.PGSQL.\(port)" } ?? "\(host):\(port)"
+    }
+
+    private static func port(_ text: Substring, _ dsn: String) throws(Error) -> Int {
+        guard let port = Int(text), (1...65535).contains(port) else {
+            throw Error(message: "invalid --dsn \(dsn): bad port \(text)")
+        }
+        return port
+    }
+
+    private static func decode(_ text: Substring) throws(Error) -> String {
+        var bytes: [UInt8] = []
+        var iterator = Array(text.utf8).makeIterator()
+        while let byte = iterator.next() {
+            if byte == UInt8(ascii: "%") {
+                guard let high = iterator.next(), let low = iterator.next(),
+                      let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16)
+                else { throw Error(message: "invalid --dsn: bad percent-escape in \(text)") }
+                bytes.append(value)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        guard let string = String(validating: bytes, as: UTF8.self) else {
+            throw Error(message: "invalid --dsn: \(text) is not UTF-8")
+        }
+        return string
+    }
+}

@@ -1,0 +1,119 @@
+import Logging
+import NIOCore
+
+/// The relay loop for one source: read a batch → publish it and wait for the broker's acknowledgement → persist
+/// the checkpoint durably → confirm to the source. Delivery is at least once and never has a gap: a crash at any
+/// instant resumes from the last persisted checkpoint, and what the source replays at or below it is skipped.
+public struct Relay: Sendable {
+    public struct Configuration: Sendable {
+        public var mapping: ChangeMapping
+        /// Pause after a failed publish before the same batch is tried again (doubles up to `maxRetryDelay`).
+        public var retryDelay: TimeAmount
+        public var maxRetryDelay: TimeAmount
+        /// How often progress (changes/s, lag) is logged while there is a backlog.
+        public var progressInterval: TimeAmount
+
+        public init(mapping: ChangeMapping = ChangeMapping(), retryDelay: TimeAmount = .milliseconds(200),
+                    maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2)) {
+            self.mapping = mapping
+            self.retryDelay = retryDelay
+            self.maxRetryDelay = maxRetryDelay
+            self.progressInterval = progressInterval
+        }
+    }
+
+    public var source: any ChangeSource
+    public var publisher: any Publisher
+    public var store: any CheckpointStore
+    public var configuration: Configuration
+    public var logger: Logger
+
+    public init(source: any ChangeSource, publisher: any Publisher, store: any CheckpointStore,
+                configuration: Configuration = Configuration(), logger: Logger) {
+        self.source = source
+        self.publisher = publisher
+        self.store = store
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// Loads the checkpoint and starts the source after it.
+    public func start() async throws {
+        let checkpoint = try store.load()
+        if let checkpoint, checkpoint.sourceID != source.sourceID {
+            throw CheckpointError(
+                "the checkpoint belongs to \(checkpoint.sourceID), not \(source.sourceID): use another --checkpoint file")
+        }
+        logger.info("relay starting", metadata: [
+            "pubsub.relay.source": "\(source.sourceID)",
+            "pubsub.relay.checkpoint": "\(checkpoint?.position ?? "none")",
+        ])
+        try await source.start(after: checkpoint?.position)
+    }
+
+    /// Relays one batch if there is one: publish (retrying until acknowledged), persist, confirm. Returns the
+    /// number of changes published, or nil when the source had nothing new.
+    @discardableResult
+    public func step() async throws -> Int? {
+        guard let batch = try await source.next() else { return nil }
+        return try await relay(batch)
+    }
+
+    /// Publish → ack → persist → confirm for one batch. A failed publish is retried (with the same keys); a
+    /// failed persist or confirm throws, leaving the source unconfirmed.
+    public func relay(_ batch: ChangeBatch) async throws -> Int {
+        let messages = batch.changes.map { configuration.mapping.message(for: $0, sourceID: source.sourceID) }
+        if !messages.isEmpty {
+            var delay = configuration.retryDelay
+            while true {
+                do {
+                    try await publisher.publish(messages)
+                    break
+                } catch is CancellationError {
+                    throw CancellationError()
+                } catch {
+                    logger.warning("publish failed, retrying the batch", metadata: [
+                        "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
+                        "pubsub.relay.batch": "\(messages.count)",
+                    ])
+                    try await Task.sleep(nanoseconds: UInt64(delay.nanoseconds))
+                    delay = min(delay * 2, configuration.maxRetryDelay)
+                }
+            }
+        }
+        try store.save(Checkpoint(sourceID: source.sourceID, position: batch.position))
+        try await source.confirm(batch.position)
+        return messages.count
+    }
+
+    /// Runs until cancelled or a non-retryable error; logs progress while catching up.
+    public func run(idle: TimeAmount = .milliseconds(100)) async throws {
+        try await start()
+        var published = 0
+        var windowStart = ContinuousClock.now
+        var busy = false
+        while !Task.isCancelled {
+            let count = try await step()
+            if let count {
+                published += count
+                busy = true
+            }
+            let elapsed = ContinuousClock.now - windowStart
+            if elapsed >= .nanoseconds(configuration.progressInterval.nanoseconds) {
+                if busy {
+                    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+                    let lag = await source.lag()
+                    logger.info("relay progress", metadata: [
+                        "pubsub.relay.source": "\(source.sourceID)",
+                        "pubsub.relay.changes_per_second": "\(Int((Double(published) / seconds).rounded()))",
+                        "pubsub.relay.lag": "\(lag.map { "\($0.amount) \($0.unit)" } ?? "unknown")",
+                    ])
+                }
+                published = 0
+                busy = false
+                windowStart = ContinuousClock.now
+            }
+            if count == nil { try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds)) }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+import ArgumentParser
+import Bayeux
+import Logging
+import NIOCore
+import PubSubClient
+import PubSubRelay
+
+/// `pubsub relay <source> …`: replication change feeds become channel events.
+struct RelayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "relay",
+        abstract: "Publish a database's replication change feed as channel events, resuming exactly after a crash.",
+        subcommands: [RelayPostgres.self]
+    )
+}
+
+/// Options every relay source shares: the broker, the checkpoint, the channel mapping.
+struct RelayOptions: ParsableArguments {
+    @OptionGroup var client: ClientOptions
+
+    @Option(help: "The checkpoint file: the last position relayed, written durably after the broker's acknowledgement.")
+    var checkpoint: String
+
+    @Option(help: "The channel prefix: changes go to <prefix>/<collection…>/<escaped id>.")
+    var prefix: String = "/changes"
+
+    @Flag(help: "Put the row or document in data.doc.")
+    var includeDoc = false
+
+    @Option(help: "Messages per publish request.")
+    var batchSize: Int = 100
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
+    var logLevel: String?
+
+    func validate() throws {
+        guard ChangeMapping.isValidPrefix(prefix) else {
+            throw ValidationError("--prefix must be a channel name outside /meta and /service, e.g. /changes")
+        }
+        guard !checkpoint.isEmpty else { throw ValidationError("--checkpoint must name a file") }
+        guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
+        if let logLevel, Logger.Level(rawValue: logLevel) == nil {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+    }
+
+    func makeLogger() -> Logger {
+        let level = (logLevel ?? Environment.string("PUBSUB_LOG_LEVEL")).flatMap(Logger.Level.init(rawValue:)) ?? .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        return Logger(label: "pubsub.relay")
+    }
+
+    func makePublisher() throws -> BayeuxPublisher {
+        let (url, secret) = try client.resolve()
+        let configuration = BayeuxClient.Configuration(transport: .longPolling, batchSize: batchSize)
+        do {
+            return BayeuxPublisher(client: try BayeuxClient(url: url, configuration: configuration), secret: secret)
+        } catch let error as BayeuxClientError {
+            throw failure(error)
+        }
+    }
+
+    /// Runs the relay until SIGINT/SIGTERM; a fatal error prints one line and exits non-zero.
+    func run(source: any ChangeSource, logger: Logger, idle: TimeAmount) async throws {
+        let publisher = try makePublisher()
+        let relay = Relay(
+            source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
+            configuration: .init(mapping: ChangeMapping(prefix: prefix, includeDocument: includeDoc)), logger: logger)
+        let task = Task { try await relay.run(idle: idle) }
+        let signals = Task {
+            await SignalWaiter().wait()
+            task.cancel()
+        }
+        let result = await task.result
+        _ = signals
+        await source.close()
+        await publisher.client.close()
+        switch result {
+        case .success:
+            return
+        case .failure(is CancellationError):
+            return
+        case .failure(let error):
+            throw failure("relay stopped: \(error)", ExitStatus.unavailable)
+        }
+    }
+}
+
+struct RelayPostgres: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "postgres",
+        abstract: "Relay PostgreSQL logical decoding (wal2json format-version 2) to channel events.",
+        discussion: """
+            Reads the slot over an ordinary SQL connection (pg_logical_slot_peek_changes), publishes every \
+            insert, update, delete and truncate of the given tables to <prefix>/<schema>/<table>/<escaped id>, \
+            waits for the broker's acknowledgement, writes the checkpoint durably, and only then advances the \
+            slot (pg_replication_slot_advance). After a crash it resumes from its checkpoint: delivery is at least \
+            once, and a change delivered twice carries the same data.key. Creates the slot (plugin wal2json) if \
+            it is missing. The server needs wal_level=logical and the wal2json plugin; the role needs LOGIN \
+            REPLICATION.
+
+            data holds id (the primary key as text), op (insert, update, delete, truncate), seq (the source \
+            position), key (the idempotency key), collection, source, txn, and doc with --include-doc.
+
+            Exit status:
+              0   stopped by SIGINT or SIGTERM
+              64  bad arguments
+              69  the database cannot be reached or refused, or the relay stopped on an error
+            """
+    )
+
+    @Option(help: "The database: postgres://user[:password]@host[:port]/database (or ?host=/socket/dir).")
+    var dsn: String
+
+    @Option(help: "The logical replication slot (created with wal2json if missing).")
+    var slot: String
+
+    @Option(help: "A table to relay, as schema.table; repeat for several.")
+    var table: [String] = []
+
+    @Option(help: "Seconds between polls of the slot when it is idle.")
+    var pollInterval: Double = 0.1
+
+    @Option(help: "Most rows read per poll (whole transactions are always read).")
+    var maxChanges: Int = 5000
+
+    @OptionGroup var relay: RelayOptions
+
+    func validate() throws {
+        guard PostgresChangeSource.isValidSlotName(slot) else {
+            throw ValidationError("--slot must be lower-case letters, digits and underscores (at most 63)")
+        }
+        guard !table.isEmpty else { throw ValidationError("name at least one --table schema.table") }
+        for name in table {
+            let parts = name.split(separator: ".", omittingEmptySubsequences: false)
+            guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty, !name.contains(",") else {
+                throw ValidationError("--table \(name): expected schema.table, e.g. public.notes")
+            }
+        }
+        guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be positive") }
+        guard maxChanges > 0 else { throw ValidationError("--max-changes must be positive") }
+        do {
+            _ = try PostgresDSN(dsn)
+        } catch {
+            throw ValidationError(error.message)
+        }
+    }
+
+    func run() async throws {
+        let logger = relay.makeLogger()
+        let dsn = try PostgresDSN(dsn)
+        let source = PostgresChangeSource(
+            configuration: .init(dsn: dsn, slot: slot, tables: table, maxChangesPerPeek: maxChanges),
+            logger: logger)
+        try await relay.run(source: source, logger: logger, idle: .nanoseconds(Int64(pollInterval * 1e9)))
+    }
+}
+
+/// Publishes through the Bayeux client: pipelined bulk publish, one request carrying `batchSize` messages; done
+/// only when the broker acknowledged every message.
+struct BayeuxPublisher: Publisher {
+    let client: BayeuxClient
+    let secret: String?
+
+    func publish(_ messages: [RelayMessage]) async throws {
+        let ext: JSONObject? = secret.map { ["private_pub_token": .string($0)] }
+        let results = try await client.publish(messages.map {
+            BayeuxClient.Publication(channel: $0.channel, data: $0.data, ext: ext)
+        })
+        if let index = results.firstIndex(where: { !$0.successful }) {
+            let refused = results.filter { !$0.successful }.count
+            throw PublishError(
+                "the broker refused \(refused) of \(results.count) messages (first on \(messages[index].channel): \(results[index].error ?? "refused"))")
+        }
+    }
+}

@@ -1,0 +1,112 @@
+import Bayeux
+import Testing
+
+@testable import PubSubRelay
+
+/// Rows as wal2json 2.5 (format-version 2, include-pk, include-lsn, include-transaction) prints them.
+@Suite struct Wal2JSONTests {
+    static let begin726 = #"{"action":"B","xid":726,"timestamp":"2026-11-22 10:46:55.2935+00","lsn":"0/1527248","nextlsn":"0/1527278"}"#
+    static let insertN1 = #"{"action":"I","xid":726,"lsn":"0/1527160","schema":"public","table":"notes","columns":[{"name":"id","type":"text","value":"n1"},{"name":"body","type":"text","value":"hello"},{"name":"rev","type":"integer","value":1}],"pk":[{"name":"id","type":"text"}]}"#
+    static let commit726 = #"{"action":"C","xid":726,"timestamp":"2026-11-22 10:46:55.2935+00","lsn":"0/1527248","nextlsn":"0/1527278"}"#
+    static let update = #"{"action":"U","xid":727,"lsn":"0/1527300","schema":"public","table":"notes","columns":[{"name":"id","type":"text","value":"n1"},{"name":"body","type":"text","value":"hello!"},{"name":"rev","type":"integer","value":2}],"identity":[{"name":"id","type":"text","value":"n1"}],"pk":[{"name":"id","type":"text"}]}"#
+    static let delete = #"{"action":"D","xid":728,"lsn":"0/1527398","schema":"public","table":"notes","identity":[{"name":"id","type":"text","value":"n2"},{"name":"body","type":"text","value":"world"}],"pk":[{"name":"id","type":"text"}]}"#
+
+    @Test func lsn() {
+        #expect(LSN("0/1527278")?.value == 0x1527278)
+        #expect(LSN("16/B374D848")?.value == 0x16_B374_D848)
+        #expect(LSN("16/B374D848")?.description == "16/B374D848")
+        #expect(LSN("0/0") == LSN(0))
+        #expect(LSN("1527278") == nil)
+        #expect(LSN("x/1") == nil)
+        #expect(LSN("0/123456789") == nil)
+        #expect(LSN("1/0")! > LSN("0/FFFFFFFF")!)
+    }
+
+    @Test func parsesEachAction() throws {
+        #expect(try Wal2JSONRecord.parse(Self.begin726) == .begin(xid: "726"))
+        #expect(try Wal2JSONRecord.parse(Self.commit726) == .commit(xid: "726", nextLSN: LSN("0/1527278")))
+        guard case .row(let insert) = try Wal2JSONRecord.parse(Self.insertN1) else { Issue.record("not a row"); return }
+        #expect(insert.operation == .insert)
+        #expect(insert.schema == "public" && insert.table == "notes")
+        #expect(insert.primaryKey == ["id"])
+        #expect(insert.id == "n1")
+        #expect(insert.document == ["id": "n1", "body": "hello", "rev": .number("1")])
+        guard case .row(let delete) = try Wal2JSONRecord.parse(Self.delete) else { Issue.record("not a row"); return }
+        #expect(delete.operation == .delete)
+        #expect(delete.id == "n2")
+        #expect(delete.document["body"] == "world")
+        #expect(try Wal2JSONRecord.parse(#"{"action":"T","xid":9,"schema":"public","table":"notes"}"#)
+            == .truncate(schema: "public", table: "notes"))
+        #expect(try Wal2JSONRecord.parse(#"{"action":"M","transactional":false,"prefix":"p","content":"x"}"#) == .message)
+    }
+
+    @Test func idsOfNumericAndCompositeKeys() throws {
+        let numeric = #"{"action":"I","schema":"s","table":"t","columns":[{"name":"k","type":"bigint","value":42},{"name":"v","type":"text","value":null}],"pk":[{"name":"k","type":"bigint"}]}"#
+        guard case .row(let row) = try Wal2JSONRecord.parse(numeric) else { Issue.record("not a row"); return }
+        #expect(row.id == "42")
+        let composite = #"{"action":"D","schema":"s","table":"t","identity":[{"name":"a","type":"text","value":"x"},{"name":"b","type":"integer","value":7}],"pk":[{"name":"a","type":"text"},{"name":"b","type":"integer"}]}"#
+        guard case .row(let row2) = try Wal2JSONRecord.parse(composite) else { Issue.record("not a row"); return }
+        #expect(row2.id == #"["x",7]"#)
+    }
+
+    @Test func refusesWhatIsNotVersion2() {
+        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"change":[]}"#) }
+        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse("not json") }
+        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"action":"I","columns":[]}"#) }
+        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"action":"Z"}"#) }
+    }
+
+    @Test func assemblesTransactionsAndSkipsReplays() throws {
+        var assembler = Wal2JSONAssembler(after: LSN(0))
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726) == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
+        #expect(assembler.isInsideTransaction)
+        let batch = try #require(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726))
+        #expect(batch.position == "0/1527278")
+        #expect(batch.changes.count == 1)
+        #expect(batch.changes[0].seq == "0/1527278:1")
+        #expect(batch.changes[0].extra["txn"] == "726")
+        #expect(batch.changes[0].collection == ["public", "notes"])
+
+        // Replayed by a rewound slot: skipped.
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726) == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726) == nil)
+        #expect(assembler.after == LSN("0/1527278"))
+
+        // An empty transaction (DDL) still moves the position.
+        #expect(try assembler.feed(lsn: LSN("0/1528000")!, data: #"{"action":"B","xid":730}"#) == nil)
+        let empty = try #require(
+            try assembler.feed(lsn: LSN("0/1528100")!, data: #"{"action":"C","xid":730,"nextlsn":"0/1528100"}"#))
+        #expect(empty.changes.isEmpty)
+        #expect(empty.position == "0/1528100")
+    }
+
+    @Test func assemblerStartingAfterACheckpointSkipsEverythingBelow() throws {
+        var assembler = Wal2JSONAssembler(after: LSN("0/1527278")!)
+        _ = try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726)
+        _ = try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1)
+        #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726) == nil)
+        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"B","xid":727}"#)
+        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: Self.update)
+        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"T","xid":727,"schema":"public","table":"notes"}"#)
+        let batch = try #require(
+            try assembler.feed(lsn: LSN("0/1527390")!, data: #"{"action":"C","xid":727,"nextlsn":"0/1527390"}"#))
+        #expect(batch.changes.map(\.operation) == [.update, .truncate])
+        #expect(batch.changes.map(\.seq) == ["0/1527390:1", "0/1527390:2"])
+        #expect(batch.changes[1].id == nil)
+    }
+
+    @Test func dsn() throws {
+        let tcp = try PostgresDSN("postgres://relay:p%40ss@127.0.0.1:55432/app")
+        #expect(tcp.user == "relay" && tcp.password == "p@ss" && tcp.host == "127.0.0.1" && tcp.port == 55432)
+        #expect(tcp.database == "app" && tcp.socketDirectory == nil)
+        let socket = try PostgresDSN("postgresql://postgres@/postgres?host=/tmp/pg&port=5433")
+        #expect(socket.socketDirectory == "/tmp/pg" && socket.port == 5433 && socket.endpoint == "/tmp/pg/.s.PGSQL.5433")
+        let defaults = try PostgresDSN("postgres://")
+        #expect(defaults.user == "postgres" && defaults.database == "postgres" && defaults.port == 5432)
+        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("mysql://x") }
+        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h:99999/db") }
+        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslmode=require") }
+    }
+}

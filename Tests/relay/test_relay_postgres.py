@@ -1,0 +1,261 @@
+"""`pubsub relay postgres` against a real PostgreSQL 15 with wal2json, publishing to a real pubsub broker."""
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import psycopg
+import pytest
+
+from broker import Broker, pubsub_bin
+from pgcluster import PostgresCluster, has_wal2json, pg_bin
+
+SECRET = "relay-secret"
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("CI") and not has_wal2json(pg_bin()),
+    reason="wal2json is not installed (apt-get install postgresql-15-wal2json); required when CI is set")
+
+
+class Lines:
+    """A process whose stdout (and stderr) lines are collected by threads."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.out = []
+        self.err = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, stream, into):
+        for line in iter(stream.readline, b""):
+            with self.lock:
+                into.append(line.decode("utf-8", "replace").rstrip("\n"))
+
+    def lines(self):
+        with self.lock:
+            return list(self.out)
+
+    def errors(self):
+        with self.lock:
+            return "\n".join(self.err)
+
+    def wait_for(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None and not predicate():
+                time.sleep(0.2)
+                if predicate():
+                    return
+                raise AssertionError(f"{self.cmd[1]} exited with {self.proc.returncode} before {what}:\n"
+                                     f"{self.errors()}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.errors()[-3000:]}")
+
+    def kill9(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        for t in self.threads:
+            t.join(timeout=2)
+
+
+@pytest.fixture
+def pg():
+    with PostgresCluster() as cluster:
+        with psycopg.connect(cluster.conninfo, autocommit=True) as db:
+            db.execute("CREATE TABLE notes (id text PRIMARY KEY, body text, rev int NOT NULL DEFAULT 1)")
+            db.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        yield cluster
+
+
+@pytest.fixture
+def broker():
+    with Broker(secret=SECRET) as b:
+        yield b
+
+
+@pytest.fixture
+def workdir():
+    with tempfile.TemporaryDirectory(prefix="pubsub-relay-") as d:
+        yield d
+
+
+def start_relay(pg, broker, workdir, *extra):
+    return Lines([pubsub_bin(), "relay", "postgres", "--dsn", pg.dsn, "--slot", "relay_test",
+                  "--table", "public.notes", "--checkpoint", os.path.join(workdir, "checkpoint"),
+                  "--url", broker.url, "--secret", SECRET, "--poll-interval", "0.05", *extra])
+
+
+def start_subscriber(broker, pattern="/changes/public/notes/*"):
+    sub = Lines([pubsub_bin(), "subscribe", "--url", broker.url, "--secret", SECRET, "--full", pattern])
+    sub.wait_for(lambda: "subscribed to" in sub.errors(), 30, "the subscription")
+    return sub
+
+
+def wait_for_slot(pg, relay):
+    def exists():
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            return db.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'relay_test'"
+                              ).fetchone()[0] == 1
+    relay.wait_for(exists, 30, "the replication slot")
+
+
+def events(sub):
+    return [json.loads(line) for line in sub.lines()]
+
+
+def test_insert_update_delete_arrive_as_events(pg, broker, workdir):
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir, "--include-doc")
+    try:
+        wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            db.execute("INSERT INTO notes (id, body) VALUES ('n1', 'hello')")
+            with db.transaction():
+                db.execute("UPDATE notes SET body = 'hello!', rev = 2 WHERE id = 'n1'")
+                db.execute("INSERT INTO notes (id, body) VALUES ('a/b c', 'x')")
+            db.execute("INSERT INTO other VALUES (1)")   # not relayed
+            db.execute("CREATE TABLE unrelated (x int)")  # an empty transaction
+            db.execute("DELETE FROM notes WHERE id = 'n1'")
+        sub.wait_for(lambda: len(sub.lines()) >= 4, 30, "4 events")
+        time.sleep(0.5)
+        got = events(sub)
+        assert [(m["channel"], m["data"]["op"], m["data"]["id"]) for m in got] == [
+            ("/changes/public/notes/n1", "insert", "n1"),
+            ("/changes/public/notes/n1", "update", "n1"),
+            ("/changes/public/notes/a$2Fb$20c", "insert", "a/b c"),
+            ("/changes/public/notes/n1", "delete", "n1"),
+        ]
+        first, update = got[0]["data"], got[1]["data"]
+        assert first["doc"] == {"id": "n1", "body": "hello", "rev": 1}
+        assert update["doc"]["body"] == "hello!" and update["doc"]["rev"] == 2
+        assert first["collection"] == "public.notes" and first["source"] == "pg:relay_test"
+        assert len({m["data"]["key"] for m in got}) == 4
+        assert update["seq"] != got[2]["data"]["seq"] and update["txn"] == got[2]["data"]["txn"]
+        # The checkpoint moved past everything, and the slot was advanced to it.
+        deadline = time.monotonic() + 10
+        while True:
+            with open(os.path.join(workdir, "checkpoint")) as f:
+                checkpoint = json.load(f)
+            with psycopg.connect(pg.conninfo, autocommit=True) as db:
+                slot_lsn, checkpoint_ok = db.execute(
+                    "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn = %s::pg_lsn FROM pg_replication_slots "
+                    "WHERE slot_name = 'relay_test'", (checkpoint["position"],)).fetchone()
+                behind = db.execute("SELECT count(*) FROM pg_logical_slot_peek_changes('relay_test', NULL, NULL, "
+                                    "'format-version', '2', 'add-tables', 'public.notes') "
+                                    "WHERE data::json->>'action' NOT IN ('B', 'C')").fetchone()[0]
+            if (checkpoint_ok and behind == 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert checkpoint["source"] == "pg:relay_test"
+        assert checkpoint_ok, (checkpoint, slot_lsn)
+        assert behind == 0
+        # Truncate goes to the collection's channel.
+        whole = start_subscriber(broker, "/changes/public/notes")
+        try:
+            with psycopg.connect(pg.conninfo, autocommit=True) as db:
+                db.execute("TRUNCATE notes")
+            whole.wait_for(lambda: len(whole.lines()) >= 1, 30, "the truncate event")
+            assert events(whole)[0]["data"]["op"] == "truncate"
+        finally:
+            whole.stop()
+    finally:
+        relay.stop()
+        sub.stop()
+    assert relay.proc.returncode == 0, relay.errors()
+
+
+def test_kill_9_mid_stream_then_restart_delivers_every_change_with_stable_keys(pg, broker, workdir):
+    total = 1000
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
+    second = None
+    writer_error = []
+    try:
+        wait_for_slot(pg, relay)
+
+        def write():
+            try:
+                with psycopg.connect(pg.conninfo, autocommit=True) as db:
+                    for i in range(total):
+                        db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i}",))
+                        if i % 100 == 0:
+                            time.sleep(0.02)
+            except Exception as e:  # reported by the main thread
+                writer_error.append(e)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        sub.wait_for(lambda: len(sub.lines()) >= 150, 60, "150 events before the kill")
+        relay.kill9()
+        killed_at = len(sub.lines())
+        writer.join(timeout=120)
+        assert not writer.is_alive() and not writer_error, writer_error
+        second = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
+
+        def all_seen():
+            return {json.loads(line)["data"]["id"] for line in sub.lines()} >= {f"n{i}" for i in range(total)}
+        sub.wait_for(all_seen, 120, f"all {total} inserts")
+        time.sleep(0.5)
+        got = events(sub)
+        by_id = {}
+        for message in got:
+            by_id.setdefault(message["data"]["id"], []).append(message["data"])
+        assert set(by_id) == {f"n{i}" for i in range(total)}
+        for deliveries in by_id.values():
+            assert len({d["key"] for d in deliveries}) == 1, deliveries
+            assert len({d["seq"] for d in deliveries}) == 1, deliveries
+        # Commit order is kept: each id's first delivery comes in insert order.
+        first_seen = []
+        for message in got:
+            if message["data"]["id"] not in first_seen:
+                first_seen.append(message["data"]["id"])
+        assert first_seen == [f"n{i}" for i in range(total)]
+        print(f"killed after {killed_at} events; {len(got)} deliveries for {total} changes "
+              f"({len(got) - total} duplicates)")
+    finally:
+        relay.stop()
+        if second is not None:
+            second.stop()
+        sub.stop()
+
+
+def test_bad_arguments_and_unreachable_database(workdir):
+    base = [pubsub_bin(), "relay", "postgres", "--checkpoint", os.path.join(workdir, "c"), "--url",
+            "http://127.0.0.1:9/faye"]
+    bad = subprocess.run(base + ["--dsn", "mysql://x", "--slot", "s", "--table", "public.notes"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 64 and "dsn" in bad.stderr
+    bad = subprocess.run(base + ["--dsn", "postgres://127.0.0.1/x", "--slot", "Bad-Slot", "--table", "public.notes"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 64 and "--slot" in bad.stderr
+    bad = subprocess.run(base + ["--dsn", "postgres://127.0.0.1/x", "--slot", "s", "--table", "notes"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 64 and "schema.table" in bad.stderr
+    started = time.monotonic()
+    down = subprocess.run(base + ["--dsn", "postgres://postgres@127.0.0.1:1/postgres", "--slot", "s", "--table",
+                                  "public.notes"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 69, down.stderr
+    assert "cannot connect to PostgreSQL at 127.0.0.1:1" in down.stderr
+    assert time.monotonic() - started < 30
