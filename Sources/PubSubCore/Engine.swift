@@ -80,6 +80,8 @@ public struct EngineStatistics: Sendable, Equatable {
     public var queued: UInt64 = 0
     public var overflowDrops: UInt64 = 0
     public var expired: UInt64 = 0
+    /// Events waiting in client queues now, summed over all sessions.
+    public var queueDepth = 0
 }
 
 /// The shared state of the broker: sessions, subscriptions and routing. The memory engine serves one node;
@@ -117,4 +119,10 @@ public protocol Engine: Sendable {
     /// Detaches every sink with `.shutdown`.
     func shutdown()
     var statistics: EngineStatistics { get }
+    /// Whether the engine can serve requests now (a clustered engine: connected to its store); `/readyz`.
+    var isReady: Bool { get }
+}
+
+extension Engine {
+    public var isReady: Bool { true }
 }

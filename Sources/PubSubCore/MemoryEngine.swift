@@ -59,6 +59,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             var s = stats
             s.clients = sessions.count
             s.channels = index.count
+            s.queueDepth = sessions.values.reduce(0) { $0 + $1.queue.count }
             return s
         }
     }

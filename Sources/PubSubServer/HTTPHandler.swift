@@ -18,8 +18,22 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
     private var rejected = false
-    private var parked: LongPollSink?
-    private var stream: EventSourceSink?
+    private var parked: LongPollSink? {
+        didSet {
+            if let oldValue, oldValue !== parked { counters?.detached(oldValue.connectionType) }
+            if let parked, parked !== oldValue { counters?.attached(parked.connectionType) }
+        }
+    }
+    private var stream: EventSourceSink? {
+        didSet {
+            if oldValue != nil, stream == nil { counters?.detached(.eventSource) }
+            if oldValue == nil, stream != nil { counters?.attached(.eventSource) }
+        }
+    }
+    /// This loop's counters (bytes out, attached clients).
+    private var counters: LoopCounters?
+    /// The `X-RateLimit-*` headers of the publish request being answered.
+    private var rateLimitHeaders: HTTPHeaders?
 
     init(shared: ServerShared, makeUpgradeHandler: @escaping () -> HTTPServerUpgradeHandler) {
         self.shared = shared
@@ -33,7 +47,15 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         try? context.pipeline.syncOperations.addHandler(makeUpgradeHandler(), position: .before(self))
     }
 
-    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        counters = shared.operations.loopCounters.counters(for: context.eventLoop)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // After a 413 the rest of the body is cut off: that problem has been reported already.
+        if reportConnectionError(error, context: context, alreadyReported: rejected) { context.close(promise: nil) }
+    }
 
     func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
@@ -74,6 +96,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private func rejectTooLarge(context: ChannelHandlerContext) {
         rejected = true
         body = nil
+        shared.operations.metrics.error(.payloadTooLarge)
         shared.logger.info(
             "request body over the limit",
             metadata: ["pubsub.limit": "\(shared.configuration.maxRequestBytes)"])
@@ -89,6 +112,15 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             respond(status: .notFound, text: "Sure you're not looking for \(shared.mount.isEmpty ? "/" : shared.mount) ?")
         case .health:
             respond(status: .ok, text: "ok\n")
+        case .ready, .metrics:
+            let route = Route(path: head.uri, mount: shared.mount)
+            guard let response = shared.operationalResponse(route, onMetricsPort: false, on: context.eventLoop) else {
+                respond(status: .notFound, text: "Not found\n")
+                return
+            }
+            response.assumeIsolated().whenSuccess { status, headers, body in
+                self.respond(status: status, headers: headers, body: body)
+            }
         case .staticFile(let name):
             if let file = StaticFiles.response(name: name, method: head.method, requestHeaders: head.headers) {
                 respond(status: file.status, headers: file.headers, body: file.body)
@@ -177,6 +209,14 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             respondBayeux(replies: [], events: [], jsonp: jsonp)
             return
         }
+        rateLimitHeaders = nil
+        if let limits = checkPublishLimits(elements, head: head, remoteAddress: context.channel.remoteAddress?.ipAddress) {
+            if let (status, headers, body) = limits.refusal {
+                respond(status: status, headers: headers, body: body)
+                return
+            }
+            rateLimitHeaders = limits.headers
+        }
         let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
@@ -188,6 +228,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             .assumeIsolated().whenComplete { result in
                 switch result {
                 case .failure(let error):
+                    self.shared.operations.metrics.error(.serverError)
                     self.shared.logger.error("request failed", metadata: ["pubsub.error": "\(error)"])
                     self.respond(status: .internalServerError, text: "Internal server error\n")
                 case .success(let outcomes):
@@ -195,6 +236,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
                     if let pending, pending.result.attached {
                         self.parked = sink
                         sink.park(pending, replies: replies)
+                        // Draining: nothing is held, the client is told to retry (elsewhere).
+                        if self.shared.operations.isDraining { sink.release() }
                     } else {
                         self.respondBayeux(replies: replies, events: events, jsonp: jsonp)
                     }
@@ -227,6 +270,10 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
         headers.add(name: "Cache-Control", value: "no-cache, no-store")
         headers.add(name: "X-Content-Type-Options", value: "nosniff")
+        if let rateLimitHeaders {
+            headers.add(contentsOf: rateLimitHeaders)
+            self.rateLimitHeaders = nil
+        }
         respond(status: .ok, headers: headers, body: payload)
     }
 
@@ -259,6 +306,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func writeStream(_ sink: EventSourceSink, events: CircularBuffer<ByteBuffer>) {
         guard stream === sink, let context else { return }
+        var bytes = 0
+        for event in events { bytes += event.readableBytes + 10 }
+        counters?.bytesOut &+= UInt64(bytes)
         for event in events {
             context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "data: ")))), promise: nil)
             context.write(wrapOutboundOut(.body(.byteBuffer(event))), promise: nil)
@@ -288,6 +338,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func badRequest(_ reason: String) {
+        shared.operations.metrics.error(.badRequest)
         shared.logger.debug("bad request", metadata: ["pubsub.reason": "\(reason)"])
         respond(status: .badRequest, text: "Bad request")
     }
@@ -312,7 +363,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             headers.add(name: "Access-Control-Allow-Credentials", value: "true")
         }
         headers.add(name: "Content-Length", value: String(body.readableBytes))
-        let keepAlive = head.isKeepAlive && !close
+        let keepAlive = head.isKeepAlive && !close && !shared.operations.isDraining
+        counters?.bytesOut &+= UInt64(body.readableBytes)
         if !keepAlive { headers.add(name: "Connection", value: "close") }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
@@ -339,6 +391,7 @@ final class LongPollSink: DeliverySink, @unchecked Sendable {
 
     var eventLoop: any EventLoop { handler.eventLoop }
     var isPersistent: Bool { false }
+    var connectionType: ConnectionType { context.connectionType }
 
     init(handler: NIOLoopBound<HTTPHandler>, jsonp: String?, context: RequestContext, broker: Broker) {
         self.handler = handler
@@ -374,6 +427,13 @@ final class LongPollSink: DeliverySink, @unchecked Sendable {
             return
         }
         answer(events: [], reason: reason)
+    }
+
+    /// Answers now with whatever is queued, as when the hold ends (a draining server holds nothing).
+    func release() {
+        guard !answered, let pending else { return }
+        let events = broker.engine.detach(pending.clientId, sink: self, takeEvents: true)
+        answer(events: events, reason: .shutdown)
     }
 
     func connectionClosed() {

@@ -4,6 +4,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
+import Prometheus
 import PubSubCore
 
 /// What every connection handler of one server shares.
@@ -12,12 +13,14 @@ final class ServerShared: Sendable {
     let broker: Broker
     let logger: Logger
     let mount: String
+    let operations: ServerOperations
 
-    init(configuration: ServerConfiguration, broker: Broker, logger: Logger) {
+    init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
         self.configuration = configuration
         self.broker = broker
         self.logger = logger
         self.mount = configuration.normalizedMount
+        self.operations = operations
     }
 }
 
@@ -29,16 +32,25 @@ public final class PubSubServer: Sendable {
     let group: MultiThreadedEventLoopGroup
     private let state = NIOLockedValueBox<(channel: (any Channel)?, sweeper: RepeatedTask?)>((nil, nil))
 
-    /// Without `engine`, the broker uses a memory engine.
+    /// `metrics` is the registry `/metrics` renders; pass the one swift-metrics is bootstrapped with so that
+    /// metrics of other components (a relay, a clustered engine) appear beside the broker's. Without `engine`,
+    /// the broker uses a memory engine.
     public init(
-        configuration: ServerConfiguration, logger: Logger = Logger(label: "pubsub"), engine: (any Engine)? = nil
+        configuration: ServerConfiguration,
+        logger: Logger = Logger(label: "pubsub"),
+        metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
+        engine: (any Engine)? = nil
     ) {
         self.configuration = configuration
-        self.broker = Broker(
-            configuration: configuration.broker, engine: engine, extensions: configuration.extensions, logger: logger)
-        self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger)
         self.group = MultiThreadedEventLoopGroup(
             numberOfThreads: configuration.threads > 0 ? configuration.threads : System.coreCount)
+        let operations = ServerOperations(
+            configuration: configuration.operations, loops: group.makeIterator().map { $0 }, registry: metrics,
+            logger: logger)
+        var extensions = configuration.extensions
+        extensions.extensions.append(MetricsExtension(registry: metrics))
+        self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
+        self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger, operations: operations)
     }
 
     /// Binds and starts serving; returns the port (useful with port 0).
@@ -75,17 +87,21 @@ public final class PubSubServer: Sendable {
             .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    guard try shared.operations.prepare(channel) else { return }
                     try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
                 }
             }
-        let channel = try await bootstrap.bind(host: configuration.host, port: configuration.port).get()
+        try shared.operations.loadTLS()
+        let (channel, extraListeners) = try await bindListeners(bootstrap)
         let engine = broker.engine
         let period = TimeAmount.nanoseconds(min(1_000_000_000, max(50_000_000, configuration.broker.timeout.nanoseconds / 4)))
         let sweeper = group.next().scheduleRepeatedTask(initialDelay: period, delay: period) { _ in
             engine.sweep(now: .now())
         }
         state.withLockedValue { $0 = (channel, sweeper) }
-        return channel.localAddress?.port ?? configuration.port
+        let port = channel.localAddress?.port ?? configuration.port
+        try await startOperations(extraListeners: extraListeners, port: port)
+        return port
     }
 
     /// HTTP/1.1 with WebSocket upgrade on any request of a keep-alive connection, not only the first: clients
@@ -117,18 +133,19 @@ public final class PubSubServer: Sendable {
         try sync.addHandler(handler)
     }
 
-    /// Stops accepting, releases every parked connect and socket, and closes.
+    /// Stops accepting, releases every parked connect and socket, closes, and stops the event loops: a drain
+    /// (`drain(timeout:)`) with the configured drain timeout.
     public func shutdown() async throws {
-        let (channel, sweeper) = state.withLockedValue { s in
+        await drain()
+    }
+
+    /// Takes the listening channel and the sweeper, for a drain.
+    func takeListener() -> (channel: (any Channel)?, sweeper: RepeatedTask?) {
+        state.withLockedValue { s in
             let current = s
             s = (nil, nil)
             return current
         }
-        sweeper?.cancel()
-        try? await channel?.close()
-        broker.engine.shutdown()
-        try await Task.sleep(nanoseconds: 200_000_000)
-        try await group.shutdownGracefully()
     }
 
     /// Waits until the listening channel closes.

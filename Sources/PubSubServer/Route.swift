@@ -7,6 +7,10 @@ enum Route: Equatable {
     /// `<mount>.js`, `<mount>/client.js` and other static names.
     case staticFile(String)
     case health
+    /// `/readyz`: accepting and the engine ready.
+    case ready
+    /// `/metrics`: Prometheus text.
+    case metrics
     case notFound
 
     init(path rawPath: String, mount: String) {
@@ -14,6 +18,14 @@ enum Route: Equatable {
             ?? rawPath
         if path == "/healthz" {
             self = .health
+            return
+        }
+        if path == "/readyz" {
+            self = .ready
+            return
+        }
+        if path == "/metrics" {
+            self = .metrics
             return
         }
         if path == mount || path == mount + "/" || (mount.isEmpty && path == "/") {

@@ -16,6 +16,8 @@ public struct ServerConfiguration: Sendable {
     public var extensions: ExtensionPipeline
     /// Event-loop threads; 0 means one per core.
     public var threads: Int
+    /// TLS, systemd, metrics, connection and publish limits, drain.
+    public var operations: OperationsConfiguration
 
     public init(
         host: String = "127.0.0.1",
@@ -26,7 +28,8 @@ public struct ServerConfiguration: Sendable {
         maxJSONDepth: Int = 64,
         broker: BrokerConfiguration = .init(),
         extensions: ExtensionPipeline = .init(),
-        threads: Int = 0
+        threads: Int = 0,
+        operations: OperationsConfiguration = .init()
     ) {
         self.host = host
         self.port = port
@@ -37,6 +40,7 @@ public struct ServerConfiguration: Sendable {
         self.broker = broker
         self.extensions = extensions
         self.threads = threads
+        self.operations = operations
     }
 
     /// The mount without a trailing slash ("" for "/").

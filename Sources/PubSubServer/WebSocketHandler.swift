@@ -19,15 +19,39 @@ final class WebSocketHandler: ChannelInboundHandler {
     private var backlog = CircularBuffer<ByteBuffer>(initialCapacity: 1)
     private var closing = false
     private let requestContext: RequestContext
+    /// This loop's counters (bytes out, open WebSockets).
+    private var counters: LoopCounters?
 
     init(shared: ServerShared, remoteAddress: String?) {
         self.shared = shared
         self.requestContext = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress)
     }
 
-    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        counters = shared.operations.loopCounters.counters(for: context.eventLoop)
+        counters?.attached(.websocket)
+    }
+
+    /// The server is draining: answer a held connect, send what is waiting, close with 1001.
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard event is ChannelShouldQuiesceEvent else {
+            context.fireUserInboundEventTriggered(event)
+            return
+        }
+        answerHeld(context: context)
+        if !backlog.isEmpty {
+            let events = backlog
+            backlog = []
+            let payload = ReplyEncoder.encode(replies: [], events: events, allocator: context.channel.allocator)
+            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
+        }
+        close(code: .goingAway, context: context)
+    }
 
     func channelInactive(context: ChannelHandlerContext) {
+        counters?.detached(.websocket)
+        counters = nil
         held?.timer.cancel()
         held = nil
         if let sink {
@@ -58,10 +82,18 @@ final class WebSocketHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        let remote = context.channel.remoteAddress?.description ?? "?"
         if let error = error as? NIOWebSocketFrameAggregator.Error, error == .accumulatedFrameSizeIsTooLarge {
+            shared.operations.metrics.error(.websocketTooLarge)
+            shared.logger.info("websocket message over the limit", metadata: ["pubsub.remote": "\(remote)"])
             close(code: .messageTooLarge, context: context)
+        } else if error is IOError {
+            shared.operations.metrics.error(.connection)
+            shared.logger.debug("websocket connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
+            close(code: .protocolError, context: context)
         } else {
-            shared.logger.debug("websocket error", metadata: ["pubsub.error": "\(error)"])
+            shared.operations.metrics.error(.websocketProtocol)
+            shared.logger.info("websocket protocol error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
             close(code: .protocolError, context: context)
         }
     }
@@ -210,6 +242,7 @@ final class WebSocketHandler: ChannelInboundHandler {
             backlog = []
         }
         let payload = ReplyEncoder.encode(replies: replies, events: events, allocator: context.channel.allocator)
+        counters?.bytesOut &+= UInt64(payload.readableBytes)
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
     }
 

@@ -1,10 +1,14 @@
 import ArgumentParser
+import CoreMetrics
 import Dispatch
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import PubSubCore
+import Prometheus
 import PubSubServer
+import ServiceLifecycle
+import UnixSignals
 
 #if canImport(Glibc)
     import Glibc
@@ -43,6 +47,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
     var historyTtl: Double?
     @OptionGroup(title: "Authentication") var auth: AuthOptions
+    @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
@@ -97,7 +102,8 @@ struct Serve: AsyncParsableCommand {
             maxJSONDepth: maxDepth,
             broker: broker,
             extensions: ExtensionPipeline(extensions),
-            threads: try pick(threads, "PUBSUB_THREADS", 0)
+            threads: try pick(threads, "PUBSUB_THREADS", 0),
+            operations: try operations.resolve()
         )
         return (configuration, level)
     }
@@ -110,24 +116,37 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "pubsub")
+        // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         let engine = try await cluster.makeEngine(configuration: configuration.broker, logger: logger)
-        let server = PubSubServer(configuration: configuration, logger: logger, engine: engine)
+        let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)
         let port: Int
         do {
             port = try await server.start()
+        } catch let error as TLSFileError {
+            printError("pubsub: \(error)")
+            throw ExitCode.failure
         } catch {
             printError("pubsub: cannot listen on \(configuration.host):\(configuration.port): \(error)")
             throw ExitCode.failure
         }
-        logger.info("listening on http://\(configuration.host):\(port)\(configuration.mount)")
+        let scheme = configuration.operations.tls == nil ? "http" : "https"
+        logger.info("listening on \(scheme)://\(configuration.host):\(port)\(configuration.mount)")
         if let summary = try? auth.resolve().summary { logger.info("auth: \(summary)") }
         if configuration.extensions.extensions.isEmpty {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }
-        let signals = SignalWaiter()
-        await signals.wait()
-        logger.info("shutting down")
-        try await server.shutdown()
+        // SIGTERM or SIGINT: a graceful drain (the server is last, so it is the first to shut down).
+        let services = ServiceGroup(
+            configuration: ServiceGroupConfiguration(
+                services: [
+                    .init(service: CertificateReloader(server: server, logger: logger)),
+                    .init(service: server),
+                ],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger))
+        try await services.run()
     }
 }
 

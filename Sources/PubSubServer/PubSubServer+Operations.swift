@@ -1,0 +1,202 @@
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import PubSubCore
+
+extension PubSubServer {
+    /// The broker's listening sockets: those systemd passed (socket activation), else one bound to host:port.
+    /// The first is the main one. With systemd, a socket named `metrics` (`FileDescriptorName=metrics`) is kept
+    /// for the metrics listener instead.
+    func bindListeners(_ bootstrap: ServerBootstrap) async throws -> (main: any Channel, extra: [any Channel]) {
+        let operations = shared.operations
+        var inherited: [Systemd.InheritedSocket] = []
+        if configuration.operations.systemd {
+            let taken = Systemd.takeInheritedSockets()
+            if !taken.rejected.isEmpty {
+                shared.logger.warning(
+                    "ignoring inherited file descriptors that are not listening stream sockets",
+                    metadata: ["pubsub.fds": "\(taken.rejected)"])
+            }
+            inherited = taken.sockets
+        }
+        operations.setInheritedMetricsSocket(inherited.first(where: { $0.name == "metrics" })?.descriptor)
+        let brokerSockets = inherited.filter { $0.name != "metrics" }
+        guard !brokerSockets.isEmpty else {
+            return (try await bootstrap.bind(host: configuration.host, port: configuration.port).get(), [])
+        }
+        var channels: [any Channel] = []
+        for socket in brokerSockets {
+            channels.append(try await bootstrap.withBoundSocket(socket.descriptor).get())
+        }
+        shared.logger.info(
+            "serving on sockets passed by systemd",
+            metadata: ["pubsub.sockets": "\(channels.compactMap { $0.localAddress?.description })"])
+        return (channels[0], Array(channels.dropFirst()))
+    }
+
+    /// After the listeners accept: the metrics listener, `READY=1`, the watchdog and the `STATUS=` line.
+    func startOperations(extraListeners: [any Channel], port: Int) async throws {
+        let operations = shared.operations
+        operations.addListeners(extraListeners, metrics: false)
+        if let metricsChannel = try await bindMetricsListener() {
+            operations.addListeners([metricsChannel], metrics: true)
+            shared.logger.info(
+                "metrics on http://\(metricsChannel.localAddress?.description ?? "?")/metrics",
+                metadata: [:])
+        }
+        operations.setPhase(.serving)
+        let engine = broker.engine
+        operations.startSystemdTimers(engine: engine)
+        if let limiter = operations.limiter {
+            operations.addTimer(
+                group.next().scheduleRepeatedTask(initialDelay: .seconds(30), delay: .seconds(30)) { _ in
+                    limiter.prune(now: .now())
+                })
+        }
+        let scheme = operations.tls == nil ? "http" : "https"
+        operations.systemd.notify(
+            "READY=1\nSTATUS=Listening on \(scheme)://\(configuration.host):\(port)\(configuration.mount)")
+    }
+
+    /// The listener of `--metrics-port` (or of the socket systemd passed as `metrics`): plain HTTP with
+    /// `/metrics`, `/healthz` and `/readyz` only.
+    private func bindMetricsListener() async throws -> (any Channel)? {
+        let operations = shared.operations
+        let inherited = operations.inheritedMetricsSocket
+        guard inherited != nil || configuration.operations.metricsPort != nil else { return nil }
+        let shared = self.shared
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 64)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(OperationsHTTPHandler(shared: shared))
+                }
+            }
+        if let inherited { return try await bootstrap.withBoundSocket(inherited).get() }
+        return try await bootstrap.bind(host: configuration.host, port: configuration.operations.metricsPort!).get()
+    }
+
+    /// The port of the metrics listener, when there is one (useful with `--metrics-port 0`).
+    public var metricsPort: Int? { shared.operations.metricsListenerPort }
+
+    /// Reads the TLS certificate and key again (SIGHUP). Connections already open keep theirs; new ones get the
+    /// new certificate. On failure the running certificate stays and the error is thrown.
+    public func reloadCertificates() throws {
+        guard shared.operations.tls != nil else { return }
+        do {
+            try shared.operations.reloadTLS()
+            shared.logger.info("TLS certificate reloaded")
+        } catch {
+            shared.logger.error("TLS certificate reload failed; keeping the current one", metadata: ["pubsub.error": "\(error)"])
+            throw error
+        }
+    }
+
+    /// Graceful drain: stops accepting, answers every held `/meta/connect` at once (successful, with
+    /// `advice.reconnect: "retry"`), closes WebSockets with 1001 and idle HTTP connections, lets responses in
+    /// flight finish, and closes what is left when `timeout` is nearly over. Returns within `timeout`.
+    public func drain(timeout: TimeAmount? = nil) async {
+        let operations = shared.operations
+        let timeout = timeout ?? configuration.operations.drainTimeout
+        let deadline = NIODeadline.now() + timeout
+        guard operations.beginDrain() else { return }
+        let open = operations.openConnections
+        operations.systemd.notify("STOPPING=1\nSTATUS=Draining: \(open) connections open")
+        shared.logger.info(
+            "draining", metadata: ["pubsub.connections": "\(open)", "pubsub.drain.timeout": "\(timeout)"])
+        let (channel, sweeper) = takeListener()
+        sweeper?.cancel()
+        try? await channel?.close()
+        for listener in operations.takeListeners(metrics: false) { try? await listener.close() }
+        operations.quiesceConnections()
+        broker.engine.shutdown()
+        // Leave a moment at the end for closing what is left and stopping the event loops.
+        let graceEnd = deadline - min(.seconds(1), .nanoseconds(timeout.nanoseconds / 4))
+        while operations.openConnections > 0, NIODeadline.now() < graceEnd {
+            try? await Task.sleep(nanoseconds: 20_000_000)
+        }
+        let left = operations.openConnections
+        if left > 0 {
+            shared.logger.notice("closing connections still open at the end of the drain", metadata: ["pubsub.connections": "\(left)"])
+            operations.closeConnections()
+        }
+        operations.stopTimers()
+        for listener in operations.takeListeners(metrics: true) { try? await listener.close() }
+        operations.setPhase(.stopped)
+        try? await group.shutdownGracefully()
+        shared.logger.info("drained", metadata: ["pubsub.connections.closed": "\(left)"])
+    }
+}
+
+/// The answers of the operational routes, shared by the broker port and the metrics port.
+extension ServerShared {
+    /// Nil for a route that is not operational. `/metrics` is served on the broker port only when there is no
+    /// metrics port.
+    func operationalResponse(_ route: Route, onMetricsPort: Bool, on loop: any EventLoop)
+        -> EventLoopFuture<(HTTPResponseStatus, HTTPHeaders, ByteBuffer)>?
+    {
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+        headers.add(name: "Cache-Control", value: "no-store")
+        switch route {
+        case .health:
+            return loop.makeSucceededFuture((.ok, headers, ByteBuffer(string: "ok\n")))
+        case .ready:
+            let ready = operations.isReady(engine: broker.engine)
+            let text: String
+            switch operations.phase {
+            case .serving: text = ready ? "ready\n" : "engine not ready\n"
+            case .starting: text = "starting\n"
+            case .draining, .stopped: text = "draining\n"
+            }
+            return loop.makeSucceededFuture((ready ? .ok : .serviceUnavailable, headers, ByteBuffer(string: text)))
+        case .metrics:
+            guard onMetricsPort || !operations.hasMetricsListener else { return nil }
+            headers.replaceOrAdd(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
+            let metricsHeaders = headers
+            return operations.renderMetrics(engine: broker.engine, on: loop).map { (.ok, metricsHeaders, $0) }
+        default:
+            return nil
+        }
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on the metrics port.
+final class OperationsHTTPHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    let shared: ServerShared
+    private var head: HTTPRequestHead?
+
+    init(shared: ServerShared) { self.shared = shared }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head): self.head = head
+        case .body: break
+        case .end:
+            guard let head else { return }
+            self.head = nil
+            let route = Route(path: head.uri, mount: shared.mount)
+            let response =
+                shared.operationalResponse(route, onMetricsPort: true, on: context.eventLoop)
+                ?? context.eventLoop.makeSucceededFuture(
+                    (.notFound, ["Content-Type": "text/plain; charset=utf-8"], ByteBuffer(string: "Not found\n")))
+            response.assumeIsolated().whenSuccess { status, headers, body in
+                var headers = headers
+                headers.add(name: "Content-Length", value: String(body.readableBytes))
+                if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
+                context.write(
+                    self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
+                    promise: nil)
+                context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+                let done = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
+                if !head.isKeepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
+            }
+        }
+    }
+}

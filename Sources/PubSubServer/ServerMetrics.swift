@@ -1,0 +1,270 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+import Prometheus
+import PubSubCore
+
+/// Counters kept by the handlers of one event loop and touched on that loop only: plain integers, no atomics
+/// and no locks on the data path. `/metrics` collects them from every loop at scrape time.
+final class LoopCounters: @unchecked Sendable {
+    /// Response and frame payload bytes written (HTTP bodies, EventSource events, WebSocket frames).
+    var bytesOut: UInt64 = 0
+    /// Clients attached right now, by `ConnectionType` (index in `ConnectionType.allCases`): open WebSockets,
+    /// open EventSource streams, held long-poll connects.
+    var clients = [Int](repeating: 0, count: ConnectionType.allCases.count)
+
+    static func index(_ type: ConnectionType) -> Int {
+        switch type {
+        case .longPolling: 0
+        case .crossOriginLongPolling: 1
+        case .callbackPolling: 2
+        case .websocket: 3
+        case .eventSource: 4
+        case .inProcess: 5
+        }
+    }
+
+    func attached(_ type: ConnectionType) { clients[Self.index(type)] += 1 }
+    func detached(_ type: ConnectionType) { clients[Self.index(type)] -= 1 }
+
+    struct Snapshot: Sendable {
+        var bytesOut: UInt64
+        var clients: [Int]
+    }
+
+    var snapshot: Snapshot { Snapshot(bytesOut: bytesOut, clients: clients) }
+}
+
+/// The `LoopCounters` of each event loop of a group, fixed when the server is built.
+struct LoopCounterTable: Sendable {
+    private let table: [ObjectIdentifier: (loop: any EventLoop, counters: LoopCounters)]
+
+    init(loops: [any EventLoop]) {
+        var table: [ObjectIdentifier: (loop: any EventLoop, counters: LoopCounters)] = [:]
+        for loop in loops { table[ObjectIdentifier(loop)] = (loop, LoopCounters()) }
+        self.table = table
+    }
+
+    /// The counters of `loop`; a loop outside the group (a test's embedded loop) gets counters nobody reads.
+    func counters(for loop: any EventLoop) -> LoopCounters {
+        table[ObjectIdentifier(loop)]?.counters ?? LoopCounters()
+    }
+
+    /// Reads every loop's counters on that loop and adds them up.
+    func collect(on loop: any EventLoop) -> EventLoopFuture<LoopCounters.Snapshot> {
+        let reads = table.values.map { entry in entry.loop.submit { entry.counters.snapshot } }
+        return EventLoopFuture.whenAllSucceed(reads, on: loop).map { snapshots in
+            var total = LoopCounters.Snapshot(bytesOut: 0, clients: [Int](repeating: 0, count: ConnectionType.allCases.count))
+            for s in snapshots {
+                total.bytesOut &+= s.bytesOut
+                for i in total.clients.indices { total.clients[i] += s.clients[i] }
+            }
+            return total
+        }
+    }
+}
+
+/// Request errors by kind, the `kind` label of `pubsub_request_errors_total`.
+enum RequestErrorKind: String, CaseIterable, Sendable {
+    case badRequest = "bad_request"
+    case payloadTooLarge = "payload_too_large"
+    case serverError = "server_error"
+    case websocketProtocol = "websocket_protocol"
+    case websocketTooLarge = "websocket_message_too_large"
+    case tls = "tls"
+    case connection = "connection"
+}
+
+/// Every metric of the server, in a Prometheus registry. Handles are made once. Values that the engine and the
+/// event loops keep themselves (clients, subscriptions, messages, bytes) are read when `/metrics` is scraped,
+/// so the fan-out path makes no metric call per recipient, or at all.
+final class ServerMetrics: Sendable {
+    let registry: PrometheusCollectorRegistry
+
+    let connectionsOpen: Gauge
+    let connectionsAccepted: Counter
+    let connectionsRefused: Counter
+    let clients: [Gauge]
+    let sessions: Gauge
+    let subscriptions: Gauge
+    let channels: Gauge
+    let queueDepth: Gauge
+    let published: Counter
+    let delivered: Counter
+    let bytesOut: Counter
+    let slowConsumerDrops: Counter
+    let sessionsExpired: Counter
+    let requestErrors: [RequestErrorKind: Counter]
+    let rateLimited: [PublishRateLimiter.Scope: Counter]
+    let ready: Gauge
+    let draining: Gauge
+    let tlsNotAfter: Gauge
+    let tlsReloads: Counter
+    let tlsReloadFailures: Counter
+
+    /// Engine and loop totals already turned into counter increments.
+    private let seen = NIOLockedValueBox<(published: UInt64, delivered: UInt64, bytes: UInt64, drops: UInt64, expired: UInt64)>(
+        (0, 0, 0, 0, 0))
+
+    init(registry: PrometheusCollectorRegistry) {
+        self.registry = registry
+        let r = registry
+        connectionsOpen = r.gauge(name: "pubsub_connections", help: "Open TCP connections on the broker port.")
+        connectionsAccepted = r.counter(
+            name: "pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
+        connectionsRefused = r.counter(
+            name: "pubsub_connections_refused_total", labels: [("reason", "max_connections")],
+            help: "Connections answered 503 because --max-connections were open.")
+        clients = ConnectionType.allCases.map {
+            r.gauge(
+                name: "pubsub_clients", labels: [("transport", $0.rawValue)],
+                help: "Clients attached now by transport: open WebSockets and EventSource streams, held long-poll connects.")
+        }
+        sessions = r.gauge(name: "pubsub_sessions", help: "Bayeux sessions (client ids) alive in the engine.")
+        subscriptions = r.gauge(name: "pubsub_subscriptions", help: "Subscriptions of all sessions.")
+        channels = r.gauge(name: "pubsub_channels", help: "Channels and patterns with at least one subscriber.")
+        queueDepth = r.gauge(
+            name: "pubsub_queue_depth", help: "Events waiting in per-client queues, summed over all sessions.")
+        published = r.counter(name: "pubsub_messages_published_total", help: "Messages published.")
+        delivered = r.counter(
+            name: "pubsub_messages_delivered_total",
+            help: "Events queued for delivery to subscribers (one per recipient).")
+        bytesOut = r.counter(
+            name: "pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
+        slowConsumerDrops = r.counter(
+            name: "pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
+        sessionsExpired = r.counter(
+            name: "pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
+        var errors: [RequestErrorKind: Counter] = [:]
+        for kind in RequestErrorKind.allCases {
+            errors[kind] = r.counter(
+                name: "pubsub_request_errors_total", labels: [("kind", kind.rawValue)],
+                help: "Requests and connections that failed, by kind.")
+        }
+        requestErrors = errors
+        rateLimited = [
+            .ip: r.counter(
+                name: "pubsub_publish_rate_limited_total", labels: [("scope", "ip")],
+                help: "HTTP publish requests answered 429, by the limit that refused them."),
+            .token: r.counter(
+                name: "pubsub_publish_rate_limited_total", labels: [("scope", "token")],
+                help: "HTTP publish requests answered 429, by the limit that refused them."),
+        ]
+        ready = r.gauge(name: "pubsub_ready", help: "1 while the broker accepts connections and its engine is ready.")
+        draining = r.gauge(name: "pubsub_draining", help: "1 while the broker drains before exiting.")
+        tlsNotAfter = r.gauge(
+            name: "pubsub_tls_certificate_not_after_seconds",
+            help: "Expiry of the served TLS certificate, seconds since the epoch (0 without TLS).")
+        tlsReloads = r.counter(
+            name: "pubsub_tls_reloads_total", labels: [("result", "ok")], help: "Certificate reloads (SIGHUP).")
+        tlsReloadFailures = r.counter(
+            name: "pubsub_tls_reloads_total", labels: [("result", "failed")], help: "Certificate reloads (SIGHUP).")
+    }
+
+    func clients(_ type: ConnectionType) -> Gauge { clients[LoopCounters.index(type)] }
+
+    func error(_ kind: RequestErrorKind) { requestErrors[kind]?.increment() }
+
+    /// Copies what the engine and the loops counted into the registry; called for each scrape.
+    func update(engine stats: EngineStatistics, loops: LoopCounters.Snapshot) {
+        sessions.set(to: Double(stats.clients))
+        subscriptions.set(to: Double(stats.subscriptions))
+        channels.set(to: Double(stats.channels))
+        queueDepth.set(to: Double(stats.queueDepth))
+        for (i, gauge) in clients.enumerated() { gauge.set(to: Double(loops.clients[i])) }
+        let deltas = seen.withLockedValue { s in
+            func delta(_ now: UInt64, _ before: inout UInt64) -> Int64 {
+                defer { before = max(before, now) }
+                return now > before ? Int64(clamping: now - before) : 0
+            }
+            return (
+                delta(stats.published, &s.published), delta(stats.queued, &s.delivered),
+                delta(loops.bytesOut, &s.bytes), delta(stats.overflowDrops, &s.drops), delta(stats.expired, &s.expired)
+            )
+        }
+        if deltas.0 > 0 { published.increment(by: deltas.0) }
+        if deltas.1 > 0 { delivered.increment(by: deltas.1) }
+        if deltas.2 > 0 { bytesOut.increment(by: deltas.2) }
+        if deltas.3 > 0 { slowConsumerDrops.increment(by: deltas.3) }
+        if deltas.4 > 0 { sessionsExpired.increment(by: deltas.4) }
+    }
+}
+
+/// Counts the replies that carry an error: auth refusals by reason and Bayeux errors by code. It sits last in
+/// the extension pipeline and sees replies only (never published events), so it is off the fan-out path.
+struct MetricsExtension: BayeuxExtension {
+    let authRefusals: [String: Counter]
+    let bayeuxErrors: NIOLockedValueBox<[String: Counter]>
+    let registry: PrometheusCollectorRegistry
+
+    /// PrivatePub's refusal texts and the `reason` label each is counted under.
+    static let authReasons: [(text: String, reason: String)] = [
+        (PrivatePubAuth.incorrectSignature, "bad_signature"),
+        (PrivatePubAuth.expiredSignature, "expired_signature"),
+        (PrivatePubAuth.futureSignature, "future_signature"),
+        (PrivatePubAuth.incorrectToken, "bad_token"),
+    ]
+
+    init(registry: PrometheusCollectorRegistry) {
+        self.registry = registry
+        var refusals: [String: Counter] = [:]
+        for (text, reason) in Self.authReasons {
+            refusals[text] = registry.counter(
+                name: "pubsub_auth_refusals_total", labels: [("reason", reason)],
+                help: "Subscribes and publishes refused by the PrivatePub/HMAC check, by reason.")
+        }
+        authRefusals = refusals
+        bayeuxErrors = NIOLockedValueBox([:])
+    }
+
+    func outgoing(_ reply: inout Message, context: RequestContext) -> Bool {
+        guard let error = reply.error else { return true }
+        if let counter = authRefusals[error] {
+            counter.increment()
+            return true
+        }
+        let code = String(error.prefix(while: { $0 != ":" }).prefix(3))
+        let counter = bayeuxErrors.withLockedValue { counters in
+            if let existing = counters[code] { return existing }
+            let label = code.count == 3 && code.allSatisfy(\.isNumber) ? code : "other"
+            let made = registry.counter(
+                name: "pubsub_bayeux_errors_total", labels: [("code", label)],
+                help: "Bayeux replies with an error, by error code (auth refusals are counted apart).")
+            counters[code] = made
+            return made
+        }
+        counter.increment()
+        return true
+    }
+}
+
+extension PrometheusCollectorRegistry {
+    func counter(name: String, labels: [(String, String)] = [], help: String) -> Counter {
+        makeCounter(descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: help), labels: labels)
+    }
+
+    func gauge(name: String, labels: [(String, String)] = [], help: String) -> Gauge {
+        makeGauge(descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: help), labels: labels)
+    }
+}
+
+extension ServerOperations {
+    static func statusLine(stats: EngineStatistics, loops: LoopCounters.Snapshot, rates: (Double, Double), phase: Phase)
+        -> String
+    {
+        var byTransport: [String] = []
+        for type in ConnectionType.allCases {
+            let n = loops.clients[LoopCounters.index(type)]
+            if n > 0 { byTransport.append("\(type.rawValue) \(n)") }
+        }
+        let attached = byTransport.isEmpty ? "" : " (" + byTransport.joined(separator: ", ") + ")"
+        let prefix = phase == .draining ? "Draining: " : ""
+        return "\(prefix)\(stats.clients) clients\(attached), \(stats.subscriptions) subscriptions; "
+            + "\(format(rates.0)) msg/s published, \(format(rates.1)) msg/s delivered"
+    }
+
+    private static func format(_ rate: Double) -> String {
+        let tenths = Int((rate * 10).rounded())
+        return "\(tenths / 10).\(tenths % 10)"
+    }
+}

@@ -1,0 +1,316 @@
+import Atomics
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+import Prometheus
+import PubSubCore
+
+/// The daemon side of one server: connection accounting and limits, TLS contexts, publish rate limits,
+/// metrics, readiness, systemd notifications, and the state of a drain.
+final class ServerOperations: Sendable {
+    enum Phase: UInt8, Sendable, Equatable, AtomicValue {
+        case starting
+        case serving
+        case draining
+        case stopped
+    }
+
+    let configuration: OperationsConfiguration
+    let metrics: ServerMetrics
+    let loopCounters: LoopCounterTable
+    let limiter: PublishRateLimiter?
+    let systemd: Systemd
+    let logger: Logger
+    private let loops: [any EventLoop]
+    private let tlsBox = NIOLockedValueBox<TLSCertificates?>(nil)
+    /// Read by every HTTP response (for `Connection: close` while draining): an atomic, not a lock.
+    private let phaseBox = ManagedAtomic(Phase.starting)
+    private let listeners = NIOLockedValueBox<(broker: [any Channel], metrics: [any Channel], inheritedMetrics: CInt?)>(
+        ([], [], nil))
+    private let connections = NIOLockedValueBox<[ObjectIdentifier: any Channel]>([:])
+    /// Refusals not yet logged: one log line per burst, not one per refused connection or request.
+    private let refusalLog = NIOLockedValueBox<(connections: Int, publishes: Int, lastLogged: NIODeadline?)>((0, 0, nil))
+    private let timers = NIOLockedValueBox<[RepeatedTask]>([])
+    private let watchdogBox = NIOLockedValueBox<Watchdog?>(nil)
+
+    init(configuration: OperationsConfiguration, loops: [any EventLoop], registry: PrometheusCollectorRegistry, logger: Logger)
+    {
+        self.configuration = configuration
+        self.loops = loops
+        self.metrics = ServerMetrics(registry: registry)
+        self.loopCounters = LoopCounterTable(loops: loops)
+        self.logger = logger
+        self.systemd = configuration.systemd ? Systemd() : Systemd.disabled
+        if configuration.publishLimitPerIP != nil || configuration.publishLimitPerToken != nil {
+            limiter = PublishRateLimiter(
+                .init(
+                    perIP: configuration.publishLimitPerIP, perToken: configuration.publishLimitPerToken,
+                    window: configuration.publishWindow))
+        } else {
+            limiter = nil
+        }
+    }
+
+    // MARK: Phase
+
+    var phase: Phase { phaseBox.load(ordering: .relaxed) }
+    var isDraining: Bool { phase.rawValue >= Phase.draining.rawValue }
+
+    func setPhase(_ phase: Phase) {
+        phaseBox.store(phase, ordering: .relaxed)
+        metrics.draining.set(to: phase == .draining ? 1 : 0)
+    }
+
+    /// Moves to `.draining`; false when a drain has already begun.
+    func beginDrain() -> Bool {
+        while true {
+            let current = phaseBox.load(ordering: .relaxed)
+            if current.rawValue >= Phase.draining.rawValue { return false }
+            if phaseBox.compareExchange(expected: current, desired: .draining, ordering: .relaxed).exchanged {
+                metrics.draining.set(to: 1)
+                return true
+            }
+        }
+    }
+
+    // MARK: Listeners and timers
+
+    func setInheritedMetricsSocket(_ descriptor: CInt?) { listeners.withLockedValue { $0.inheritedMetrics = descriptor } }
+    var inheritedMetricsSocket: CInt? { listeners.withLockedValue { $0.inheritedMetrics } }
+
+    func addListeners(_ channels: [any Channel], metrics: Bool) {
+        listeners.withLockedValue { l in
+            if metrics { l.metrics += channels } else { l.broker += channels }
+        }
+    }
+
+    func takeListeners(metrics: Bool) -> [any Channel] {
+        listeners.withLockedValue { l in
+            defer { if metrics { l.metrics = [] } else { l.broker = [] } }
+            return metrics ? l.metrics : l.broker
+        }
+    }
+
+    var hasMetricsListener: Bool {
+        configuration.metricsPort != nil || listeners.withLockedValue { !$0.metrics.isEmpty }
+    }
+
+    var metricsListenerPort: Int? { listeners.withLockedValue { $0.metrics.first?.localAddress?.port } }
+
+    func addTimer(_ task: RepeatedTask) { timers.withLockedValue { $0.append(task) } }
+
+    // MARK: TLS
+
+    var tls: TLSCertificates? { tlsBox.withLockedValue { $0 } }
+
+    func loadTLS() throws {
+        guard let files = configuration.tls else { return }
+        let certificates = try TLSCertificates(certificatePath: files.certificatePath, keyPath: files.keyPath)
+        tlsBox.withLockedValue { $0 = certificates }
+        metrics.tlsNotAfter.set(to: Double(certificates.notValidAfter))
+    }
+
+    /// Reads the certificate and key again; the running ones stay when that fails.
+    func reloadTLS() throws {
+        guard let certificates = tls else { return }
+        do {
+            try certificates.reload()
+            metrics.tlsReloads.increment()
+            metrics.tlsNotAfter.set(to: Double(certificates.notValidAfter))
+        } catch {
+            metrics.tlsReloadFailures.increment()
+            throw error
+        }
+    }
+
+    // MARK: Connections
+
+    var openConnections: Int { connections.withLockedValue { $0.count } }
+
+    /// Sets up the start of a new connection's pipeline: TLS when configured, and the 503 answer when the
+    /// connection limit is reached. Returns false when the connection was refused (its pipeline is complete).
+    func prepare(_ channel: any Channel) throws -> Bool {
+        let sync = channel.pipeline.syncOperations
+        if let tls {
+            try sync.addHandler(NIOSSLServerHandler(context: tls.context))
+        }
+        let id = ObjectIdentifier(channel)
+        let limit = configuration.maxConnections
+        let admitted = connections.withLockedValue { open -> Bool in
+            if limit > 0, open.count >= limit { return false }
+            open[id] = channel
+            return true
+        }
+        guard admitted else {
+            metrics.connectionsRefused.increment()
+            noteRefusal(connection: true)
+            // A refused client that sends no request is not kept waiting.
+            channel.eventLoop.scheduleTask(in: .seconds(10)) { channel.close(promise: nil) }
+            try sync.configureHTTPServerPipeline(withErrorHandling: true)
+            try sync.addHandler(
+                RefusingHandler(
+                    status: .serviceUnavailable, retryAfter: configuration.connectionRetryAfter,
+                    text: "Too many connections (limit \(limit)); retry later\n"))
+            return false
+        }
+        metrics.connectionsAccepted.increment()
+        metrics.connectionsOpen.increment()
+        channel.closeFuture.whenComplete { [self] _ in
+            connections.withLockedValue { $0[id] = nil }
+            metrics.connectionsOpen.decrement()
+        }
+        if tls != nil { try sync.addHandler(TLSErrorLogger(operations: self)) }
+        return true
+    }
+
+    /// Asks every open connection to finish: idle HTTP connections close, busy ones close after their response,
+    /// WebSockets close with 1001.
+    func quiesceConnections() {
+        for channel in connections.withLockedValue({ Array($0.values) }) {
+            channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        }
+    }
+
+    /// Closes whatever is still open.
+    func closeConnections() {
+        for channel in connections.withLockedValue({ Array($0.values) }) { channel.close(promise: nil) }
+    }
+
+    /// Logs refused connections and rate-limited publishes at most once every 10 seconds, with a count.
+    func noteRefusal(connection: Bool) {
+        let now = NIODeadline.now()
+        let line = refusalLog.withLockedValue { s -> (Int, Int)? in
+            if connection { s.connections += 1 } else { s.publishes += 1 }
+            if let last = s.lastLogged, now - last < .seconds(10) { return nil }
+            defer { s = (0, 0, now) }
+            return (s.connections, s.publishes)
+        }
+        guard let (connections, publishes) = line else { return }
+        if connections > 0 {
+            logger.warning(
+                "connections refused: --max-connections reached",
+                metadata: ["pubsub.refused": "\(connections)", "pubsub.limit": "\(configuration.maxConnections)"])
+        }
+        if publishes > 0 {
+            logger.notice("publish requests rate limited", metadata: ["pubsub.refused": "\(publishes)"])
+        }
+    }
+
+    // MARK: Readiness, metrics and status
+
+    func isReady(engine: any Engine) -> Bool { phase == .serving && engine.isReady }
+
+    /// The text of `/metrics`, after reading the engine and every event loop.
+    func renderMetrics(engine: any Engine, on loop: any EventLoop) -> EventLoopFuture<ByteBuffer> {
+        let stats = engine.statistics
+        let ready = isReady(engine: engine)
+        return loopCounters.collect(on: loop).map { [metrics] loops in
+            metrics.update(engine: stats, loops: loops)
+            metrics.ready.set(to: ready ? 1 : 0)
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(8192)
+            metrics.registry.emit(into: &bytes)
+            return ByteBuffer(bytes: bytes)
+        }
+    }
+
+    /// Starts the watchdog (when the unit has `WatchdogSec=`) and the `STATUS=` refresh.
+    func startSystemdTimers(engine: any Engine) {
+        guard systemd.isNotifying, let first = loops.first else { return }
+        if let interval = systemd.watchdogInterval() {
+            let half = TimeAmount.nanoseconds(max(1_000_000, interval.nanoseconds / 2))
+            let watchdog = Watchdog(loops: loops) { [systemd] in systemd.notify("WATCHDOG=1") }
+            watchdogBox.withLockedValue { $0 = watchdog }
+            watchdog.start(every: half)
+            logger.debug("systemd watchdog on", metadata: ["pubsub.watchdog.ping": "\(half)"])
+        }
+        let previous = NIOLockedValueBox<(published: UInt64, delivered: UInt64, at: NIODeadline)>(
+            (engine.statistics.published, engine.statistics.queued, .now()))
+        let status = first.scheduleRepeatedTask(initialDelay: configuration.statusInterval, delay: configuration.statusInterval) {
+            [self] _ in
+            let stats = engine.statistics
+            let now = NIODeadline.now()
+            let rates = previous.withLockedValue { p -> (Double, Double) in
+                let seconds = max(0.001, Double((now - p.at).nanoseconds) / 1e9)
+                defer { p = (stats.published, stats.queued, now) }
+                return (
+                    Double(stats.published &- p.published) / seconds, Double(stats.queued &- p.delivered) / seconds
+                )
+            }
+            loopCounters.collect(on: first).whenSuccess { [self] loops in
+                systemd.notify("STATUS=" + Self.statusLine(stats: stats, loops: loops, rates: rates, phase: phase))
+            }
+        }
+        timers.withLockedValue { $0.append(status) }
+    }
+
+    func stopTimers() {
+        for timer in timers.withLockedValue({ t -> [RepeatedTask] in
+            defer { t = [] }
+            return t
+        }) {
+            timer.cancel()
+        }
+        watchdogBox.withLockedValue { $0 }?.stop()
+    }
+}
+
+extension Systemd {
+    /// A `Systemd` that never notifies, for servers not configured to talk to systemd.
+    static var disabled: Systemd { Systemd(notifying: false) }
+}
+
+/// Answers every request of a connection that is not admitted with one fixed response, then closes.
+final class RefusingHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    let status: HTTPResponseStatus
+    let retryAfter: Int
+    let text: String
+
+    init(status: HTTPResponseStatus, retryAfter: Int, text: String) {
+        self.status = status
+        self.retryAfter = retryAfter
+        self.text = text
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .head(let head) = unwrapInboundIn(data) else { return }
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+        headers.add(name: "Retry-After", value: String(retryAfter))
+        headers.add(name: "Content-Length", value: String(text.utf8.count))
+        headers.add(name: "Connection", value: "close")
+        context.write(
+            wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
+    }
+}
+
+/// Logs a failed TLS handshake once per connection (at info: a client's problem, not the server's).
+final class TLSErrorLogger: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+    let operations: ServerOperations
+    private var logged = false
+
+    init(operations: ServerOperations) { self.operations = operations }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if !logged, let sslError = error as? NIOSSLError, case .handshakeFailed = sslError {
+            logged = true
+            operations.metrics.error(.tls)
+            operations.logger.info(
+                "TLS handshake failed",
+                metadata: [
+                    "pubsub.remote": "\(context.channel.remoteAddress?.description ?? "?")", "pubsub.error": "\(error)",
+                ])
+        }
+        context.fireErrorCaught(error)
+    }
+}

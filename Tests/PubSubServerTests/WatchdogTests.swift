@@ -1,0 +1,43 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+@testable import PubSubServer
+
+@Suite(.serialized) struct WatchdogTests {
+    @Test(.timeLimit(.minutes(1))) func pingsOnlyWhileEveryLoopRuns() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 3)
+        let pings = NIOLockedValueBox(0)
+        let loops = group.makeIterator().map { $0 }
+        let watchdog = Watchdog(loops: loops) { pings.withLockedValue { $0 += 1 } }
+        watchdog.start(every: .milliseconds(20))
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(pings.withLockedValue { $0 } >= 5)
+
+        // Block the last loop: no round can finish, so no ping goes out.
+        let release = NIOLockedValueBox(false)
+        loops[2].execute {
+            while !release.withLockedValue({ $0 }) { usleep(1000) }
+        }
+        try await Task.sleep(nanoseconds: 100_000_000)
+        let whileStuck = pings.withLockedValue { $0 }
+        try await Task.sleep(nanoseconds: 400_000_000)
+        #expect(pings.withLockedValue { $0 } <= whileStuck + 1)
+
+        // Unblocked, the pings come back.
+        release.withLockedValue { $0 = true }
+        try await Task.sleep(nanoseconds: 300_000_000)
+        #expect(pings.withLockedValue { $0 } >= whileStuck + 3)
+
+        watchdog.stop()
+        let afterStop = pings.withLockedValue { $0 }
+        try await Task.sleep(nanoseconds: 150_000_000)
+        #expect(pings.withLockedValue { $0 } <= afterStop + 1)
+        try await group.shutdownGracefully()
+    }
+}
