@@ -1,0 +1,236 @@
+"""Helpers of the operations suite (Tests/ops): a server process with its own environment, a systemd
+notification socket owned by the test, Bayeux calls over HTTP(S), Prometheus text, certificates."""
+
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "Tests", "wire"))
+
+from broker import Broker, pubsub_bin  # noqa: E402  (Tests/wire/broker.py)
+
+HTTP_TIMEOUT = 10
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, interval=0.02, message="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{message} not met within {timeout}s")
+
+
+class Process:
+    """`pubsub serve` started directly (not through Broker) with extra environment, e.g. NOTIFY_SOCKET, or
+    through a launcher (socket activation). Output is collected; stop() sends SIGTERM and waits."""
+
+    def __init__(self, args, env=None, launcher=None, pass_fds=()):
+        environment = dict(os.environ)
+        for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+            environment.pop(key, None)
+        environment.update(env or {})
+        cmd = [pubsub_bin(), "serve"] + list(args)
+        if launcher:
+            cmd = [sys.executable, launcher] + cmd
+        self.out = []
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(cmd, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True)
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            with self.lock:
+                self.out.append(line.decode("utf-8", "replace"))
+
+    def log(self):
+        with self.lock:
+            return "".join(self.out)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout):
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout=15):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.reader.join(timeout=2)
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+class NotifySocket:
+    """The unix datagram socket systemd would own: the test reads what the broker sends to NOTIFY_SOCKET."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pubsub-notify-")
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages = []  # (monotonic time, text)
+        self.lock = threading.Lock()
+        self.running = True
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while self.running:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.messages.append((time.monotonic(), data.decode("utf-8", "replace")))
+
+    def all(self):
+        with self.lock:
+            return list(self.messages)
+
+    def lines(self, key):
+        """Every `KEY=value` line sent so far for `key`, with its arrival time."""
+        found = []
+        for at, text in self.all():
+            for line in text.split("\n"):
+                if line.startswith(key + "="):
+                    found.append((at, line[len(key) + 1:]))
+        return found
+
+    def wait_for(self, key, value=None, timeout=30, pattern=None):
+        def match():
+            for at, v in self.lines(key):
+                if (value is None or v == value) and (pattern is None or re.search(pattern, v)):
+                    return at, v
+            return None
+        return wait_until(match, timeout, message=f"{key}={value or pattern or '…'} on NOTIFY_SOCKET "
+                                                     f"(got {self.all()!r})")
+
+    def close(self):
+        self.running = False
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- Bayeux over HTTP
+
+def post(url, body, *, timeout=HTTP_TIMEOUT, verify=True, headers=None, session=None):
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    call = session.post if session is not None else requests.post
+    return call(url, data=json.dumps(body), headers=h, timeout=timeout, verify=verify)
+
+
+def bayeux(url, body, **kw):
+    r = post(url, body, **kw)
+    assert r.status_code == 200, (r.status_code, r.text)
+    return r.json()
+
+
+def handshake(url, **kw):
+    reply = bayeux(url, [{"channel": "/meta/handshake", "version": "1.0",
+                          "supportedConnectionTypes": ["long-polling", "websocket"]}], **kw)
+    assert reply[0]["successful"] is True, reply
+    return reply[0]["clientId"]
+
+
+def subscribe(url, cid, channel, **kw):
+    reply = bayeux(url, [{"channel": "/meta/subscribe", "clientId": cid, "subscription": channel}], **kw)
+    assert reply[0]["successful"] is True, reply
+    return reply
+
+
+def connect(url, cid, **kw):
+    return bayeux(url, [{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling"}], **kw)
+
+
+def publish(url, channel, data, **kw):
+    return bayeux(url, [{"channel": channel, "data": data}], **kw)
+
+
+# ---------------------------------------------------------------- Prometheus text
+
+def scrape(url, **kw):
+    """Parses /metrics with prometheus_client's parser: {(name, frozenset(labels)): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    r = requests.get(url, timeout=HTTP_TIMEOUT, **kw)
+    assert r.status_code == 200, (r.status_code, r.text)
+    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def metric(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+# ---------------------------------------------------------------- certificates
+
+def make_certificate(directory, name):
+    """A self-signed EC certificate for 127.0.0.1 made with openssl; returns (cert path, key path)."""
+    cert = os.path.join(directory, f"{name}.crt")
+    key = os.path.join(directory, f"{name}.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+def served_certificate(port):
+    """The DER bytes of the certificate a new TLS connection to the port is given."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def der_of(cert_path):
+    with open(cert_path) as f:
+        return ssl.PEM_cert_to_DER_cert(f.read())
