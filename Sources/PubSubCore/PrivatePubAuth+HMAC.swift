@@ -50,21 +50,10 @@ extension PrivatePubAuth {
     }
 
     func checkHMACSignature(_ message: Message) -> String? {
-        guard let ext = message.ext,
-            let signature = ext["signature"]?.stringValue,
-            let timestampValue = ext["timestamp"]
-        else { return Self.incorrectSignature }
-        let subscription: String
-        switch message["subscription"] {
-        case .string(let s)?: subscription = s
-        case .array(let a)? where a.count == 1 && a[0].stringValue != nil: subscription = a[0].stringValue!
-        default: return Self.incorrectSignature
+        guard let signed = SignedSubscription(message, signature: "signature", timestamp: "timestamp") else {
+            return Self.incorrectSignature
         }
-        let timestampText: String
-        switch timestampValue {
-        case .number(let text), .string(let text): timestampText = text
-        default: return Self.incorrectSignature
-        }
+        let (signature, subscription, timestampText) = (signed.signature, signed.channel, signed.timestampText)
         // Both candidates are always computed and compared, so timing does not tell which one matched.
         let bound = message.clientId.map {
             Self.hmacSignature(secret: secret, channel: subscription, timestamp: timestampText, clientId: $0)
@@ -73,6 +62,6 @@ extension PrivatePubAuth {
         let matchesBound = bound.map { constantTimeEqual(signature, $0) } ?? false
         let matchesUnbound = constantTimeEqual(signature, unbound)
         guard matchesBound || (matchesUnbound && !requireClientBinding) else { return Self.incorrectSignature }
-        return checkTimestamp(timestampValue)
+        return checkTimestamp(signed.timestamp)
     }
 }

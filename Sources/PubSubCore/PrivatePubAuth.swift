@@ -93,24 +93,37 @@ public struct PrivatePubAuth: BayeuxExtension {
     }
 
     func checkPrivatePubSignature(_ message: Message) -> String? {
-        guard let ext = message.ext,
-            let signature = ext["private_pub_signature"]?.stringValue,
-            let timestampValue = ext["private_pub_timestamp"]
+        guard let signed = SignedSubscription(message, signature: "private_pub_signature", timestamp: "private_pub_timestamp")
         else { return Self.incorrectSignature }
-        let subscription: String
-        switch message["subscription"] {
-        case .string(let s)?: subscription = s
-        case .array(let a)? where a.count == 1 && a[0].stringValue != nil: subscription = a[0].stringValue!
-        default: return Self.incorrectSignature
+        let expected = Self.signature(secret: secret, channel: signed.channel, timestamp: signed.timestampText)
+        guard constantTimeEqual(signed.signature, expected) else { return Self.incorrectSignature }
+        return checkTimestamp(signed.timestamp)
+    }
+
+    /// What a signed `/meta/subscribe` carries, whichever scheme signed it: the signature, the subscription
+    /// (a channel, or an array of exactly one), and the timestamp as sent (a number or a numeric string).
+    struct SignedSubscription {
+        var signature: String
+        var channel: String
+        var timestamp: JSONValue
+        var timestampText: String
+
+        init?(_ message: Message, signature signatureKey: String, timestamp timestampKey: String) {
+            guard let ext = message.ext, let signature = ext[signatureKey]?.stringValue,
+                let timestamp = ext[timestampKey]
+            else { return nil }
+            switch message["subscription"] {
+            case .string(let s)?: channel = s
+            case .array(let a)? where a.count == 1 && a[0].stringValue != nil: channel = a[0].stringValue!
+            default: return nil
+            }
+            switch timestamp {
+            case .number(let text), .string(let text): timestampText = text
+            default: return nil
+            }
+            self.signature = signature
+            self.timestamp = timestamp
         }
-        let timestampText: String
-        switch timestampValue {
-        case .number(let text), .string(let text): timestampText = text
-        default: return Self.incorrectSignature
-        }
-        let expected = Self.signature(secret: secret, channel: subscription, timestamp: timestampText)
-        guard constantTimeEqual(signature, expected) else { return Self.incorrectSignature }
-        return checkTimestamp(timestampValue)
     }
 
     /// The expiry and clock-skew checks shared by both signature schemes, after the signature matched.
