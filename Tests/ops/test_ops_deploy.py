@@ -102,7 +102,19 @@ def test_socket_units_keys():
 def test_relay_unit_keys():
     u = unit("pubsub-relay.service")
     service = u["Service"]
-    assert service["ExecStart"][0].startswith("/usr/local/bin/pubsub relay")
+    exec_start = service["ExecStart"][0]
+    assert exec_start.startswith("/usr/local/bin/pubsub relay postgres ")
+    assert "--checkpoint %S/pubsub-relay/" in exec_start
+    # Every flag the unit passes is one `pubsub relay postgres` takes.
+    help_text = subprocess.run([pubsub_bin(), "relay", "postgres", "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    flags = re.findall(r"(--[a-z-]+)", exec_start)
+    assert flags and all(flag in help_text for flag in flags), (flags, help_text)
+    # The variables it expands come from relay.env or Environment=.
+    with open(os.path.join(DEPLOY, "relay.env")) as f:
+        defined = set(re.findall(r"^#?([A-Z_]+)=", f.read(), re.M))
+    defined |= {e.split("=")[0] for e in service.get("Environment", [])}
+    assert set(re.findall(r"\$\{([A-Z_]+)\}", exec_start)) <= defined
     assert service["StateDirectory"] == ["pubsub-relay"]
     for key, value in [("DynamicUser", "yes"), ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict")]:
         assert service[key] == [value], key
