@@ -200,3 +200,24 @@ def test_request_and_frame_size_limits_answer_413_and_1009_and_spare_others():
         ws.close()
         handshake(b.url)
         publish(b.url, "/x", {"small": True})
+
+
+def test_pubsub_publish_backs_off_on_429_and_delivers_everything():
+    import subprocess
+    from opshelp import metric, pubsub_bin, scrape
+    args = ["--publish-limit-per-ip", "2", "--publish-limit-window", "2"]
+    with Broker(timeout=5, extra_args=args) as b:
+        cid = handshake(b.url)
+        subscribe(b.url, cid, "/jobs")
+        lines = "".join(json.dumps({"n": i}) + "\n" for i in range(5))
+        t0 = time.monotonic()
+        result = subprocess.run([pubsub_bin(), "publish", "--url", b.url, "--lines", "--batch-size", "1", "/jobs"],
+                                input=lines, capture_output=True, text=True, timeout=60)
+        elapsed = time.monotonic() - t0
+        assert result.returncode == 0, result.stderr
+        # Two go at once, then one a second: the client waited as told instead of failing.
+        assert elapsed >= 1.5, elapsed
+        assert metric(scrape(f"http://127.0.0.1:{b.port}/metrics"), "pubsub_publish_rate_limited_total",
+                      scope="ip") >= 1
+        events = [m["data"]["n"] for m in connect(b.url, cid) if m.get("channel") == "/jobs"]
+        assert events == [0, 1, 2, 3, 4]
