@@ -9,9 +9,18 @@ import time
 import pytest
 import websocket
 
-from opshelp import Process, free_port, handshake, subscribe, publish, wait_until
+from opshelp import NotifySocket, Process, free_port, handshake, subscribe, publish, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+
+# In the test module, not a conftest.py: the wire suite imports its helpers with `from conftest import`, which
+# another conftest module of the same pytest run would shadow.
+@pytest.fixture
+def notify():
+    n = NotifySocket()
+    yield n
+    n.close()
 
 
 def serve_args(port, *extra):
