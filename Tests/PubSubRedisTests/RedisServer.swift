@@ -53,8 +53,10 @@ final class RedisServer: @unchecked Sendable {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-redis-\(port)-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
+        // Bounded life: should this test process crash, the server does not outlive it by more than that.
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
         process.arguments = [
+            "--signal=KILL", "900", binary,
             "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--daemonize", "no", "--dir", directory.path, "--logfile", directory.appendingPathComponent("log").path,
         ] + extra
@@ -90,7 +92,12 @@ final class RedisServer: @unchecked Sendable {
     func stop() {
         guard process.executableURL != nil else { return }
         if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
+            let pid = process.processIdentifier
+            // The server is the child of `timeout`: kill it first, then `timeout`.
+            if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
+                for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGKILL) }
+            }
+            kill(pid, SIGKILL)
             for _ in 0..<500 where process.isRunning { usleep(10_000) }
         }
         try? FileManager.default.removeItem(at: directory)

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,10 +41,12 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self):
+        # Bounded life (timeout): a crashed test run leaves no server behind for long.
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -59,8 +62,12 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def kill(self):
+        """SIGKILL to the whole group: `timeout` and the server under it."""
         if self.proc and self.proc.poll() is None:
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(timeout=5)
 
     def stop(self):
