@@ -172,4 +172,29 @@ import Testing
             #expect(b.redis!.redisStatistics.recoveredAfterCut > 0)
         }
     }
+
+    @Test func aMoveWhileTheFormerNodeIsReconnectingIsBoundedAndLosesNothingUncounted() async throws {
+        try await withCluster(.redis, nodes: 1) { cluster in
+            let a = cluster.nodes[0]
+            let b = try await cluster.addNode(handoffTimeout: .milliseconds(300))
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)
+            _ = try await a.subscribe(cid, "/h")
+            _ = try await b.publish("/h", #""queued on a""#)
+            try await a.settle()
+            // a still listens, but its command connection is down when the move arrives: it answers once it is
+            // back (the move waits in its held notifications), or b gives up after its handoff timeout.
+            a.redis!.commands.dropConnection()
+            let started = NIODeadline.now()
+            let c = try #require(try await b.connect(cid))
+            #expect(c.result.status == .ok)
+            #expect(NIODeadline.now() - started < .seconds(2))
+            let handedOver = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+            let abandoned = b.redis!.redisStatistics.abandonedHandoffs
+            #expect(handedOver == ["queued on a"] && abandoned == 0 || handedOver == [] && abandoned == 1, "\(handedOver) \(abandoned)")
+            _ = try await b.publish("/h", #""live""#)
+            try await b.settle()
+            #expect(try await b.receive(cid) == ["live"])
+        }
+    }
 }

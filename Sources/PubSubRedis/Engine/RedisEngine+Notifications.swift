@@ -49,10 +49,7 @@ extension RedisEngine {
             let waiters = state.withLockedValue { $0.adoptWaiters.removeValue(forKey: clientId) } ?? []
             for waiter in waiters { waiter.succeed(()) }
         case .move(let clientId, let node):
-            let queue = local.evict(clientId, reason: .superseded) ?? []
-            let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
-            _ = commands.send(
-                RESPCommand("PUBLISH", .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
+            handOver(clientId, to: node)
         case .handoff(let clientId, let events):
             let (waiter, abandoned) = state.withLockedValue { s in
                 (s.handoffWaiters.removeValue(forKey: clientId), s.abandoned.remove(clientId) != nil)
@@ -79,6 +76,14 @@ extension RedisEngine {
             let promise = state.withLockedValue { $0.barriers.removeValue(forKey: n) }
             promise?.succeed(())
         }
+    }
+
+    /// Gives a session that moved to `node` up, sending what was queued for it there (an empty handoff when it
+    /// is already gone: the new node waits for one).
+    func handOver(_ clientId: String, to node: String) {
+        let queue = local.evict(clientId, reason: .superseded) ?? []
+        let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
+        _ = commands.send(RESPCommand("PUBLISH", .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
     }
 
     /// Once both connections are back and this node's routing is in Redis again: delivers from the history what
@@ -248,7 +253,10 @@ extension RedisEngine {
                 [.string(id), .string(node), expiry(now), .integer(Int64(subscriptions.count))]
                 + subscriptions.map { .string($0) }
             work.append(eval(RedisScripts.register, arguments).map { reply in
-                if reply.int == 0 { self.local.evict(id, reason: .superseded) }
+                // Claimed by another node while this one was away: its move notification may never come.
+                if let values = reply.array, values.first?.int == 0, let home = values.last?.string {
+                    self.handOver(id, to: home)
+                }
             })
         }
         EventLoopFuture.whenAllComplete(work, on: commands.eventLoop).whenComplete { _ in

@@ -333,6 +333,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                     self.state.withLockedValue { s in
                         if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
                             s.handoffWaiters[clientId] = nil
+                            // Remembered so a late handoff is dropped, not put before newer events; bounded.
+                            if s.abandoned.count >= 10_000 { s.abandoned.removeAll() }
                             s.abandoned.insert(clientId)
                             s.redis.abandonedHandoffs += 1
                         }
