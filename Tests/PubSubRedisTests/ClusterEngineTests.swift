@@ -197,4 +197,20 @@ import Testing
             #expect(try await b.receive(cid) == ["live"])
         }
     }
+
+    @Test func theSweepLockLetsOneNodeSweepPerPeriod() async throws {
+        try await withCluster(.redis, nodes: 0, configuration: BrokerConfiguration(timeout: .seconds(5))) { cluster in
+            let a = try await cluster.addNode(sweepPeriod: .milliseconds(700))
+            let b = try await cluster.addNode(sweepPeriod: .milliseconds(700))
+            for _ in 0..<3 { _ = try await a.handshake() }
+            try await a.sweep(at: a.now + .seconds(11))
+            for _ in 0..<3 { _ = try await b.handshake() }
+            try await b.sweep(at: b.now + .seconds(11))  // within a's period: the lock is taken
+            #expect(a.redis!.redisStatistics.sweptSessions == 3)
+            #expect(b.redis!.redisStatistics.sweptSessions == 0)
+            try await Task.sleep(nanoseconds: 800_000_000)
+            try await b.sweep(at: b.now + .seconds(11))
+            #expect(b.redis!.redisStatistics.sweptSessions == 3)
+        }
+    }
 }

@@ -145,7 +145,7 @@ final class Cluster: @unchecked Sendable {
     }
 
     @discardableResult
-    func addNode(handoffTimeout: TimeAmount = .seconds(1)) async throws -> Node {
+    func addNode(handoffTimeout: TimeAmount = .seconds(1), sweepPeriod: TimeAmount = .zero) async throws -> Node {
         let loop = group.next()
         switch kind {
         case .memory:
@@ -155,7 +155,7 @@ final class Cluster: @unchecked Sendable {
             return node
         case .redis:
             let settings = RedisEngineConfiguration(
-                redis: try RedisConfiguration(url: server!.url), sweepPeriod: .zero, handoffTimeout: handoffTimeout)
+                redis: try RedisConfiguration(url: server!.url), sweepPeriod: sweepPeriod, handoffTimeout: handoffTimeout)
             let engine = RedisEngine(configuration: configuration, settings: settings)
             try await engine.start(timeout: .seconds(10)).get()
             let node = Node(broker: Broker(configuration: configuration, engine: engine), redis: engine, loop: loop)
