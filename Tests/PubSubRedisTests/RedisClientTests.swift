@@ -62,4 +62,30 @@ import Testing
         try await subscriber.close().get()
         try await publisher.close().get()
     }
+
+    @Test func aSlowReplyTimesOutClosesAndReconnects() async throws {
+        let server = try await RedisServer.start(arguments: ["--enable-debug-command", "yes"])
+        defer { server.stop() }
+        var configuration = try RedisConfiguration(url: "redis://127.0.0.1:\(server.port)")
+        configuration.commandTimeout = .milliseconds(300)
+        let client = RedisClient(configuration: configuration, eventLoop: MultiThreadedEventLoopGroup.singleton.next())
+        client.start()
+        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        let started = NIODeadline.now()
+        do {
+            _ = try await client.send(RESPCommand("DEBUG", "SLEEP", "2")).get()
+            Issue.record("no timeout")
+        } catch let error as RedisError {
+            #expect(error.code == .timeout)
+        }
+        #expect(NIODeadline.now() - started < .seconds(1))
+        // The server sleeps 2 s in all: the client keeps reconnecting until it answers again.
+        var pong: String?
+        for _ in 0..<100 where pong == nil {
+            pong = try? await client.send(RESPCommand("PING")).get().string
+            if pong == nil { try await Task.sleep(nanoseconds: 50_000_000) }
+        }
+        #expect(pong == "PONG")
+        try await client.close().get()
+    }
 }
