@@ -12,7 +12,7 @@ import pytest
 import requests
 import websocket
 
-from conftest import (ALL6, ANY_CLIENT_ID, ANY_ERROR, ERROR_RE, HTTP_TIMEOUT, SHORT_TIMEOUT, WS, advice_ok,
+from wirekit import (ALL6, ANY_CLIENT_ID, ANY_ERROR, ERROR_RE, HTTP_TIMEOUT, SHORT_TIMEOUT, WS, advice_ok,
                       connect_msg, connect_now, handshake, handshake_msg, post, post_raw, publish,
                       raw_http, server_answers_handshake, subscribe)
 from broker import target

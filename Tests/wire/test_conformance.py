@@ -9,7 +9,7 @@ import urllib.parse
 import pytest
 import requests
 
-from conftest import (without_positions, ADVICE_HANDSHAKE, ALL6, ANY_CLIENT_ID, HTTP_TIMEOUT, SHORT_TIMEOUT, WS,
+from wirekit import (without_positions, ADVICE_HANDSHAKE, ALL6, ANY_CLIENT_ID, HTTP_TIMEOUT, SHORT_TIMEOUT, WS,
                       EventStream, Pattern, advice_ok, connect_msg, connect_now, handshake,
                       handshake_msg, post, post_raw, publish, start_connect, subscribe,
                       timed_post, wait_parked)
