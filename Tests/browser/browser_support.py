@@ -1,8 +1,7 @@
 """Fixtures and helpers of the browser suite: headless Chromium (Debian's `chromium`), a page server on its own
 port (so pages are cross-origin to the broker), brokers from Tests/wire/broker.py, and screenshots.
 
-The suite has no conftest.py: run in one session with Tests/wire, a second module named `conftest` would shadow
-the one Tests/wire's tests import from. Test modules import the fixtures they use from here.
+Test modules import the fixtures they use from here.
 
 Screenshots go to $PUBSUB_SCREENSHOTS or Tests/browser/screenshots/; each path is printed when it is taken.
 """

@@ -1,7 +1,7 @@
 """Three `pubsub serve --engine redis` nodes and one redis-server, as behind a plain load balancer.
 
 redis-server must be installed (scripts/install-test-deps does it); a missing one fails the suite, never skips it.
-(No conftest.py here: the wire suite imports its own `conftest` module by that name.)
+(Fixtures live in this module.)
 """
 
 import re

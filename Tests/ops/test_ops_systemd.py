@@ -14,8 +14,6 @@ from opshelp import NotifySocket, Process, free_port, handshake, subscribe, publ
 pytestmark = pytest.mark.timeout(120)
 
 
-# In the test module, not a conftest.py: the wire suite imports its helpers with `from conftest import`, which
-# another conftest module of the same pytest run would shadow.
 @pytest.fixture
 def notify():
     n = NotifySocket()
