@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import PostgresNIO
+import Synchronization
 
 /// PostgreSQL logical decoding through wal2json (format-version 2), read over an ordinary SQL connection:
 /// `pg_logical_slot_peek_changes` to read without consuming, `pg_replication_slot_advance` to confirm once the
@@ -16,14 +17,17 @@ public actor PostgresChangeSource: ChangeSource {
         /// Upper bound of rows per peek (whole transactions are always returned).
         public var maxChangesPerPeek: Int
         public var connectTimeout: TimeAmount
+        /// The longest wait for one query's answer before the connection is taken as lost.
+        public var queryTimeout: TimeAmount
 
         public init(dsn: PostgresDSN, slot: String, tables: [String], maxChangesPerPeek: Int = 5000,
-                    connectTimeout: TimeAmount = .seconds(5)) {
+                    connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30)) {
             self.dsn = dsn
             self.slot = slot
             self.tables = tables
             self.maxChangesPerPeek = maxChangesPerPeek
             self.connectTimeout = connectTimeout
+            self.queryTimeout = queryTimeout
         }
     }
 
@@ -41,6 +45,9 @@ public actor PostgresChangeSource: ChangeSource {
     private var assembler = Wal2JSONAssembler(after: LSN(0))
     /// The slot's position as far as this source confirmed it.
     private var confirmed = LSN(0)
+    /// Everything up to here is relayed and checkpointed (the start checkpoint, then each confirmed position).
+    private var relayed: LSN?
+    private var reconnectDelay = TimeAmount.milliseconds(100)
 
     public init(configuration: Configuration, logger: Logger,
                 eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
@@ -59,11 +66,17 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     public func start(after position: String?) async throws {
-        var checkpoint: LSN?
         if let position {
             guard let lsn = LSN(position) else { throw SourceError("checkpoint position \(position) is not an LSN") }
-            checkpoint = lsn
+            relayed = lsn
         }
+        try await open()
+    }
+
+    /// Connects, creates or checks the slot, and moves it up to what was relayed (a slot rewinds after a server
+    /// crash); used at start and after a lost connection.
+    private func open() async throws {
+        let checkpoint = relayed
         let connection = try await connect()
         self.connection = connection
 
@@ -108,18 +121,43 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     public func next() async throws -> ChangeBatch? {
-        guard let connection else { throw SourceError("not started") }
-        let rows = try await connection.query(
-            """
-            SELECT lsn::text, data FROM pg_logical_slot_peek_changes(\(configuration.slot), NULL, \
-            \(Int32(clamping: configuration.maxChangesPerPeek)), 'format-version', '2', 'include-pk', '1', 'include-xids', '1', \
-            'include-lsn', '1', 'include-transaction', '1', 'include-timestamp', '1', 'add-tables', \
-            \(configuration.tables.joined(separator: ",")))
-            """,
-            logger: logger)
+        var current = connection
+        if current == nil { current = try await reconnect() }
+        guard let connection = current else { return nil }
+        if connection.isClosed {
+            // The server closed it (restart, crash, terminated backend); a query on it would wait forever.
+            lostConnection(SourceError("connection closed by the server"))
+            return nil
+        }
+        do {
+            return try await peek(connection)
+        } catch {
+            guard connection.isClosed else { throw error }
+            lostConnection(error)
+            return nil
+        }
+    }
+
+    private func peek(_ connection: PostgresConnection) async throws -> ChangeBatch? {
+        let slot = configuration.slot
+        let limit = Int32(clamping: configuration.maxChangesPerPeek)
+        let tables = configuration.tables.joined(separator: ",")
+        let logger = logger
+        let fetched = try await Self.withDeadline(configuration.queryTimeout, connection) {
+            let rows = try await connection.query(
+                """
+                SELECT lsn::text, data FROM pg_logical_slot_peek_changes(\(slot), NULL, \(limit), \
+                'format-version', '2', 'include-pk', '1', 'include-xids', '1', 'include-lsn', '1', \
+                'include-transaction', '1', 'include-timestamp', '1', 'add-tables', \(tables))
+                """,
+                logger: logger)
+            var fetched: [(String, String)] = []
+            for try await row in rows.decode((String, String).self) { fetched.append(row) }
+            return fetched
+        }
         var changes: [Change] = []
         var position: String?
-        for try await (lsnText, data) in rows.decode((String, String).self) {
+        for (lsnText, data) in fetched {
             guard let lsn = LSN(lsnText) else { throw SourceError("the server returned a bad LSN \(lsnText)") }
             if let batch = try assembler.feed(lsn: lsn, data: data) {
                 changes += batch.changes
@@ -131,24 +169,52 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     public func confirm(_ position: String) async throws {
-        guard let connection else { throw SourceError("not started") }
         guard let lsn = LSN(position) else { throw SourceError("bad position \(position)") }
-        guard lsn > confirmed else { return }
-        try await advance(connection, to: lsn)
+        relayed = max(relayed ?? lsn, lsn)
+        guard lsn > confirmed, let connection, !connection.isClosed else { return }
+        do {
+            try await advance(connection, to: lsn)
+        } catch {
+            guard connection.isClosed else { throw error }
+            // The checkpoint is durable: the slot is advanced to it once connected again.
+            lostConnection(error)
+        }
+    }
+
+    private func lostConnection(_ error: any Error) {
+        logger.warning("lost the connection to PostgreSQL; reconnecting", metadata: [
+            "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(error))"])
+        connection = nil
+        reconnectDelay = .milliseconds(100)
+    }
+
+    /// One reconnection attempt after a pause that doubles up to 5 s; nil (and a warning) when it failed.
+    private func reconnect() async throws -> PostgresConnection? {
+        try await Task.sleep(nanoseconds: UInt64(reconnectDelay.nanoseconds))
+        do {
+            try await open()
+            logger.notice("reconnected to PostgreSQL", metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
+            return connection
+        } catch {
+            if let connection, !connection.isClosed { try? await connection.close() }
+            connection = nil
+            logger.warning("cannot reconnect to PostgreSQL", metadata: [
+                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(error)"])
+            reconnectDelay = min(reconnectDelay * 2, .seconds(5))
+            return nil
+        }
     }
 
     public func lag() async -> SourceLag? {
-        guard let connection else { return nil }
-        do {
+        guard let connection, !connection.isClosed else { return nil }
+        let logger = logger
+        let head = try? await Self.withDeadline(.seconds(5), connection) { () async throws -> String? in
             let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
-            for try await text in rows.decode(String.self) {
-                guard let head = LSN(text) else { return nil }
-                return SourceLag(amount: head.value &- min(head.value, assembler.after.value), unit: "WAL bytes")
-            }
-        } catch {
+            for try await text in rows.decode(String.self) { return text }
             return nil
         }
-        return nil
+        guard let text = head ?? nil, let lsn = LSN(text) else { return nil }
+        return SourceLag(amount: lsn.value &- min(lsn.value, assembler.after.value), unit: "WAL bytes")
     }
 
     public func close() async {
@@ -193,15 +259,53 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     private func advance(_ connection: PostgresConnection, to lsn: LSN) async throws {
-        try await connection.query(
-            "SELECT pg_replication_slot_advance(\(configuration.slot), \(lsn.description)::pg_lsn)", logger: logger)
+        let (slot, logger) = (configuration.slot, logger)
+        try await Self.withDeadline(configuration.queryTimeout, connection) {
+            try await connection.query(
+                "SELECT pg_replication_slot_advance(\(slot), \(lsn.description)::pg_lsn)", logger: logger)
+            return ()
+        }
         confirmed = lsn
     }
 
+    /// Runs a query, giving up after `timeout`: the connection is then closed (a dead peer that sent nothing is
+    /// noticed) and the caller treats it as lost.
+    static func withDeadline<T: Sendable>(
+        _ timeout: TimeAmount, _ connection: PostgresConnection, _ body: @escaping @Sendable () async throws -> T
+    ) async throws -> T {
+        let done = Once()
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let work = Task {
+                let result: Result<T, any Error>
+                do { result = .success(try await body()) } catch { result = .failure(error) }
+                if done.claim() { continuation.resume(with: result) }
+            }
+            Task {
+                try? await Task.sleep(nanoseconds: UInt64(timeout.nanoseconds))
+                guard done.claim() else { return }
+                work.cancel()
+                try? await connection.close()
+                continuation.resume(throwing: SourceError("no answer from PostgreSQL within \(timeout.nanoseconds / 1_000_000_000) s"))
+            }
+        }
+    }
+
     /// The server's message of a PostgreSQL error, else the error's code.
-    public static func describe(_ error: PSQLError) -> String {
+    public static func describe(_ error: any Error) -> String {
+        guard let error = error as? PSQLError else { return "\(error)" }
         if let message = error.serverInfo?[.message] { return message }
         if let underlying = error.underlying { return "\(underlying)" }
         return "\(error.code)"
+    }
+}
+
+/// True for the first caller only.
+private final class Once: Sendable {
+    private let flag = Mutex(false)
+    func claim() -> Bool {
+        flag.withLock { claimed in
+            defer { claimed = true }
+            return !claimed
+        }
     }
 }

@@ -94,7 +94,7 @@ public struct Relay: Sendable {
         var busy = false
         while !Task.isCancelled {
             let count = try await step()
-            if let count {
+            if let count, count > 0 {
                 published += count
                 busy = true
             }

@@ -77,6 +77,11 @@ class PostgresCluster:
                 last = e
         raise RuntimeError(f"PostgreSQL did not start: {last.stderr if last else ''}\n{self.log()}")
 
+    def restart(self, mode="immediate"):
+        """Stops the server (immediate: as a crash, the slot may rewind) and starts it again on the same port."""
+        self._run(os.path.join(self.bindir, "pg_ctl"), "-D", os.path.join(self.dir, "data"), "-m", mode, "-w",
+                  "-t", "60", "-l", os.path.join(self.dir, "log"), "restart")
+
     def log(self) -> str:
         try:
             with open(os.path.join(self.dir, "log")) as f:

@@ -241,6 +241,38 @@ def test_kill_9_mid_stream_then_restart_delivers_every_change_with_stable_keys(p
         sub.stop()
 
 
+def test_survives_a_postgresql_crash_and_restart(pg, broker, workdir):
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
+    try:
+        wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            for i in range(300):
+                db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i}",))
+        sub.wait_for(lambda: len(sub.lines()) >= 100, 60, "100 events before the crash")
+        pg.restart("immediate")
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            for i in range(300, 600):
+                db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i}",))
+
+        def all_seen():
+            return {json.loads(line)["data"]["id"] for line in sub.lines()} >= {f"n{i}" for i in range(600)}
+        try:
+            sub.wait_for(all_seen, 90, "all 600 inserts after the restart")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nrelay:\n{relay.errors()[-3000:]}") from None
+        assert relay.proc.poll() is None, relay.errors()
+        assert "lost the connection to PostgreSQL" in relay.errors()
+        assert "reconnected to PostgreSQL" in relay.errors()
+        by_id = {}
+        for message in events(sub):
+            by_id.setdefault(message["data"]["id"], set()).add(message["data"]["key"])
+        assert all(len(keys) == 1 for keys in by_id.values())
+    finally:
+        relay.stop()
+        sub.stop()
+
+
 def test_bad_arguments_and_unreachable_database(workdir):
     base = [pubsub_bin(), "relay", "postgres", "--checkpoint", os.path.join(workdir, "c"), "--url",
             "http://127.0.0.1:9/faye"]
