@@ -48,6 +48,7 @@ final class BenchClient: @unchecked Sendable {
     private var retryTimer: Scheduled<Void>?
     private var done: EventLoopPromise<Void>?
     private var clientIdBytes: [UInt8] = []
+    private lazy var roomChoice = SplitMix64(seed: 0x5EED_0000 &+ UInt64(publisherIndex))
 
     init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop) {
         self.role = role
@@ -395,10 +396,11 @@ final class BenchClient: @unchecked Sendable {
 
     private static let pad = [UInt8](repeating: UInt8(ascii: "x"), count: 4096)
 
+    /// Rooms are picked at random (seeded per publisher), so a batch is spread over the clients as in a chat.
     private func channelFor(message k: Int) -> Int {
         let count = shared.channels.count
         if count == 1 { return 0 }
-        return (k &* max(1, shared.options.publishers) &+ publisherIndex) % count
+        return Int(roomChoice.next() % UInt64(count))
     }
 
     private func sendFrame(count: Int, sentAt: UInt64, fanout: [Int]) {

@@ -35,9 +35,16 @@ final class RunShared: Sendable {
             memberships = Array(repeating: [0], count: options.subscribers)
         case .rooms:
             channels = (0..<options.rooms).map { "\(prefix)/room/\($0)" }
-            let stride = max(1, options.rooms / options.roomsPerClient)
+            // Each client joins K distinct rooms drawn at random (seeded by its index, so runs repeat), as in
+            // CometD's benchmark; rooms therefore differ a little in size, and the expected deliveries follow.
             memberships = (0..<options.subscribers).map { i in
-                (0..<options.roomsPerClient).map { j in (i + j * stride) % options.rooms }
+                var random = SplitMix64(seed: UInt64(i))
+                var rooms: [Int] = []
+                while rooms.count < options.roomsPerClient {
+                    let room = Int(random.next() % UInt64(options.rooms))
+                    if !rooms.contains(room) { rooms.append(room) }
+                }
+                return rooms
             }
         }
         self.channels = channels
@@ -97,4 +104,19 @@ struct PublishPlan: Sendable {
     var windowDeliveries: Int
     /// Publishes one publisher may have unacknowledged.
     var windowAcks: Int
+}
+
+/// A small seeded generator (SplitMix64), so that room choices are random but the same on every run.
+struct SplitMix64: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed &+ 0x9E37_79B9_7F4A_7C15 }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
 }
