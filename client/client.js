@@ -452,6 +452,8 @@ api._handshake = function () {
     }
     self._state = CONNECTED;
     self._clientId = reply.clientId;
+    // pubsub's position of "now" (docs/PROTOCOL.md): where a channel subscribed in this session starts.
+    self._position = reply.ext && typeof reply.ext.position === 'string' ? reply.ext.position : null;
     clearTimeout(self._retryTimer);
     self._retryTimer = null;
     self._serverTypes = reply.supportedConnectionTypes || [];
@@ -492,13 +494,21 @@ api._connect = function () {
   });
 };
 
+// A channel subscribed again after a new handshake asks for what it missed meanwhile: `ext.resume` with the
+// position of the last message it got (pubsub's extension; Faye ignores it). The broker answers whether all of
+// it is coming; `resume` is triggered with the channel and that answer, so a page can refetch when it is not.
 api._subscribe = function (channel) {
-  var self = this;
-  this._send({ channel: SUBSCRIBE, clientId: this._clientId, subscription: channel }, function (reply) {
+  var self = this, ch0 = this._channels[channel];
+  var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: channel };
+  if (ch0 && ch0.position) message.ext = { resume: ch0.position };
+  this._send(message, function (reply) {
     var ch = self._channels[channel];
     if (!ch) return;
     if (reply.successful) {
       ch.active = true;
+      if (!ch.position) ch.position = self._position;
+      var resumed = reply.ext && reply.ext.resume;
+      if (message.ext && resumed) self.trigger('resume', channel, resumed);
       each(ch.subs, function (sub) { sub._resolve(); });
       return;
     }
@@ -622,9 +632,12 @@ api._handle = function (message) {
     delete this._pending[message.id];
     if (callback) callback(message);
   } else if (message.channel && 'data' in message && !isMeta(message.channel)) {
+    var position = message.ext && typeof message.ext.position === 'string' ? message.ext.position : null;
     each(expand(message.channel), function (name) {
       var ch = this._channels[name];
-      if (ch) each(ch.subs.slice(), function (sub) { sub._call(message); });
+      if (!ch) return;
+      if (position) ch.position = position;
+      each(ch.subs.slice(), function (sub) { sub._call(message); });
     }, this);
   }
 };

@@ -2,8 +2,8 @@
 
 /// The browser client served at `<mount>/client.js` and `<mount>.js`.
 enum BrowserClient {
-    static let etag = "\"cf6e0aafd8e6e3aebe6bdb43a767152645f05e8c\""
-    static let lastModified = "Sun, 22 Nov 2026 12:09:36 GMT"
+    static let etag = "\"07d12b06dbdb23fd377ea595a8aa008eb78b44cf\""
+    static let lastModified = "Sun, 22 Nov 2026 13:12:28 GMT"
     static let source = #"""
 /* pubsub browser client: the Faye.Client API over WebSocket, CORS long-polling and JSON-P. MIT licence. */
 (function (global) {
@@ -383,6 +383,7 @@ return;
 }
 self._state = CONNECTED;
 self._clientId = reply.clientId;
+self._position = reply.ext && typeof reply.ext.position === 'string' ? reply.ext.position : null;
 clearTimeout(self._retryTimer);
 self._retryTimer = null;
 self._serverTypes = reply.supportedConnectionTypes || [];
@@ -421,12 +422,17 @@ later(function () { self._connect(); }, Math.max(advice.interval, self._retry));
 });
 };
 api._subscribe = function (channel) {
-var self = this;
-this._send({ channel: SUBSCRIBE, clientId: this._clientId, subscription: channel }, function (reply) {
+var self = this, ch0 = this._channels[channel];
+var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: channel };
+if (ch0 && ch0.position) message.ext = { resume: ch0.position };
+this._send(message, function (reply) {
 var ch = self._channels[channel];
 if (!ch) return;
 if (reply.successful) {
 ch.active = true;
+if (!ch.position) ch.position = self._position;
+var resumed = reply.ext && reply.ext.resume;
+if (message.ext && resumed) self.trigger('resume', channel, resumed);
 each(ch.subs, function (sub) { sub._resolve(); });
 return;
 }
@@ -531,9 +537,12 @@ var callback = this._pending[message.id];
 delete this._pending[message.id];
 if (callback) callback(message);
 } else if (message.channel && 'data' in message && !isMeta(message.channel)) {
+var position = message.ext && typeof message.ext.position === 'string' ? message.ext.position : null;
 each(expand(message.channel), function (name) {
 var ch = this._channels[name];
-if (ch) each(ch.subs.slice(), function (sub) { sub._call(message); });
+if (!ch) return;
+if (position) ch.position = position;
+each(ch.subs.slice(), function (sub) { sub._call(message); });
 }, this);
 }
 };

@@ -321,3 +321,26 @@ PrivatePub.sign({json.dumps(bad)});
                            ".then(function () { return 'ok'; }, function (e) { return String(e); })",
                            await_promise=True)
     assert result == "Incorrect token."
+
+
+def test_resume_after_the_session_is_lost(page, page_server, make_broker):
+    """The session ends while messages are published; after its new handshake the client re-subscribes with
+    the position of the last message it got (`ext.resume`) and receives exactly what it missed, in order."""
+    b = make_broker(timeout=10)
+    open_client_page(page, page_server, b, "resume",
+                     setup="window.resumes = []; client.bind('resume', function (c, r) { resumes.push([c, r]); });")
+    publish(b, "/chat/room", 1)
+    page.wait_for("received.length >= 1")
+    first_id = page.evaluate("client.getClientId()")
+    # The broker forgets the session (as after an expiry or an overflow) and messages go on meanwhile.
+    r = requests.post(b.url, json=[{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)
+    assert r.json()[0]["successful"] is True
+    publish(b, "/chat/room", [2, 3])
+    page.wait_for(f"client.getClientId() && client.getClientId() !== {json.dumps(first_id)}", timeout=30,
+                  what="a new handshake")
+    page.wait_for("received.length >= 3", timeout=15, what="the missed messages")
+    publish(b, "/chat/room", 4)
+    page.wait_for("received.length >= 4", timeout=15)
+    time.sleep(0.5)
+    assert page.evaluate("received") == [1, 2, 3, 4]
+    assert page.evaluate("resumes") == [["/chat/room", {"recovered": True, "missed": 2}]]
