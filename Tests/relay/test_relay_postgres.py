@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import subprocess
 import tempfile
@@ -209,10 +210,17 @@ def test_kill_9_mid_stream_then_restart_delivers_every_change_with_stable_keys(p
         writer.start()
         sub.wait_for(lambda: len(sub.lines()) >= 150, 60, "150 events before the kill")
         relay.kill9()
-        killed_at = len(sub.lines())
+        killed_at = [len(sub.lines())]
         writer.join(timeout=120)
         assert not writer.is_alive() and not writer_error, writer_error
         second = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
+        # Two more kills while it catches up, at moments that fall anywhere in publish/ack/persist/confirm.
+        for threshold in (400, 650):
+            sub.wait_for(lambda: len(sub.lines()) >= threshold, 60, f"{threshold} events before the next kill")
+            time.sleep(random.uniform(0, 0.03))
+            second.kill9()
+            killed_at.append(len(sub.lines()))
+            second = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
 
         def all_seen():
             return {json.loads(line)["data"]["id"] for line in sub.lines()} >= {f"n{i}" for i in range(total)}
