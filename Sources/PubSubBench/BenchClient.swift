@@ -299,6 +299,12 @@ final class BenchClient: @unchecked Sendable {
         }
         shared.gates[publisherIndex].install(loop: loop) { [self] in self.pump() }
         nextDue = monotonicNanoseconds()
+        if plan.rate > 0 {
+            // Publishers are staggered over one interval, so N publishers at a fixed rate make an even stream,
+            // not N simultaneous bursts.
+            let interval = Double(shared.options.batch) / plan.rate * 1e9
+            nextDue += UInt64(interval * Double(publisherIndex) / Double(max(1, shared.options.publishers)))
+        }
         pump()
         return promise.futureResult
     }
