@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import PubSubClient
 import PubSubRelay
+import UnixSignals
 
 /// `pubsub relay <source> …`: replication change feeds become channel events.
 struct RelayCommand: AsyncParsableCommand {
@@ -66,14 +67,17 @@ struct RelayOptions: ParsableArguments {
 
     /// Runs the relay until SIGINT/SIGTERM; a fatal error prints one line and exits non-zero.
     func run(source: any ChangeSource, logger: Logger, idle: TimeAmount) async throws {
+        let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let publisher = try makePublisher()
         let relay = Relay(
             source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
             configuration: .init(mapping: ChangeMapping(prefix: prefix, includeDocument: includeDoc)), logger: logger)
         let task = Task { try await relay.run(idle: idle) }
         let signals = Task {
-            await SignalWaiter().wait()
-            task.cancel()
+            for await _ in signalSequence {
+                task.cancel()
+                return
+            }
         }
         let result = await task.result
         _ = signals

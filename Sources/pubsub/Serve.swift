@@ -1,8 +1,6 @@
 import ArgumentParser
 import CoreMetrics
-import Dispatch
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import PubSubCore
 import Prometheus
@@ -109,6 +107,9 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // Trapped first: a SIGTERM that comes while the broker is still starting (systemd stopping it at once,
+        // say) is kept and drains it as soon as it runs, instead of killing it with the default action.
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let (configuration, level) = try resolved()
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
@@ -144,39 +145,18 @@ struct Serve: AsyncParsableCommand {
                     .init(service: CertificateReloader(server: server, logger: logger)),
                     .init(service: server),
                 ],
-                gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
+        let drainOnSignal = Task {
+            for await _ in signals {
+                await services.triggerGracefulShutdown()
+                return
+            }
+        }
+        defer { drainOnSignal.cancel() }
         try await services.run()
     }
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-final class SignalWaiter: Sendable {
-    func wait() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let queue = DispatchQueue(label: "pubsub.signals")
-            let fired = NIOLockedValueBox(false)
-            var sources: [any DispatchSourceSignal] = []
-            for sig in [SIGTERM, SIGINT] {
-                signal(sig, SIG_IGN)
-                let source = DispatchSource.makeSignalSource(signal: sig, queue: queue)
-                source.setEventHandler {
-                    let first = fired.withLockedValue { wasFired in
-                        defer { wasFired = true }
-                        return !wasFired
-                    }
-                    if first { continuation.resume() }
-                }
-                source.resume()
-                sources.append(source)
-            }
-            SignalWaiter.keep(sources)
-        }
-    }
-
-    nonisolated(unsafe) private static var retained: [any DispatchSourceSignal] = []
-    private static func keep(_ sources: [any DispatchSourceSignal]) { retained = sources }
-}
 
 
 func printError(_ line: String) {

@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import PubSubClient
 import PubSubCore
+import UnixSignals
 
 struct Subscribe: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -59,6 +60,8 @@ struct Subscribe: AsyncParsableCommand {
     }
 
     func run() async throws {
+        // Trapped before anything else, so a SIGTERM that comes early still ends the command cleanly.
+        let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let (url, secret) = try client.resolve()
         for channel in channels where !Channel.isSubscribable(channel) {
             throw failure("cannot subscribe to \(channel): not a channel name or pattern outside /meta and /service",
@@ -113,9 +116,11 @@ struct Subscribe: AsyncParsableCommand {
             }
         }
         let signals = Task {
-            await SignalWaiter().wait()
-            stop.withLockedValue { $0 = $0 ?? .signalled }
-            consumer.cancel()
+            for await _ in signalSequence {
+                stop.withLockedValue { $0 = $0 ?? .signalled }
+                consumer.cancel()
+                return
+            }
         }
         let result = await consumer.result
         timer?.cancel()
