@@ -42,11 +42,25 @@ public struct ChangeBatch: Sendable, Equatable {
     public var changes: [Change]
     /// The position after the last change of the batch, as the source writes it in its checkpoint.
     public var position: String
+    /// Set on the first batch after the source could not resume from its position (`cv:?`, a lost slot, an
+    /// invalid `since`) and started over from a full snapshot. The relay logs it at error level and counts it in
+    /// `pubsub_relay_resyncs_total`; the batch's changes are the snapshot's first documents.
+    public var resync: Resync?
 
-    public init(changes: [Change], position: String) {
+    public init(changes: [Change], position: String, resync: Resync? = nil) {
         self.changes = changes
         self.position = position
+        self.resync = resync
     }
+}
+
+/// Why a source started over from a full snapshot instead of resuming.
+public struct Resync: Sendable, Equatable, CustomStringConvertible {
+    /// One line for the log: what the server said and what position it refused.
+    public var reason: String
+
+    public init(reason: String) { self.reason = reason }
+    public var description: String { reason }
 }
 
 /// How far a source is behind the feed's head, for progress lines.

@@ -1,3 +1,4 @@
+import CoreMetrics
 import Logging
 import NIOCore
 
@@ -27,6 +28,7 @@ public struct Relay: Sendable {
     public var store: any CheckpointStore
     public var configuration: Configuration
     public var logger: Logger
+    let metrics: RelayMetrics
 
     public init(source: any ChangeSource, publisher: any Publisher, store: any CheckpointStore,
                 configuration: Configuration = Configuration(), logger: Logger) {
@@ -35,6 +37,7 @@ public struct Relay: Sendable {
         self.store = store
         self.configuration = configuration
         self.logger = logger
+        self.metrics = RelayMetrics(sourceID: source.sourceID)
     }
 
     /// Loads the checkpoint and starts the source after it.
@@ -62,6 +65,12 @@ public struct Relay: Sendable {
     /// Publish → ack → persist → confirm for one batch. A failed publish is retried (with the same keys); a
     /// failed persist or confirm throws, leaving the source unconfirmed.
     public func relay(_ batch: ChangeBatch) async throws -> Int {
+        if let resync = batch.resync {
+            metrics.resyncs.increment()
+            logger.error("relay: the source could not resume from the checkpoint; FULL RESYNC from a snapshot", metadata: [
+                "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.reason": "\(resync.reason)",
+            ])
+        }
         let messages = batch.changes.map { configuration.mapping.message(for: $0, sourceID: source.sourceID) }
         if !messages.isEmpty {
             var delay = configuration.retryDelay
@@ -72,6 +81,7 @@ public struct Relay: Sendable {
                 } catch is CancellationError {
                     throw CancellationError()
                 } catch {
+                    metrics.publishFailures.increment()
                     logger.warning("publish failed, retrying the batch", metadata: [
                         "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
                         "pubsub.relay.batch": "\(messages.count)",
@@ -83,6 +93,7 @@ public struct Relay: Sendable {
         }
         try store.save(Checkpoint(sourceID: source.sourceID, position: batch.position))
         try await source.confirm(batch.position)
+        metrics.changes.increment(by: messages.count)
         return messages.count
     }
 
@@ -103,6 +114,7 @@ public struct Relay: Sendable {
                 if busy {
                     let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
                     let lag = await source.lag()
+                    if let lag { metrics.lag(unit: lag.unit).record(lag.amount) }
                     logger.info("relay progress", metadata: [
                         "pubsub.relay.source": "\(source.sourceID)",
                         "pubsub.relay.changes_per_second": "\(Int((Double(published) / seconds).rounded()))",
@@ -115,5 +127,30 @@ public struct Relay: Sendable {
             }
             if count == nil { try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds)) }
         }
+    }
+}
+
+/// The relay's metrics through swift-metrics: on `/metrics` when the relay runs inside `pubsub serve`, or wherever
+/// the process bootstrapped its metrics system.
+struct RelayMetrics: Sendable {
+    let sourceID: String
+    /// Changes published and acknowledged.
+    let changes: Counter
+    /// Full resyncs after an unknown position.
+    let resyncs: Counter
+    /// Publish attempts that failed and were retried.
+    let publishFailures: Counter
+
+    init(sourceID: String) {
+        self.sourceID = sourceID
+        let dimensions = [("source", sourceID)]
+        changes = Counter(label: "pubsub_relay_changes_total", dimensions: dimensions)
+        resyncs = Counter(label: "pubsub_relay_resyncs_total", dimensions: dimensions)
+        publishFailures = Counter(label: "pubsub_relay_publish_failures_total", dimensions: dimensions)
+    }
+
+    /// How far behind the feed's head the source was at the last progress line, in the source's unit.
+    func lag(unit: String) -> Gauge {
+        Gauge(label: "pubsub_relay_lag", dimensions: [("source", sourceID), ("unit", unit)])
     }
 }

@@ -140,10 +140,7 @@ struct RelayPostgres: AsyncParsableCommand {
         }
         guard !table.isEmpty else { throw ValidationError("name at least one --table schema.table") }
         for name in table {
-            let parts = name.split(separator: ".", omittingEmptySubsequences: false)
-            guard parts.count == 2, !parts[0].isEmpty, !parts[1].isEmpty, !name.contains(",") else {
-                throw ValidationError("--table \(name): expected schema.table, e.g. public.notes")
-            }
+            if let problem = PostgresChangeSource.tableNameProblem(name) { throw ValidationError("--table \(problem)") }
         }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be positive") }
         guard maxChanges > 0 else { throw ValidationError("--max-changes must be positive") }
