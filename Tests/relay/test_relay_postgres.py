@@ -14,71 +14,11 @@ import pytest
 
 from broker import Broker, pubsub_bin
 from pgcluster import PostgresCluster, has_wal2json, pg_bin
-
-SECRET = "relay-secret"
+from relaykit import SECRET, Lines, events, start_subscriber
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("CI") and not has_wal2json(pg_bin()),
     reason="wal2json is not installed (apt-get install postgresql-15-wal2json); required when CI is set")
-
-
-class Lines:
-    """A process whose stdout (and stderr) lines are collected by threads."""
-
-    def __init__(self, cmd):
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        self.out = []
-        self.err = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
-                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _read(self, stream, into):
-        for line in iter(stream.readline, b""):
-            with self.lock:
-                into.append(line.decode("utf-8", "replace").rstrip("\n"))
-
-    def lines(self):
-        with self.lock:
-            return list(self.out)
-
-    def errors(self):
-        with self.lock:
-            return "\n".join(self.err)
-
-    def wait_for(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            if self.proc.poll() is not None and not predicate():
-                time.sleep(0.2)
-                if predicate():
-                    return
-                raise AssertionError(f"{self.cmd[1]} exited with {self.proc.returncode} before {what}:\n"
-                                     f"{self.errors()}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.errors()[-3000:]}")
-
-    def kill9(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        for t in self.threads:
-            t.join(timeout=2)
 
 
 @pytest.fixture
@@ -108,22 +48,12 @@ def start_relay(pg, broker, workdir, *extra):
                   "--url", broker.url, "--secret", SECRET, "--poll-interval", "0.05", *extra])
 
 
-def start_subscriber(broker, pattern="/changes/public/notes/*"):
-    sub = Lines([pubsub_bin(), "subscribe", "--url", broker.url, "--secret", SECRET, "--full", pattern])
-    sub.wait_for(lambda: "subscribed to" in sub.errors(), 30, "the subscription")
-    return sub
-
-
 def wait_for_slot(pg, relay):
     def exists():
         with psycopg.connect(pg.conninfo, autocommit=True) as db:
             return db.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'relay_test'"
                               ).fetchone()[0] == 1
     relay.wait_for(exists, 30, "the replication slot")
-
-
-def events(sub):
-    return [json.loads(line) for line in sub.lines()]
 
 
 def test_insert_update_delete_arrive_as_events(pg, broker, workdir):
