@@ -80,7 +80,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
     case postgres
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
-    public static let commonKeys: Set<String> = ["name", "source", "checkpoint", "prefix", "include_doc", "batch_size"]
+    public static let commonKeys: Set<String> = [
+        "name", "source", "checkpoint", "prefix", "include_doc", "batch_size", "poll_interval",
+    ]
 
     public func makeSource(_ settings: FeedSettings, logger: Logger) throws -> any ChangeSource {
         switch self {
@@ -92,7 +94,7 @@ public enum FeedKind: String, Sendable, CaseIterable {
 }
 
 extension PostgresChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes", "poll_interval"]
+    static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes"]
 
     /// From `{"dsn", "slot", "table": [...], "max_changes"?}`, validated as `pubsub relay postgres` validates its
     /// options.

@@ -11,7 +11,7 @@ struct RelayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "relay",
         abstract: "Publish a database's replication change feed as channel events, resuming exactly after a crash.",
-        subcommands: [RelayPostgres.self]
+        subcommands: [RelayPostgres.self, RelayRun.self]
     )
 }
 
@@ -46,13 +46,7 @@ struct RelayOptions: ParsableArguments {
     }
 
     func makeLogger() -> Logger {
-        let level = (logLevel ?? Environment.string("PUBSUB_LOG_LEVEL")).flatMap(Logger.Level.init(rawValue:)) ?? .info
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
-        return Logger(label: "pubsub.relay")
+        RelayLogging.bootstrap(RelayLogging.level(logLevel) ?? .info)
     }
 
     func makePublisher() throws -> BayeuxPublisher {

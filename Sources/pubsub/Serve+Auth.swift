@@ -31,11 +31,16 @@ struct AuthOptions: ParsableArguments {
 
     @OptionGroup var privatePub: PrivatePubConfigOptions
 
+    /// The secret: the flag, then the PrivatePub file, then PUBSUB_SECRET.
+    func secretToken() throws -> String? {
+        try self.secret ?? privatePub.load()?.secretToken ?? Environment.string("PUBSUB_SECRET")
+    }
+
     /// The auth extension to install (none when there is no secret), and a sentence saying what it checks.
     /// Precedence: flags, then the PrivatePub file, then environment variables.
     func resolve() throws -> (extension: PrivatePubAuth?, summary: String?) {
         let file = try privatePub.load()
-        let secret = self.secret ?? file?.secretToken ?? Environment.string("PUBSUB_SECRET")
+        let secret = try secretToken()
         let expiration =
             try signatureExpiration ?? file?.signatureExpiration
             ?? Environment.value("PUBSUB_SIGNATURE_EXPIRATION", as: Double.self)

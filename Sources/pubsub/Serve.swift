@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import PubSubCore
 import Prometheus
+import PubSubRelay
 import PubSubServer
 import ServiceLifecycle
 import UnixSignals
@@ -47,6 +48,8 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
+    @Option(help: "A relay configuration file (see `pubsub relay run --help`): its change feeds are published in-process, and its metrics are on /metrics (PUBSUB_RELAY).")
+    var relay: String?
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
     var logLevel: String?
@@ -120,6 +123,15 @@ struct Serve: AsyncParsableCommand {
         // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        var relayFile: RelayFile?
+        if let path = relay ?? Environment.string("PUBSUB_RELAY") {
+            do {
+                relayFile = try RelayFile(path: path, logger: Logger(label: "pubsub.relay"))
+            } catch let error as RelayConfigurationError {
+                printError("pubsub: \(error.message)")
+                throw ExitCode(ExitStatus.usage)
+            }
+        }
         let engine = try await cluster.makeEngine(configuration: configuration.broker, logger: logger)
         let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)
         let port: Int
@@ -138,22 +150,45 @@ struct Serve: AsyncParsableCommand {
         if configuration.extensions.extensions.isEmpty {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }
-        // SIGTERM or SIGINT: a graceful drain (the server is last, so it is the first to shut down).
-        let services = ServiceGroup(
-            configuration: ServiceGroupConfiguration(
-                services: [
-                    .init(service: CertificateReloader(server: server, logger: logger)),
-                    .init(service: server),
-                ],
-                logger: logger))
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: CertificateReloader(server: server, logger: logger)),
+            .init(service: server),
+        ]
+        if let relayFile {
+            let token = try auth.secretToken()
+            let runners = relayFile.feeds.map { feed in
+                FeedRunner(
+                    feed: feed,
+                    publisher: MessagePublisher(token: token, batchSize: feed.batchSize) { messages in
+                        try await server.publishInProcess(messages)
+                    },
+                    logger: Logger(label: "pubsub.relay"))
+            }
+            logger.info("relaying \(runners.count) feed(s) in-process")
+            // After the server: shut down first, so no publish meets a draining broker.
+            services.append(.init(service: RelayService(runners: runners)))
+        }
+        // SIGTERM or SIGINT: a graceful drain (services stop in reverse order: the relay, then the server).
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: services, logger: logger))
         let drainOnSignal = Task {
             for await _ in signals {
-                await services.triggerGracefulShutdown()
+                await group.triggerGracefulShutdown()
                 return
             }
         }
         defer { drainOnSignal.cancel() }
-        try await services.run()
+        try await group.run()
+    }
+}
+
+/// The relay feeds of `serve --relay`, stopped (cancelled) when the broker begins to drain.
+struct RelayService: Service {
+    let runners: [FeedRunner]
+
+    func run() async {
+        await cancelWhenGracefulShutdown {
+            await FeedRunner.runAll(runners)
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 import json
 import os
 import random
-import signal
 import subprocess
 import tempfile
 import threading

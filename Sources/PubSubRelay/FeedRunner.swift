@@ -1,0 +1,105 @@
+import Bayeux
+import CoreMetrics
+import Logging
+import NIOCore
+
+/// Publishes by handing Bayeux publish messages to a function that returns the broker's replies in order (the
+/// in-process broker of `pubsub serve --relay`). Sends `batchSize` messages at a time; done only when every reply
+/// is successful.
+public struct MessagePublisher: Publisher {
+    public typealias Send = @Sendable ([Message]) async throws -> [Message]
+
+    let token: String?
+    let batchSize: Int
+    let send: Send
+
+    /// `token` is the broker's secret, sent as `ext.private_pub_token` as every publisher does.
+    public init(token: String?, batchSize: Int, send: @escaping Send) {
+        self.token = token
+        self.batchSize = max(1, batchSize)
+        self.send = send
+    }
+
+    public func publish(_ messages: [RelayMessage]) async throws {
+        var start = 0
+        while start < messages.count {
+            let chunk = messages[start..<min(messages.count, start + batchSize)]
+            start += chunk.count
+            let requests = chunk.map { relayed -> Message in
+                var message = Message()
+                message.fields["channel"] = .string(relayed.channel)
+                message.fields["data"] = relayed.data
+                if let token { message.fields["ext"] = .object(["private_pub_token": .string(token)]) }
+                return message
+            }
+            let replies = try await send(requests)
+            guard replies.count == requests.count else {
+                throw PublishError("the broker answered \(replies.count) of \(requests.count) messages")
+            }
+            let refused = replies.indices.filter { replies[$0].fields["successful"] != .bool(true) }
+            if let first = refused.first {
+                throw PublishError(
+                    "the broker refused \(refused.count) of \(replies.count) messages (first on \(chunk[chunk.startIndex + first].channel): \(replies[first].error ?? "refused"))")
+            }
+        }
+    }
+}
+
+/// Runs one feed of a relay file until cancelled: a relay over a new source, restarted after any error with a
+/// pause that doubles from 1 s up to 30 s (back to 1 s after a minute without error). One feed failing (its
+/// database down, a refused checkpoint) never stops the others or the broker; every failure is logged at error
+/// level and counted in `pubsub_relay_restarts_total`.
+public struct FeedRunner: Sendable {
+    public var feed: RelayFile.Feed
+    public var publisher: any Publisher
+    public var logger: Logger
+
+    public init(feed: RelayFile.Feed, publisher: any Publisher, logger: Logger) {
+        self.feed = feed
+        self.publisher = publisher
+        var logger = logger
+        logger[metadataKey: "pubsub.relay.feed"] = "\(feed.name)"
+        self.logger = logger
+    }
+
+    public func run() async {
+        var delay = Duration.seconds(1)
+        while !Task.isCancelled {
+            let source: any ChangeSource
+            do {
+                source = try feed.makeSource(logger: logger)
+            } catch {
+                logger.critical("relay feed cannot be built: \(error)")
+                return
+            }
+            let relay = Relay(
+                source: source, publisher: publisher, store: FileCheckpointStore(path: feed.checkpoint),
+                configuration: .init(mapping: feed.mapping), logger: logger)
+            let began = ContinuousClock.now
+            do {
+                try await relay.run(idle: feed.pollInterval)
+            } catch is CancellationError {
+            } catch {
+                if !Task.isCancelled {
+                    Counter(label: "pubsub_relay_restarts_total", dimensions: [("source", source.sourceID)]).increment()
+                    logger.error("relay feed stopped on an error; restarting it", metadata: [
+                        "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
+                        "pubsub.relay.retry_in": "\(delay)",
+                    ])
+                }
+            }
+            await source.close()
+            if Task.isCancelled { return }
+            if ContinuousClock.now - began > .seconds(60) { delay = .seconds(1) }
+            try? await Task.sleep(for: delay)
+            delay = min(delay * 2, .seconds(30))
+        }
+    }
+
+    /// Runs every feed side by side until cancelled.
+    public static func runAll(_ runners: [FeedRunner]) async {
+        await withDiscardingTaskGroup { group in
+            for runner in runners { group.addTask { await runner.run() } }
+        }
+    }
+}
