@@ -1,3 +1,4 @@
+import Bayeux
 import Logging
 import NIOCore
 import NIOPosix
@@ -48,6 +49,24 @@ public actor PostgresChangeSource: ChangeSource {
     /// Everything up to here is relayed and checkpointed (the start checkpoint, then each confirmed position).
     private var relayed: LSN?
     private var reconnectDelay = TimeAmount.milliseconds(100)
+    /// Set while the relayed tables are read in full because changes between the checkpoint and the slot are lost.
+    private var resync: Resync?
+
+    /// A full resync: every row of every relayed table, read in pages ordered by primary key and published as an
+    /// `update` with `resync: true`, before the slot's changes from `end` on. Until its last page the batches
+    /// carry the old checkpoint, so a crash in the middle starts the resync over (the slot is then still ahead of
+    /// the checkpoint); the last page carries `end`.
+    private struct Resync {
+        var reason: String
+        var tables: [String]
+        var offset = 0
+        var primaryKey: [String]?
+        var announced = false
+        /// The checkpoint the resync started from (or the slot's position when there was none).
+        var checkpoint: LSN
+        /// The slot's position: where the changes go on after the resync.
+        var end: LSN
+    }
 
     public init(configuration: Configuration, logger: Logger,
                 eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
@@ -81,6 +100,13 @@ public actor PostgresChangeSource: ChangeSource {
         self.connection = connection
 
         var slot = try await readSlot(connection)
+        var lostReason: String?
+        if let found = slot, found.lost {
+            // Its WAL was removed: the slot can never be read again. Start a new one and resync.
+            lostReason = "replication slot \(configuration.slot) was lost (wal_status lost): its WAL was removed"
+            try await connection.query("SELECT pg_drop_replication_slot(\(configuration.slot))", logger: logger)
+            slot = nil
+        }
         if slot == nil {
             let rows = try await connection.query(
                 "SELECT lsn::text FROM pg_create_logical_replication_slot(\(configuration.slot), 'wal2json')",
@@ -89,10 +115,8 @@ public actor PostgresChangeSource: ChangeSource {
             for try await lsn in rows.decode(String.self) { created = lsn }
             logger.notice("created replication slot", metadata: [
                 "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(created)"])
-            if let checkpoint {
-                logger.error(
-                    "replication slot was missing although a checkpoint exists: changes made while it was gone are lost; resync the subscribers",
-                    metadata: ["pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.checkpoint": "\(checkpoint)"])
+            if let checkpoint, lostReason == nil {
+                lostReason = "replication slot \(configuration.slot) was missing although checkpoint \(checkpoint) exists"
             }
             slot = try await readSlot(connection)
         }
@@ -100,24 +124,105 @@ public actor PostgresChangeSource: ChangeSource {
         guard slot.plugin == "wal2json" else {
             throw SourceError("replication slot \(configuration.slot) uses the plugin \(slot.plugin), not wal2json")
         }
-        if slot.lost {
-            logger.error("replication slot is lost (its WAL was removed): changes are missing; resync the subscribers",
-                         metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
-            throw SourceError("replication slot \(configuration.slot) is lost (wal_status lost): drop it and resync")
-        }
         confirmed = slot.confirmed
+        resync = nil
         if let checkpoint {
-            if checkpoint > slot.confirmed {
+            if let lostReason {
+                startResync(reason: lostReason + "; changes made since are lost", checkpoint: checkpoint, end: slot.confirmed)
+            } else if checkpoint > slot.confirmed {
                 // The server crashed after our last confirm and the slot went back: skip what it replays.
                 try await advance(connection, to: checkpoint)
             } else if checkpoint < slot.confirmed {
-                logger.error(
-                    "replication slot is ahead of the checkpoint: changes between were confirmed by someone else and are not relayed; resync the subscribers",
-                    metadata: ["pubsub.relay.slot": "\(configuration.slot)",
-                               "pubsub.relay.checkpoint": "\(checkpoint)", "pubsub.relay.slot_lsn": "\(slot.confirmed)"])
+                // Confirmed by someone else, or created anew by a resync that did not finish: the changes between
+                // were never relayed.
+                startResync(
+                    reason: "replication slot \(configuration.slot) is at \(slot.confirmed), ahead of checkpoint \(checkpoint): the changes between were not relayed",
+                    checkpoint: checkpoint, end: slot.confirmed)
             }
+        } else if let lostReason {
+            startResync(reason: lostReason, checkpoint: slot.confirmed, end: slot.confirmed)
         }
         assembler = Wal2JSONAssembler(after: max(checkpoint ?? LSN(0), confirmed))
+    }
+
+    private func startResync(reason: String, checkpoint: LSN, end: LSN) {
+        logger.error("full resync of the relayed tables", metadata: [
+            "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.reason": "\(reason)"])
+        resync = Resync(reason: reason, tables: configuration.tables, checkpoint: checkpoint, end: end)
+    }
+
+    /// The next page of the resync: rows of the current table ordered by primary key (by physical position when
+    /// the table has none).
+    private func resyncPage(_ connection: PostgresConnection, _ state: Resync) async throws -> ChangeBatch {
+        var state = state
+        let limit = configuration.maxChangesPerPeek
+        var changes: [Change] = []
+        while changes.count < limit, let table = state.tables.first {
+            let parts = table.split(separator: ".", maxSplits: 1).map(String.init)
+            let quoted = parts.map(Self.quoteIdentifier).joined(separator: ".")
+            let primaryKey: [String]
+            if let known = state.primaryKey {
+                primaryKey = known
+            } else {
+                primaryKey = try await primaryKeyColumns(connection, table: quoted)
+                state.primaryKey = primaryKey
+            }
+            let order = primaryKey.isEmpty ? "ctid" : primaryKey.map { "t." + Self.quoteIdentifier($0) }.joined(separator: ", ")
+            let pageSize = limit - changes.count
+            let sql = "SELECT row_to_json(t)::text FROM ONLY \(quoted) t ORDER BY \(order) LIMIT \(pageSize) OFFSET \(state.offset)"
+            let logger = logger
+            let rows = try await Self.withDeadline(configuration.queryTimeout, connection) {
+                let result = try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger)
+                var rows: [String] = []
+                for try await text in result.decode(String.self) { rows.append(text) }
+                return rows
+            }
+            for text in rows {
+                guard let object = try? JSONParser().parse(Array(text.utf8)).objectValue else {
+                    throw SourceError("the server returned a row of \(table) that is not a JSON object")
+                }
+                let row = Wal2JSONRecord.RowChange(
+                    operation: .update, schema: parts[0], table: parts[1],
+                    columns: object.entries.map { Wal2JSONRecord.Column(name: $0.key, value: $0.value) },
+                    identity: [], primaryKey: primaryKey)
+                changes.append(Change(
+                    collection: parts, id: row.id, operation: .update, seq: state.end.description + ":resync",
+                    document: row.document, extra: ["resync": .bool(true)]))
+            }
+            if rows.count < pageSize {
+                state.tables.removeFirst()
+                state.offset = 0
+                state.primaryKey = nil
+            } else {
+                state.offset += rows.count
+            }
+        }
+        let notice: PubSubRelay.Resync? = state.announced ? nil : PubSubRelay.Resync(reason: state.reason)
+        state.announced = true
+        if state.tables.isEmpty {
+            resync = nil
+            logger.notice("full resync read every row; following the slot again", metadata: [
+                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(state.end)"])
+            return ChangeBatch(changes: changes, position: state.end.description, resync: notice)
+        }
+        resync = state
+        return ChangeBatch(changes: changes, position: state.checkpoint.description, resync: notice)
+    }
+
+    private func primaryKeyColumns(_ connection: PostgresConnection, table quoted: String) async throws -> [String] {
+        let rows = try await connection.query(
+            """
+            SELECT a.attname::text FROM pg_index i \
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+            WHERE i.indrelid = \(quoted)::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)
+            """, logger: logger)
+        var names: [String] = []
+        for try await name in rows.decode(String.self) { names.append(name) }
+        return names
+    }
+
+    static func quoteIdentifier(_ name: String) -> String {
+        "\"" + name.split(separator: "\"", omittingEmptySubsequences: false).joined(separator: "\"\"") + "\""
     }
 
     public func next() async throws -> ChangeBatch? {
@@ -130,6 +235,7 @@ public actor PostgresChangeSource: ChangeSource {
             return nil
         }
         do {
+            if let resync { return try await resyncPage(connection, resync) }
             return try await peek(connection)
         } catch {
             guard connection.isClosed else { throw error }

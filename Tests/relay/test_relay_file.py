@@ -140,6 +140,27 @@ def test_serve_relay_publishes_in_process_and_counts_on_metrics(pg, workdir):
         assert broker.returncode == 0, broker.log()
 
 
+def test_serve_relay_counts_a_full_resync_on_metrics(pg, workdir):
+    """A checkpoint whose slot is gone: the tables are read in full, logged at error level and counted."""
+    with psycopg.connect(pg.conninfo, autocommit=True) as db:
+        db.execute("INSERT INTO notes VALUES ('old', 'kept')")
+    config = two_feeds(pg, workdir)
+    with open(config["feeds"][0]["checkpoint"], "w") as f:
+        json.dump({"source": "pg:relay_notes", "position": "0/1"}, f)
+    path = write_config(workdir, {"feeds": config["feeds"][:1]})
+    with Broker(secret=SECRET, extra_args=["--relay", path]) as broker:
+        deadline = time.monotonic() + 30
+        while True:
+            text = metrics(broker.port)
+            if 'pubsub_relay_changes_total{source="pg:relay_notes"} 1' in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert 'pubsub_relay_resyncs_total{source="pg:relay_notes"} 1' in text
+        assert 'pubsub_relay_changes_total{source="pg:relay_notes"} 1' in text
+        broker.stop()
+        assert "FULL RESYNC" in broker.log()
+
+
 @pytest.mark.parametrize("config, message", [
     ("not json", "not valid JSON"),
     ({"feeds": []}, "feeds: expected a non-empty array"),

@@ -210,6 +210,69 @@ def test_survives_a_postgresql_crash_and_restart(pg, broker, workdir):
         sub.stop()
 
 
+def relay_until_caught_up(pg, broker, workdir, sub, count):
+    """Runs the relay until `count` events arrived, then stops it cleanly (checkpoint written)."""
+    relay = start_relay(pg, broker, workdir)
+    try:
+        wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            for i in range(count):
+                db.execute("INSERT INTO notes (id, body) VALUES (%s, 'v1')", (f"n{i}",))
+        sub.wait_for(lambda: len(sub.lines()) >= count, 30, f"{count} events")
+        time.sleep(0.3)
+    finally:
+        relay.stop()
+    assert relay.proc.returncode == 0, relay.errors()
+
+
+@pytest.mark.parametrize("how", ["dropped", "advanced"])
+def test_a_lost_position_means_a_full_resync_then_live_changes(pg, broker, workdir, how):
+    sub = start_subscriber(broker)
+    relay_until_caught_up(pg, broker, workdir, sub, 3)
+    before = len(sub.lines())
+    with psycopg.connect(pg.conninfo, autocommit=True) as db:
+        if how == "dropped":
+            db.execute("SELECT pg_drop_replication_slot('relay_test')")
+        # Changes the relay will never see from the slot.
+        db.execute("UPDATE notes SET body = 'v2' WHERE id = 'n0'")
+        db.execute("INSERT INTO notes (id, body) VALUES ('late', 'v1')")
+        db.execute("DELETE FROM notes WHERE id = 'n2'")
+        if how == "advanced":
+            db.execute("SELECT pg_replication_slot_advance('relay_test', pg_current_wal_lsn())")
+    relay = start_relay(pg, broker, workdir, "--include-doc")
+    try:
+        sub.wait_for(lambda: len(sub.lines()) >= before + 3, 30, "the resync events")
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            db.execute("INSERT INTO notes (id, body) VALUES ('after', 'v1')")
+        sub.wait_for(lambda: any(m["data"]["id"] == "after" for m in events(sub)), 30, "a live change after it")
+        got = events(sub)[before:]
+        resynced = [m["data"] for m in got if m["data"].get("resync")]
+        assert sorted(d["id"] for d in resynced) == ["late", "n0", "n1"]
+        assert all(d["op"] == "update" for d in resynced)
+        assert {d["id"]: d["doc"]["body"] for d in resynced} == {"late": "v1", "n0": "v2", "n1": "v1"}
+        live = [m["data"] for m in got if not m["data"].get("resync")]
+        assert [(d["id"], d["op"]) for d in live] == [("after", "insert")]
+        assert "FULL RESYNC" in relay.errors() and "pubsub.relay.reason" in relay.errors()
+    finally:
+        relay.stop()
+        sub.stop()
+    assert relay.proc.returncode == 0, relay.errors()
+    # Started again: nothing is resynced twice.
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir)
+    try:
+        wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            db.execute("INSERT INTO notes (id, body) VALUES ('again', 'v1')")
+        sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "a live change")
+        time.sleep(0.5)
+        assert [m["data"]["id"] for m in events(sub)] == ["again"]
+        assert "FULL RESYNC" not in relay.errors()
+    finally:
+        relay.stop()
+        sub.stop()
+
+
 def test_bad_arguments_and_unreachable_database(workdir):
     base = [pubsub_bin(), "relay", "postgres", "--checkpoint", os.path.join(workdir, "c"), "--url",
             "http://127.0.0.1:9/faye"]
