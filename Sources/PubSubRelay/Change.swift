@@ -93,4 +93,12 @@ public protocol ChangeSource: Sendable {
     /// How far behind the feed's head the last batch was, when the source can tell.
     func lag() async -> SourceLag?
     func close() async
+    /// Whether the relay may ask for the next batch while it is still publishing (and then confirming) the one
+    /// before, so that reading the feed and publishing overlap. A source saying yes hands out every change once
+    /// even when `next()` and `confirm(_:)` interleave. Default: no.
+    var readsAhead: Bool { get }
+}
+
+extension ChangeSource {
+    public var readsAhead: Bool { false }
 }

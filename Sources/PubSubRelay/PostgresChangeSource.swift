@@ -84,6 +84,10 @@ public actor PostgresChangeSource: ChangeSource {
         }
     }
 
+    /// A peek hands out only transactions above what was handed out before (the assembler's position), so the
+    /// next one can be read while the current one is published and the slot advanced.
+    public nonisolated var readsAhead: Bool { true }
+
     public func start(after position: String?) async throws {
         if let position {
             guard let lsn = LSN(position) else { throw SourceError("checkpoint position \(position) is not an LSN") }

@@ -97,14 +97,26 @@ public struct Relay: Sendable {
         return messages.count
     }
 
-    /// Runs until cancelled or a non-retryable error; logs progress while catching up.
+    /// Runs until cancelled or a non-retryable error; logs progress while catching up. With a source that
+    /// `readsAhead`, the next batch is read while the current one is published.
     public func run(idle: TimeAmount = .milliseconds(100)) async throws {
         try await start()
         var published = 0
         var windowStart = ContinuousClock.now
         var busy = false
+        var current = try await source.next()
         while !Task.isCancelled {
-            let count = try await step()
+            var count: Int?
+            if let batch = current {
+                if source.readsAhead {
+                    async let following = source.next()
+                    count = try await relay(batch)
+                    current = try await following
+                } else {
+                    count = try await relay(batch)
+                    current = try await source.next()
+                }
+            }
             if let count, count > 0 {
                 published += count
                 busy = true
@@ -125,7 +137,10 @@ public struct Relay: Sendable {
                 busy = false
                 windowStart = ContinuousClock.now
             }
-            if count == nil { try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds)) }
+            if current == nil {
+                try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds))
+                current = try await source.next()
+            }
         }
     }
 }

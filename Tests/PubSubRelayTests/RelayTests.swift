@@ -204,3 +204,77 @@ func change(_ id: String, _ seq: String) -> Change {
         await #expect(throws: CheckpointError.self) { try await relay.start() }
     }
 }
+
+/// A source that reads ahead: `next()` hands each batch out once and journals the read.
+actor ReadAheadSource: ChangeSource {
+    nonisolated let sourceID = "fake:ahead"
+    nonisolated var readsAhead: Bool { true }
+    let journal: Journal
+    var batches: [ChangeBatch]
+
+    init(journal: Journal, batches: [ChangeBatch]) {
+        self.journal = journal
+        self.batches = batches
+    }
+
+    func start(after position: String?) async throws {}
+    func next() async throws -> ChangeBatch? {
+        guard !batches.isEmpty else { return nil }
+        let batch = batches.removeFirst()
+        journal.record("read \(batch.position)")
+        return batch
+    }
+    func confirm(_ position: String) async throws { journal.record("confirm \(position)") }
+    func lag() async -> SourceLag? { nil }
+    func close() async {}
+}
+
+/// A broker that acknowledges a publish only once the source was asked for the following batch.
+struct WaitingForReadAheadPublisher: Publisher {
+    let journal: Journal
+    func publish(_ messages: [RelayMessage]) async throws {
+        let id = messages.map { $0.data.objectValue!["id"]!.stringValue! }.joined(separator: ",")
+        if id == "a" {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while !journal.events.contains("read 0/20") {
+                guard ContinuousClock.now < deadline else { throw PublishError("the next batch was not read meanwhile") }
+                try await Task.sleep(nanoseconds: 1_000_000)
+            }
+        }
+        journal.record("publish \(id)")
+    }
+}
+
+@Suite struct ReadAheadTests {
+    @Test func theNextBatchIsReadWhileTheCurrentOneIsPublishedAndOrderIsKept() async throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let journal = Journal()
+        let source = ReadAheadSource(journal: journal, batches: [
+            ChangeBatch(changes: [change("a", "0/10:1")], position: "0/10"),
+            ChangeBatch(changes: [change("b", "0/20:1")], position: "0/20"),
+            ChangeBatch(changes: [change("c", "0/30:1")], position: "0/30"),
+        ])
+        let store = JournalingStore(inner: FileCheckpointStore(path: directory + "/checkpoint"), journal: journal)
+        let relay = Relay(
+            source: source, publisher: WaitingForReadAheadPublisher(journal: journal), store: store,
+            configuration: .init(retryDelay: .seconds(60)), logger: Logger(label: "test"))
+        let task = Task { try await relay.run(idle: .milliseconds(5)) }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !journal.events.contains("confirm 0/30"), ContinuousClock.now < deadline {
+            try await Task.sleep(nanoseconds: 2_000_000)
+        }
+        task.cancel()
+        _ = await task.result
+        let events = journal.events
+        // Without reading ahead the first publish would never be acknowledged (it waits for "read 0/20").
+        #expect(events.filter { $0.hasPrefix("publish") } == ["publish a", "publish b", "publish c"])
+        #expect(events.filter { $0.hasPrefix("confirm") } == ["confirm 0/10", "confirm 0/20", "confirm 0/30"])
+        for position in ["0/10", "0/20", "0/30"] {
+            let persist = try #require(events.firstIndex(of: "persist \(position)"))
+            let confirm = try #require(events.firstIndex(of: "confirm \(position)"))
+            #expect(persist < confirm)
+        }
+        #expect(events.firstIndex(of: "read 0/20")! < events.firstIndex(of: "confirm 0/10")!)
+    }
+}
