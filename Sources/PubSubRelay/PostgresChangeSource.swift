@@ -337,7 +337,12 @@ public actor PostgresChangeSource: ChangeSource {
     // MARK: -
 
     private func connect() async throws -> PostgresConnection {
-        var configuration = configuration.dsn.configuration
+        var configuration: PostgresConnection.Configuration
+        do {
+            configuration = try self.configuration.dsn.configuration()
+        } catch {
+            throw SourceError("cannot set up TLS to PostgreSQL at \(self.configuration.dsn.endpoint): \(error)")
+        }
         configuration.options.connectTimeout = self.configuration.connectTimeout
         do {
             return try await PostgresConnection.connect(

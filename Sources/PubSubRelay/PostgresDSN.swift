@@ -1,9 +1,25 @@
+import NIOSSL
 import PostgresNIO
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// A libpq-style connection URL: `postgres[ql]://[user[:password]@][host][:port][/database][?host=/socket/dir]`.
-/// `host=` naming a directory connects to the Unix socket `<dir>/.s.PGSQL.<port>`. TLS is not supported yet:
-/// `sslmode` may be absent, `disable`, `allow` or `prefer`.
+/// `host=` naming a directory connects to the Unix socket `<dir>/.s.PGSQL.<port>`. TLS as libpq does it:
+/// `sslmode=disable`; `allow` and `prefer` (the default) use TLS when the server offers it, without checking its
+/// certificate; `require` insists on TLS (and checks the certificate against `sslrootcert` when one is named);
+/// `verify-ca` checks the certificate against `sslrootcert` (or the system's roots); `verify-full` also checks
+/// that it names the host.
 public struct PostgresDSN: Sendable, Equatable {
+    public enum SSLMode: String, Sendable, Equatable, CaseIterable {
+        case disable, allow, prefer, require
+        case verifyCA = "verify-ca"
+        case verifyFull = "verify-full"
+    }
+
     public var user: String
     public var password: String?
     public var host: String
@@ -11,6 +27,9 @@ public struct PostgresDSN: Sendable, Equatable {
     public var database: String
     /// The socket directory, when connecting over a Unix socket.
     public var socketDirectory: String?
+    public var sslMode: SSLMode = .prefer
+    /// PEM file of the certificate authorities trusted for the server's certificate.
+    public var sslRootCertificate: String?
 
     public struct Error: Swift.Error, Sendable, CustomStringConvertible {
         public var message: String
@@ -84,9 +103,16 @@ public struct PostgresDSN: Sendable, Equatable {
             case "dbname":
                 database = value
             case "sslmode":
-                guard ["disable", "allow", "prefer"].contains(value) else {
-                    throw Error(message: "invalid --dsn: sslmode=\(value) is not supported yet (TLS to PostgreSQL)")
+                guard let mode = SSLMode(rawValue: value) else {
+                    let modes = SSLMode.allCases.map(\.rawValue).joined(separator: ", ")
+                    throw Error(message: "invalid --dsn: sslmode=\(value) (expected one of \(modes))")
                 }
+                sslMode = mode
+            case "sslrootcert":
+                guard access(value, R_OK) == 0 else {
+                    throw Error(message: "invalid --dsn: sslrootcert=\(value) cannot be read")
+                }
+                sslRootCertificate = value
             case "application_name", "connect_timeout":
                 break
             default:
@@ -95,14 +121,34 @@ public struct PostgresDSN: Sendable, Equatable {
         }
     }
 
-    public var configuration: PostgresConnection.Configuration {
+    /// The connection settings; throws when the TLS settings cannot be loaded (an unreadable `sslrootcert`).
+    public func configuration() throws -> PostgresConnection.Configuration {
         if let socketDirectory {
             return PostgresConnection.Configuration(
                 unixSocketPath: socketDirectory + "/.s.PGSQL.\(port)", username: user, password: password,
                 database: database)
         }
         return PostgresConnection.Configuration(
-            host: host, port: port, username: user, password: password, database: database, tls: .disable)
+            host: host, port: port, username: user, password: password, database: database, tls: try tls())
+    }
+
+    func tls() throws -> PostgresConnection.Configuration.TLS {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        switch sslMode {
+        case .disable:
+            return .disable
+        case .allow, .prefer:
+            tls.certificateVerification = .none
+            return .prefer(try NIOSSLContext(configuration: tls))
+        case .require:
+            tls.certificateVerification = sslRootCertificate == nil ? .none : .noHostnameVerification
+        case .verifyCA:
+            tls.certificateVerification = .noHostnameVerification
+        case .verifyFull:
+            tls.certificateVerification = .fullVerification
+        }
+        if let sslRootCertificate { tls.trustRoots = .file(sslRootCertificate) }
+        return .require(try NIOSSLContext(configuration: tls))
     }
 
     /// Where it connects, without the password, for logs and errors.

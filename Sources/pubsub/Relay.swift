@@ -111,7 +111,7 @@ struct RelayPostgres: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "The database: postgres://user[:password]@host[:port]/database (or ?host=/socket/dir).")
+    @Option(help: "The database: postgres://user[:password]@host[:port]/database[?sslmode=…&sslrootcert=ca.pem] (or ?host=/socket/dir); sslmode as libpq: disable, allow, prefer (default), require, verify-ca, verify-full.")
     var dsn: String
 
     @Option(help: "The logical replication slot (created with wal2json if missing).")

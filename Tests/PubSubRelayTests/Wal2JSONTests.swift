@@ -107,6 +107,9 @@ import Testing
         #expect(defaults.user == "postgres" && defaults.database == "postgres" && defaults.port == 5432)
         #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("mysql://x") }
         #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h:99999/db") }
-        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslmode=require") }
+        #expect(defaults.sslMode == .prefer && defaults.sslRootCertificate == nil)
+        #expect(try PostgresDSN("postgres://h/db?sslmode=verify-full").sslMode == .verifyFull)
+        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslmode=sometimes") }
+        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslrootcert=/nonexistent/ca.pem") }
     }
 }

@@ -291,3 +291,36 @@ def test_bad_arguments_and_unreachable_database(workdir):
     assert down.returncode == 69, down.stderr
     assert "cannot connect to PostgreSQL at 127.0.0.1:1" in down.stderr
     assert time.monotonic() - started < 30
+
+
+def test_tls_to_postgresql_with_a_verified_certificate(broker, workdir):
+    with PostgresCluster(tls=True) as pg:
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            db.execute("CREATE TABLE notes (id text PRIMARY KEY, body text)")
+        base = [pubsub_bin(), "relay", "postgres", "--slot", "relay_test", "--table", "public.notes",
+                "--checkpoint", os.path.join(workdir, "checkpoint"), "--url", broker.url, "--secret", SECRET,
+                "--poll-interval", "0.05"]
+        # A certificate nobody vouches for is refused with verify-full and a system root store.
+        refused = subprocess.run(base + ["--dsn", f"postgres://postgres@localhost:{pg.port}/postgres?sslmode=verify-full"],
+                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert refused.returncode == 69 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr, refused.stderr
+        sub = start_subscriber(broker)
+        relay = Lines(base + ["--dsn", f"postgres://postgres@localhost:{pg.port}/postgres"
+                              f"?sslmode=verify-full&sslrootcert={pg.ca_file}"])
+        try:
+            wait_for_slot(pg, relay)
+            with psycopg.connect(pg.conninfo, autocommit=True) as db:
+                db.execute("INSERT INTO notes VALUES ('t1', 'over TLS')")
+                encrypted = db.execute("SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a "
+                                       "ON a.pid = s.pid WHERE a.backend_type = 'client backend' "
+                                       "AND a.pid <> pg_backend_pid() AND a.datname = 'postgres'").fetchone()[0]
+            sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the event")
+            assert events(sub)[0]["data"]["id"] == "t1"
+            assert encrypted is True
+        finally:
+            relay.stop()
+            sub.stop()
+    bad = subprocess.run(base[:2] + ["postgres", "--dsn", "postgres://h/db?sslmode=sometimes", "--slot", "s",
+                                     "--table", "public.notes", "--checkpoint", "c"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 64 and "sslmode=sometimes" in bad.stderr
