@@ -39,6 +39,9 @@ struct RelayRun: AsyncParsableCommand {
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
     var logLevel: String?
 
+    @Flag(help: "Only check the file: print one line per feed and exit 0, or the first problem and exit 64.")
+    var check = false
+
     func run() async throws {
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         guard let level = RelayLogging.level(logLevel) else {
@@ -51,6 +54,12 @@ struct RelayRun: AsyncParsableCommand {
             relayFile = try RelayFile(path: file, logger: logger)
         } catch let error as RelayConfigurationError {
             throw failure(error.message, ExitStatus.usage)
+        }
+        if check {
+            for feed in relayFile.feeds {
+                print("\(feed.name): \(feed.kind.rawValue) → \(feed.mapping.prefix)/…, checkpoint \(feed.checkpoint)")
+            }
+            return
         }
         let url = self.url ?? relayFile.url ?? Environment.string("PUBSUB_URL") ?? ClientOptions.defaultURL
         let secret = self.secret ?? relayFile.secret ?? Environment.string("PUBSUB_SECRET")

@@ -195,3 +195,14 @@ def test_a_missing_file_is_one_line_and_exit_64(workdir):
     result = subprocess.run([pubsub_bin(), "relay", "run", os.path.join(workdir, "nope.json")],
                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert result.returncode == 64 and "cannot read" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_check_validates_without_connecting(workdir):
+    path = write_config(workdir, {"feeds": [
+        {"name": "n", "source": "postgres", "dsn": "postgres://u@127.0.0.1:1/db", "slot": "s", "table": "public.a",
+         "checkpoint": os.path.join(workdir, "n.ckpt")}]})
+    result = subprocess.run([pubsub_bin(), "relay", "run", "--check", path], capture_output=True, text=True,
+                            timeout=30, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"n: postgres → /changes/…, checkpoint {os.path.join(workdir, 'n.ckpt')}"
+    assert not os.path.exists(os.path.join(workdir, "n.ckpt"))
