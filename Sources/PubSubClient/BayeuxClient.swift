@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 /// A Bayeux client, as Faye's: handshake, a connect loop that follows the server's advice, subscriptions that
 /// survive a re-handshake, publishing (one message, or many pipelined), and disconnect. Speaks long-polling
@@ -45,6 +46,8 @@ public actor BayeuxClient {
         /// Called for every subscribe, also the ones repeated after a re-handshake, to produce its `ext`
         /// (a fresh signature, bound to the current clientId if the scheme wants it).
         public var subscriptionExt: (@Sendable (_ channel: String, _ clientId: String) -> JSONObject?)?
+        /// For `https`/`wss`: a PEM file of the certificate authorities to trust instead of the system's.
+        public var trustRoots: String?
 
         public init(
             transport: Transport = .automatic,
@@ -72,6 +75,7 @@ public actor BayeuxClient {
             self.maxConnectFailures = maxConnectFailures
             self.handshakeExt = handshakeExt
             self.subscriptionExt = subscriptionExt
+            self.trustRoots = nil
         }
     }
 
@@ -128,10 +132,25 @@ public actor BayeuxClient {
         let useWebSocket =
             configuration.transport == .webSocket
             || (configuration.transport == .automatic && parsed.prefersWebSocket)
+        let tls = parsed.secure ? try Self.tlsContext(trustRoots: configuration.trustRoots) : nil
         if useWebSocket {
-            transport = WebSocketTransport(url: parsed, group: group, configuration: configuration, onEvents: onEvents)
+            transport = WebSocketTransport(
+                url: parsed, group: group, configuration: configuration, tls: tls, onEvents: onEvents)
         } else {
-            transport = HTTPTransport(url: parsed, group: group, configuration: configuration, onEvents: onEvents)
+            transport = HTTPTransport(url: parsed, group: group, configuration: configuration, tls: tls, onEvents: onEvents)
+        }
+    }
+
+    /// TLS for `https`/`wss`: the server's certificate must chain to `trustRoots` (or the system's roots) and name
+    /// the URL's host (or address).
+    private static func tlsContext(trustRoots: String?) throws(BayeuxClientError) -> NIOSSLContext {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let trustRoots { tls.trustRoots = .file(trustRoots) }
+        do {
+            return try NIOSSLContext(configuration: tls)
+        } catch {
+            throw BayeuxClientError(
+                .invalidURL, "cannot set up TLS\(trustRoots.map { " with \($0)" } ?? ""): \(describe(error))")
         }
     }
 

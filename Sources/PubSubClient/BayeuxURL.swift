@@ -1,5 +1,5 @@
-/// The address of a Bayeux endpoint: `http://host:port/path` (long-polling) or `ws://host:port/path`
-/// (WebSocket); either form names the same endpoint, the scheme only picks the default transport.
+/// The address of a Bayeux endpoint: `http[s]://host:port/path` (long-polling) or `ws[s]://host:port/path`
+/// (WebSocket); either form names the same endpoint, the scheme only picks the default transport (and TLS).
 public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
     public var secure: Bool
     public var host: String
@@ -20,8 +20,8 @@ public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
         switch scheme {
         case "http": (secure, prefersWebSocket) = (false, false)
         case "ws": (secure, prefersWebSocket) = (false, true)
-        case "https", "wss":
-            throw invalid("TLS (\(scheme)) is not supported by this client yet; use http:// to a local endpoint")
+        case "https": (secure, prefersWebSocket) = (true, false)
+        case "wss": (secure, prefersWebSocket) = (true, true)
         default: throw invalid("unknown scheme '\(scheme)'")
         }
         let rest = string[schemeEnd.upperBound...]
@@ -32,7 +32,7 @@ public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
         if let hash = path.firstIndex(of: "#") { path = String(path[..<hash]) }
         if path.isEmpty || path.hasPrefix("?") { path = "/" + path }
         self.path = path
-        let defaultPort = 80
+        let defaultPort = secure ? 443 : 80
         if authority.hasPrefix("[") {
             guard let close = authority.firstIndex(of: "]") else { throw invalid("unclosed '[' in host") }
             host = String(authority[authority.index(after: authority.startIndex)..<close])
@@ -60,10 +60,18 @@ public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
     /// The `Host` header value.
     var hostHeader: String {
         let h = host.contains(":") ? "[\(host)]" : host
-        return port == 80 ? h : "\(h):\(port)"
+        return port == (secure ? 443 : 80) ? h : "\(h):\(port)"
+    }
+
+    /// The name sent in TLS's SNI and checked against the certificate; nil for an IP address (the certificate is
+    /// then checked against the address).
+    var tlsServerName: String? {
+        let isIPv4 = host.split(separator: ".", omittingEmptySubsequences: false).count == 4
+            && host.allSatisfy { $0 == "." || $0.isNumber }
+        return host.contains(":") || isIPv4 ? nil : host
     }
 
     public var description: String {
-        "\(prefersWebSocket ? "ws" : "http")://\(hostHeader)\(path)"
+        "\(prefersWebSocket ? "ws" : "http")\(secure ? "s" : "")://\(hostHeader)\(path)"
     }
 }

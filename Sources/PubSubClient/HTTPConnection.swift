@@ -1,6 +1,8 @@
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
+import NIOTLS
 
 #if canImport(Glibc)
     import Glibc
@@ -33,24 +35,33 @@ final class HTTPConnection: Sendable {
         self.url = url
     }
 
-    static func open(_ url: BayeuxURL, group: any EventLoopGroup, connectTimeout: TimeAmount) async throws
-        -> HTTPConnection
+    static func open(_ url: BayeuxURL, group: any EventLoopGroup, connectTimeout: TimeAmount, tls: NIOSSLContext?)
+        async throws -> HTTPConnection
     {
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(
+                            NIOSSLClientHandler(context: tls, serverHostname: url.tlsServerName))
+                        try channel.pipeline.syncOperations.addHandler(TLSHandshakeWaiter(channel.eventLoop))
+                    }
                     try channel.pipeline.syncOperations.addHTTPClientHandlers()
                     try channel.pipeline.syncOperations.addHandler(HTTPResponseCollector())
                 }
             }
+        let channel: any Channel
         do {
-            let channel = try await bootstrap.connect(host: url.host, port: url.port).get()
-            return HTTPConnection(channel: channel, url: url)
+            channel = try await bootstrap.connect(host: url.host, port: url.port).get()
         } catch {
             throw BayeuxClientError(.unreachable, "cannot connect to \(url.hostHeader): \(describe(error))")
         }
+        if tls != nil {
+            try await TLSHandshakeWaiter.wait(on: channel, url: url, timeout: connectTimeout)
+        }
+        return HTTPConnection(channel: channel, url: url)
     }
 
     var isActive: Bool { channel.isActive }
@@ -127,7 +138,12 @@ final class HTTPResponseCollector: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        failAll(BayeuxClientError(.connectionClosed, "connection failed: \(describe(error))"))
+        if error is NIOSSLError || error is NIOSSLExtraError || error is BoringSSLError {
+            // The server is there but cannot be trusted (or speaks no TLS): as good as unreachable.
+            failAll(BayeuxClientError(.unreachable, "TLS with \(context.channel.remoteAddress?.description ?? "the server") failed: \(describe(error))"))
+        } else {
+            failAll(BayeuxClientError(.connectionClosed, "connection failed: \(describe(error))"))
+        }
         context.close(promise: nil)
     }
 
@@ -162,4 +178,47 @@ func describe(_ error: any Error) -> String {
         return "\(error)"
     }
     return "\(error)"
+}
+
+/// Completes when the TLS handshake of a new connection is done, so that a certificate that cannot be trusted is
+/// reported as such (`unreachable`) before any request is written, never as a lost request.
+final class TLSHandshakeWaiter: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+    let done: EventLoopPromise<Void>
+
+    init(_ loop: any EventLoop) { done = loop.makePromise() }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case TLSUserEvent.handshakeCompleted = event { done.succeed(()) }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        done.fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        done.fail(ChannelError.ioOnClosedChannel)
+        context.fireChannelInactive()
+    }
+
+    /// Waits for the handshake of `channel` (which has a waiter); closes it and throws `unreachable` on failure.
+    static func wait(on channel: any Channel, url: BayeuxURL, timeout: TimeAmount) async throws {
+        let future = channel.eventLoop.flatSubmit {
+            do {
+                return try channel.pipeline.syncOperations.handler(type: TLSHandshakeWaiter.self).done.futureResult
+            } catch {
+                return channel.eventLoop.makeFailedFuture(error)
+            }
+        }
+        let timer = channel.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+        defer { timer.cancel() }
+        do {
+            try await future.get()
+        } catch {
+            channel.close(promise: nil)
+            throw BayeuxClientError(.unreachable, "TLS with \(url.hostHeader) failed: \(describe(error))")
+        }
+    }
 }

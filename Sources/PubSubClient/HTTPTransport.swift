@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 
 /// Long-polling over HTTP/1.1 POSTs with JSON bodies. Held `/meta/connect` requests use their own connection,
 /// so that publishes and subscribes are never queued behind a parked connect. Honours `429 Too Many Requests`
@@ -11,17 +12,19 @@ actor HTTPTransport: BayeuxTransport {
     let group: any EventLoopGroup
     let configuration: BayeuxClient.Configuration
     let onEvents: @Sendable ([Message]) -> Void
+    let tls: NIOSSLContext?
     private var general: HTTPConnection?
     private var poll: HTTPConnection?
     private var opening: [Bool: Task<HTTPConnection, any Error>] = [:]
     private var closed = false
 
-    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration,
+    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
          onEvents: @escaping @Sendable ([Message]) -> Void)
     {
         self.url = url
         self.group = group
         self.configuration = configuration
+        self.tls = tls
         self.onEvents = onEvents
     }
 
@@ -29,8 +32,8 @@ actor HTTPTransport: BayeuxTransport {
         if closed { throw BayeuxClientError(.notConnected, "the client is closed") }
         if let c = forPoll ? poll : general, c.isActive { return c }
         if let task = opening[forPoll] { return try await task.value }
-        let (url, group, timeout) = (self.url, self.group, configuration.connectTimeout)
-        let task = Task { try await HTTPConnection.open(url, group: group, connectTimeout: timeout) }
+        let (url, group, timeout, tls) = (self.url, self.group, configuration.connectTimeout, self.tls)
+        let task = Task { try await HTTPConnection.open(url, group: group, connectTimeout: timeout, tls: tls) }
         opening[forPoll] = task
         defer { opening[forPoll] = nil }
         let c = try await task.value

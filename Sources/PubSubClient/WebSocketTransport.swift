@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
 
 /// Bayeux over one WebSocket: every message list goes out as one text frame; replies are matched to their
@@ -14,6 +15,7 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
     let group: any EventLoopGroup
     let configuration: BayeuxClient.Configuration
     let onEvents: @Sendable ([Message]) -> Void
+    let tls: NIOSSLContext?
 
     /// Requests waiting for replies, by message id.
     private struct Waiter {
@@ -34,12 +36,13 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
 
     private let state = NIOLockedValueBox(State())
 
-    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration,
+    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
          onEvents: @escaping @Sendable ([Message]) -> Void)
     {
         self.url = url
         self.group = group
         self.configuration = configuration
+        self.tls = tls
         self.onEvents = onEvents
     }
 
@@ -81,8 +84,12 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
             upgraded = try await ClientBootstrap(group: group)
                 .connectTimeout(configuration.connectTimeout)
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
-                .connect(host: url.host, port: url.port) { channel in
+                .connect(host: url.host, port: url.port) { [tls] channel in
                     channel.eventLoop.makeCompletedFuture {
+                        if let tls {
+                            try channel.pipeline.syncOperations.addHandler(
+                                NIOSSLClientHandler(context: tls, serverHostname: url.tlsServerName))
+                        }
                         let upgrader = NIOTypedWebSocketClientUpgrader<(any NIOCore.Channel)?>(
                             maxFrameSize: maxFrame,
                             upgradePipelineHandler: { channel, _ in
@@ -126,6 +133,9 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
             result = try await promise.futureResult.get()
         } catch let error as BayeuxClientError {
             throw error
+        } catch let error where error is NIOSSLError || error is NIOSSLExtraError || error is BoringSSLError {
+            // The server is there but cannot be trusted (or speaks no TLS): as good as unreachable.
+            throw BayeuxClientError(.unreachable, "TLS with \(url.hostHeader) failed: \(describe(error))")
         } catch {
             throw BayeuxClientError(.protocolError, "WebSocket upgrade to \(url) failed: \(describe(error))")
         }

@@ -15,7 +15,13 @@ struct ClientOptions: ParsableArguments {
     @Option(help: "The secret token shared with the broker (PUBSUB_SECRET).")
     var secret: String?
 
+    @Option(help: "A PEM file of certificate authorities to trust for https:// and wss:// instead of the system's (PUBSUB_CA_FILE).")
+    var caFile: String?
+
     @OptionGroup var privatePub: PrivatePubConfigOptions
+
+    /// The certificate authorities for TLS: the flag, then PUBSUB_CA_FILE; nil for the system's.
+    var trustRoots: String? { caFile ?? Environment.string("PUBSUB_CA_FILE") }
 
     /// Flags first, then the PrivatePub file, then the environment, then the default.
     func resolve() throws -> (url: String, secret: String?) {

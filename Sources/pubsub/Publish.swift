@@ -64,9 +64,15 @@ struct Publish: AsyncParsableCommand {
         let payloads = try readPayloads()
         var ext: JSONObject?
         if let secret { ext = ["private_pub_token": .string(secret)] }
-        let configuration = BayeuxClient.Configuration(
+        var configuration = BayeuxClient.Configuration(
             transport: .longPolling, requestTimeout: .nanoseconds(Int64(timeout * 1e9)), batchSize: batchSize)
-        let bayeux = try BayeuxClient(url: url, configuration: configuration)
+        configuration.trustRoots = client.trustRoots
+        let bayeux: BayeuxClient
+        do {
+            bayeux = try BayeuxClient(url: url, configuration: configuration)
+        } catch let error as BayeuxClientError {
+            throw failure(error)
+        }
         do {
             try await send(payloads, ext: ext, with: bayeux)
             await bayeux.close()

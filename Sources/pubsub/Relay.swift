@@ -51,7 +51,8 @@ struct RelayOptions: ParsableArguments {
 
     func makePublisher() throws -> BayeuxPublisher {
         let (url, secret) = try client.resolve()
-        let configuration = BayeuxClient.Configuration(transport: .longPolling, batchSize: batchSize)
+        var configuration = BayeuxClient.Configuration(transport: .longPolling, batchSize: batchSize)
+        configuration.trustRoots = client.trustRoots
         do {
             return BayeuxPublisher(client: try BayeuxClient(url: url, configuration: configuration), secret: secret)
         } catch let error as BayeuxClientError {

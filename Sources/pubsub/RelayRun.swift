@@ -36,6 +36,9 @@ struct RelayRun: AsyncParsableCommand {
     @Option(help: "The broker's secret token (wins over the file's secret, then PUBSUB_SECRET).")
     var secret: String?
 
+    @Option(help: "A PEM file of certificate authorities to trust for an https:// broker instead of the system's (PUBSUB_CA_FILE).")
+    var caFile: String?
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
     var logLevel: String?
 
@@ -67,9 +70,10 @@ struct RelayRun: AsyncParsableCommand {
         var runners: [FeedRunner] = []
         for feed in relayFile.feeds {
             let client: BayeuxClient
+            var configuration = BayeuxClient.Configuration(transport: .longPolling, batchSize: feed.batchSize)
+            configuration.trustRoots = caFile ?? Environment.string("PUBSUB_CA_FILE")
             do {
-                client = try BayeuxClient(
-                    url: url, configuration: BayeuxClient.Configuration(transport: .longPolling, batchSize: feed.batchSize))
+                client = try BayeuxClient(url: url, configuration: configuration)
             } catch let error as BayeuxClientError {
                 throw failure(error)
             }

@@ -70,6 +70,7 @@ struct Subscribe: AsyncParsableCommand {
         if hmac && secret == nil { throw failure("--hmac needs a secret (--secret or PUBSUB_SECRET)", ExitStatus.usage) }
         let useHMAC = hmac
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
+        configuration.trustRoots = client.trustRoots
         if let secret {
             configuration.subscriptionExt = { channel, clientId in
                 let timestamp = String(nowMilliseconds())
@@ -82,7 +83,12 @@ struct Subscribe: AsyncParsableCommand {
                 return ["private_pub_signature": .string(signature), "private_pub_timestamp": .number(timestamp)]
             }
         }
-        let bayeux = try BayeuxClient(url: url, configuration: configuration)
+        let bayeux: BayeuxClient
+        do {
+            bayeux = try BayeuxClient(url: url, configuration: configuration)
+        } catch let error as BayeuxClientError {
+            throw failure(error)
+        }
         do {
             for channel in channels { try await bayeux.subscribe(channel) }
         } catch let error as BayeuxClientError {

@@ -1,6 +1,7 @@
 """`pubsub serve` auth options: PrivatePub's YAML, public channels, clock skew, the environment."""
 
 import subprocess
+import time
 
 import pytest
 import requests
@@ -102,6 +103,10 @@ def test_serve_reads_private_pub_yml(tmp_path):
 
 def test_public_channels():
     with Broker(timeout=45, secret=SECRET, extra_args=["--public", "/news/**", "--public", "/status"]) as b:
+        # Logged just after the port opens: give the log reader a moment on a busy machine.
+        deadline = time.monotonic() + 10
+        while "except on public /news/**, /status" not in b.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "except on public /news/**, /status" in b.log()
         cid = handshake(b)
         for channel in ["/news/today", "/news/*", "/news/a/**", "/status"]:
