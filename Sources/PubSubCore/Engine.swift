@@ -121,6 +121,34 @@ public protocol Engine: Sendable {
     var statistics: EngineStatistics { get }
     /// Whether the engine can serve requests now (a clustered engine: connected to its store); `/readyz`.
     var isReady: Bool { get }
+    /// What this engine counts beyond `statistics` (a clustered engine's outages and losses), read at each scrape
+    /// of `/metrics`. Default: nothing.
+    var extraMetrics: [EngineMetric] { get }
+}
+
+extension Engine {
+    public var extraMetrics: [EngineMetric] { [] }
+}
+
+/// One value an engine reports on `/metrics`: a counter (a running total, only ever growing) or a gauge.
+public struct EngineMetric: Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        case counter
+        case gauge
+    }
+
+    /// The Prometheus name (`pubsub_redis_outages_total`).
+    public var name: String
+    public var help: String
+    public var kind: Kind
+    public var value: UInt64
+
+    public init(name: String, help: String, kind: Kind, value: UInt64) {
+        self.name = name
+        self.help = help
+        self.kind = kind
+        self.value = value
+    }
 }
 
 extension Engine {

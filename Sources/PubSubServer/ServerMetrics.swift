@@ -102,6 +102,9 @@ final class ServerMetrics: Sendable {
     let tlsReloads: Counter
     let tlsReloadFailures: Counter
 
+    /// The engine's own metrics, made at their first scrape; counters with the total already added.
+    private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Gauge?, seen: UInt64)]>([:])
+
     /// Engine and loop totals already turned into counter increments.
     private let seen = NIOLockedValueBox<(published: UInt64, delivered: UInt64, bytes: UInt64, drops: UInt64, expired: UInt64)>(
         (0, 0, 0, 0, 0))
@@ -187,6 +190,28 @@ final class ServerMetrics: Sendable {
         if deltas.2 > 0 { bytesOut.increment(by: deltas.2) }
         if deltas.3 > 0 { slowConsumerDrops.increment(by: deltas.3) }
         if deltas.4 > 0 { sessionsExpired.increment(by: deltas.4) }
+    }
+
+    /// Copies what an engine counts beyond the common statistics (the Redis engine's outages and losses).
+    func update(engineMetrics samples: [EngineMetric]) {
+        guard !samples.isEmpty else { return }
+        let registry = self.registry
+        engineMetrics.withLockedValue { known in
+            for sample in samples {
+                var entry = known[sample.name] ?? {
+                    switch sample.kind {
+                    case .counter: (registry.counter(name: sample.name, help: sample.help), nil, 0)
+                    case .gauge: (nil, registry.gauge(name: sample.name, help: sample.help), 0)
+                    }
+                }()
+                if let counter = entry.counter, sample.value > entry.seen {
+                    counter.increment(by: Int64(clamping: sample.value - entry.seen))
+                }
+                entry.gauge?.set(to: Double(sample.value))
+                entry.seen = max(entry.seen, sample.value)
+                known[sample.name] = entry
+            }
+        }
     }
 }
 

@@ -205,9 +205,11 @@ final class ServerOperations: Sendable {
     /// The text of `/metrics`, after reading the engine and every event loop.
     func renderMetrics(engine: any Engine, on loop: any EventLoop) -> EventLoopFuture<ByteBuffer> {
         let stats = engine.statistics
+        let extra = engine.extraMetrics
         let ready = isReady(engine: engine)
         return loopCounters.collect(on: loop).map { [metrics] loops in
             metrics.update(engine: stats, loops: loops)
+            metrics.update(engineMetrics: extra)
             metrics.ready.set(to: ready ? 1 : 0)
             var bytes: [UInt8] = []
             bytes.reserveCapacity(8192)

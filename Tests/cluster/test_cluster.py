@@ -8,6 +8,8 @@ import re
 import threading
 import time
 
+import requests
+
 import pytest
 
 from cluster_helpers import Broker, RedisServer, WSClient, handshake, long_poll, publish, subscribe, wait_ready
@@ -163,3 +165,11 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     assert len(missing) <= len(rejected) + local_only + missed_by_b, (
         f"missing {missing}\nrejected {rejected}\nnode A:\n{a.log()[-3000:]}\nnode B:\n{b.log()[-3000:]}")
     assert len(missing) <= int((outage + 3.0) / 0.01)
+    # The same counts are on /metrics.
+    redis_metrics = {}
+    for name, node in (("a", a), ("b", b)):
+        text = requests.get(f"http://127.0.0.1:{node.port}/metrics", timeout=5).text
+        redis_metrics[name] = {k: int(v) for k, v in re.findall(r"^(pubsub_redis_\w+_total) (\d+)", text, re.M)}
+        assert redis_metrics[name]["pubsub_redis_outages_total"] >= 1, text
+    assert redis_metrics["b"]["pubsub_redis_events_received_total"] >= 20  # at least the tail came through Redis
+    assert redis_metrics["a"]["pubsub_redis_local_only_publishes_total"] == local_only

@@ -182,6 +182,30 @@ public final class RedisEngine: Engine, @unchecked Sendable {
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }
 
+    /// `RedisEngineStatistics` on `/metrics`.
+    public var extraMetrics: [EngineMetric] {
+        let s = redisStatistics
+        func counter(_ name: String, _ value: UInt64, _ help: String) -> EngineMetric {
+            EngineMetric(name: "pubsub_redis_" + name + "_total", help: help, kind: .counter, value: value)
+        }
+        return [
+            counter("outages", s.outages, "Times the Redis command connection was lost."),
+            counter("local_only_publishes", s.localOnlyPublishes,
+                    "Publishes made while Redis was unreachable, delivered to this node's subscribers only."),
+            counter("uncertain_publishes", s.uncertainPublishes,
+                    "Publishes whose Redis connection broke before the answer: delivered or not."),
+            counter("recovered_after_cut", s.recoveredAfterCut,
+                    "Events found in the history after the notification connection was cut, delivered late."),
+            counter("missed_after_cut", s.missedAfterCut,
+                    "Positions the history no longer held after a notification cut (an upper bound of what was missed)."),
+            counter("abandoned_handoffs", s.abandonedHandoffs,
+                    "Sessions taken over from a node that did not hand their queue over in time."),
+            counter("claims", s.claims, "Sessions moved to this node."),
+            counter("swept_sessions", s.sweptSessions, "Sessions expired by this node's sweeps."),
+            counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
+        ]
+    }
+
     public var statistics: EngineStatistics {
         var s = local.statistics
         s.published = state.withLockedValue { $0.published }
