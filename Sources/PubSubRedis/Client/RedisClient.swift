@@ -118,7 +118,7 @@ public final class RedisClient: Sendable {
         }
         commands += setup
         guard !commands.isEmpty else { return channel.eventLoop.makeSucceededVoidFuture() }
-        return Self.write(commands, to: channel).flatMapThrowing { replies in
+        return Self.write(commands, to: channel).flatMapThrowing { [commands] replies in
             for (command, reply) in zip(commands, replies) {
                 if case .error(let message) = reply {
                     throw RedisError(.server, "\(command) failed: \(message)")
