@@ -78,6 +78,7 @@ public struct FeedSettings: Sendable {
 /// its `pubsub relay <source>` subcommand takes as options.
 public enum FeedKind: String, Sendable, CaseIterable {
     case postgres
+    case simperium
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
     public static let commonKeys: Set<String> = [
@@ -89,6 +90,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
         case .postgres:
             try settings.rejectUnknown(Self.commonKeys.union(PostgresChangeSource.Configuration.settingKeys))
             return PostgresChangeSource(configuration: try .init(settings: settings), logger: logger)
+        case .simperium:
+            try settings.rejectUnknown(Self.commonKeys.union(SimperiumChangeSource.Configuration.settingKeys))
+            return SimperiumChangeSource(configuration: try .init(settings: settings), logger: logger)
         }
     }
 }

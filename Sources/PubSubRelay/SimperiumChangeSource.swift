@@ -1,0 +1,450 @@
+import Bayeux
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import WSClient
+
+/// The Simperium streaming API (`wss://api.simperium.com/sock/1/<app>/websocket`) for one bucket.
+///
+/// Opens the bucket with `init` and a token (a refused or expired token is fatal). With a checkpoint it asks for
+/// the changes after the checkpointed change version (`cv:<cv>` → `c:[…]`), then receives live `c` pushes.
+/// Without one, or when the server does not know the version (`cv:?`), it pages through the full index
+/// (`i::<mark>::<limit>`), publishing every entity as an `update` with `resync: true`, and checkpoints the index's
+/// `current` version only once the whole index is relayed; it then catches up from there. Sends `h:<n>` after a
+/// quiet period and reconnects (from the last confirmed position) when no `h` comes back in time, when the
+/// connection drops or when the server sends something malformed.
+public final class SimperiumChangeSource: ChangeSource {
+    public struct Configuration: Sendable {
+        /// The full WebSocket URL (see `websocketURL(base:appID:)`).
+        public var url: String
+        public var appID: String
+        public var token: String
+        public var bucket: String
+        /// Names this client to the server (`clientid` of `init`).
+        public var clientID: String
+        /// Entities per index page (`limit` of `i`).
+        public var indexPageSize: Int
+        /// Changes per batch handed to the relay.
+        public var batchSize: Int
+        /// Entries read ahead of the relay at most.
+        public var bufferCapacity: Int
+        /// Fetch each entity version (`e:<id>.<v>`) and put it in `Change.document`.
+        public var includeDocuments: Bool
+        /// Quiet time after which `h:<n>` is sent.
+        public var heartbeatInterval: TimeAmount
+        /// How long the answer to a heartbeat may take before the connection is taken as dead.
+        public var heartbeatTimeout: TimeAmount
+        /// The first pause before a reconnection; doubles up to `maxReconnectDelay`.
+        public var reconnectDelay: TimeAmount
+        public var maxReconnectDelay: TimeAmount
+
+        public init(url: String, appID: String, token: String, bucket: String, clientID: String = "pubsub-relay",
+                    indexPageSize: Int = 100, batchSize: Int = 100, bufferCapacity: Int = 1000,
+                    includeDocuments: Bool = false, heartbeatInterval: TimeAmount = .seconds(20), heartbeatTimeout: TimeAmount = .seconds(10),
+                    reconnectDelay: TimeAmount = .milliseconds(100), maxReconnectDelay: TimeAmount = .seconds(5)) {
+            self.url = url
+            self.appID = appID
+            self.token = token
+            self.bucket = bucket
+            self.clientID = clientID
+            self.indexPageSize = indexPageSize
+            self.batchSize = batchSize
+            self.bufferCapacity = bufferCapacity
+            self.includeDocuments = includeDocuments
+            self.heartbeatInterval = heartbeatInterval
+            self.heartbeatTimeout = heartbeatTimeout
+            self.reconnectDelay = reconnectDelay
+            self.maxReconnectDelay = maxReconnectDelay
+        }
+
+        /// `base` used as it is when it has a path; otherwise (or when nil: `wss://api.simperium.com`) with
+        /// `/sock/1/<app>/websocket` appended.
+        public static func websocketURL(base: String?, appID: String) -> String {
+            var base = base ?? "wss://api.simperium.com"
+            let afterScheme = base.split(separator: "/", omittingEmptySubsequences: false).dropFirst(3)
+            if afterScheme.contains(where: { !$0.isEmpty }) { return base }
+            while base.hasSuffix("/") { base.removeLast() }
+            return base + "/sock/1/\(appID)/websocket"
+        }
+    }
+
+    /// A failure of the source: `fatal` ones (a refused token) end the relay; others cause a reconnection.
+    public struct SourceError: Error, Sendable, CustomStringConvertible {
+        public var message: String
+        public var fatal: Bool
+        public init(_ message: String, fatal: Bool = false) {
+            self.message = message
+            self.fatal = fatal
+        }
+        public var description: String { message }
+    }
+
+    private struct State {
+        /// Where the next connection resumes: the last confirmed position ("" or nil: no change version yet).
+        var confirmed: String?
+        var fatal: SourceError?
+        var starting: CheckedContinuation<Void, any Error>?
+        var task: Task<Void, Never>?
+        var connections = 0
+    }
+
+    public let sourceID: String
+    public let configuration: Configuration
+    private let logger: Logger
+    private let buffer: SimperiumBuffer
+    private let state = NIOLockedValueBox(State())
+    private let eventLoopGroup: any EventLoopGroup
+
+    public init(configuration: Configuration, logger: Logger,
+                eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
+        self.configuration = configuration
+        self.sourceID = "simperium:\(configuration.appID)/\(configuration.bucket)"
+        self.logger = logger
+        self.buffer = SimperiumBuffer(capacity: configuration.bufferCapacity)
+        self.eventLoopGroup = eventLoopGroup
+    }
+
+    /// How many connections were opened so far (for tests and logs).
+    public var connections: Int { state.withLockedValue { $0.connections } }
+
+    public func start(after position: String?) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            state.withLockedValue { state in
+                state.confirmed = position
+                state.starting = continuation
+                state.task = Task { await self.run() }
+            }
+        }
+    }
+
+    public func next() async throws -> ChangeBatch? {
+        if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
+        let entries = await buffer.take(max: configuration.batchSize, wait: .milliseconds(200))
+        guard let first = entries.first, let last = entries.last else {
+            if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
+            return nil
+        }
+        return ChangeBatch(changes: entries.compactMap(\.change), position: last.position, resync: first.resync)
+    }
+
+    public func confirm(_ position: String) async throws {
+        state.withLockedValue { $0.confirmed = position }
+    }
+
+    public func lag() async -> SourceLag? {
+        SourceLag(amount: UInt64(buffer.count), unit: "changes read ahead")
+    }
+
+    public func close() async {
+        let task = state.withLockedValue { state -> Task<Void, Never>? in
+            defer { state.task = nil }
+            return state.task
+        }
+        task?.cancel()
+        await task?.value
+    }
+
+    // MARK: - Connection loop
+
+    private func finishStarting(_ error: (any Error)?) {
+        let continuation = state.withLockedValue { state -> CheckedContinuation<Void, any Error>? in
+            defer { state.starting = nil }
+            return state.starting
+        }
+        if let error { continuation?.resume(throwing: error) } else { continuation?.resume() }
+    }
+
+    private func run() async {
+        var delay = configuration.reconnectDelay
+        while !Task.isCancelled {
+            let resumeFrom = state.withLockedValue { state -> String? in
+                state.connections += 1
+                return state.confirmed
+            }
+            let session = SimperiumSession(configuration: configuration, resumeFrom: resumeFrom, buffer: buffer,
+                                           logger: logger) { self.finishStarting(nil) }
+            do {
+                try await WebSocketClient.connect(
+                    url: configuration.url, configuration: .init(maxFrameSize: 1 << 24, closeTimeout: .seconds(2)),
+                    eventLoopGroup: eventLoopGroup, logger: logger
+                ) { inbound, outbound, _ in
+                    try await session.run(inbound: inbound, outbound: outbound)
+                }
+                session.fail(SourceError("the server closed the connection"))
+            } catch {
+                session.fail(error)
+            }
+            buffer.removeAll()
+            if Task.isCancelled { break }
+            let error = session.error ?? SourceError("the connection ended")
+            if error.fatal {
+                let fatal = error
+                state.withLockedValue { $0.fatal = fatal }
+                finishStarting(fatal)
+                return
+            }
+            if !session.authenticated && state.withLockedValue({ $0.starting != nil }) {
+                let failure = SourceError("cannot open \(configuration.url): \(Self.describe(error))", fatal: true)
+                state.withLockedValue { $0.fatal = failure }
+                finishStarting(failure)
+                return
+            }
+            if session.authenticated { delay = configuration.reconnectDelay }
+            logger.warning("simperium: connection lost; reconnecting", metadata: [
+                "pubsub.relay.source": "\(sourceID)", "pubsub.relay.error": "\(Self.describe(error))",
+                "pubsub.relay.delay_ms": "\(delay.nanoseconds / 1_000_000)",
+            ])
+            try? await Task.sleep(nanoseconds: UInt64(delay.nanoseconds))
+            delay = min(delay * 2, configuration.maxReconnectDelay)
+        }
+        finishStarting(CancellationError())
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? SourceError { return error.message }
+        if let error = error as? SimperiumProtocolError { return error.message }
+        return "\(error)"
+    }
+}
+
+/// One connection: `init` → `auth`, then `cv` catch-up or the paged index, then live changes; heartbeats beside.
+final class SimperiumSession: Sendable {
+    private struct Activity {
+        var lastReceived = NIODeadline.now()
+        /// The reader waits for room in the buffer: the server is not to blame for the silence.
+        var blocked = false
+        var heartbeatSent: NIODeadline?
+        /// The number the next heartbeat carries: 0 first, then the last number the server sent back.
+        var heartbeatCount: Int64 = 0
+        var error: SimperiumChangeSource.SourceError?
+        var authenticated = false
+    }
+
+    enum Phase {
+        case authenticating
+        case indexing
+        case catchingUp
+        case live
+    }
+
+    let configuration: SimperiumChangeSource.Configuration
+    let resumeFrom: String?
+    let buffer: SimperiumBuffer
+    let logger: Logger
+    let onAuthenticated: @Sendable () -> Void
+    private let activity = NIOLockedValueBox(Activity())
+
+    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, buffer: SimperiumBuffer,
+         logger: Logger, onAuthenticated: @escaping @Sendable () -> Void) {
+        self.configuration = configuration
+        self.resumeFrom = resumeFrom
+        self.buffer = buffer
+        self.logger = logger
+        self.onAuthenticated = onAuthenticated
+    }
+
+    var error: SimperiumChangeSource.SourceError? { activity.withLockedValue { $0.error } }
+    var authenticated: Bool { activity.withLockedValue { $0.authenticated } }
+
+    /// Records why the connection ended (the first reason wins).
+    func fail(_ error: any Error) {
+        let failure = error as? SimperiumChangeSource.SourceError
+            ?? SimperiumChangeSource.SourceError(SimperiumChangeSource.describe(error))
+        activity.withLockedValue { if $0.error == nil { $0.error = failure } }
+    }
+
+    func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
+        do {
+            try await outbound.write(.text(SimperiumMessage.initialize(
+                clientID: configuration.clientID, token: configuration.token, appID: configuration.appID,
+                bucket: configuration.bucket)))
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await self.read(inbound: inbound, outbound: outbound) }
+                group.addTask { try await self.heartbeat(outbound: outbound) }
+                defer { group.cancelAll() }
+                _ = try await group.next()
+            }
+        } catch {
+            fail(error)
+            throw error
+        }
+    }
+
+    private func heartbeat(outbound: WebSocketOutboundWriter) async throws {
+        let shortest = min(configuration.heartbeatInterval, configuration.heartbeatTimeout)
+        let tick = min(TimeAmount.milliseconds(250), .nanoseconds(shortest.nanoseconds / 4))
+        while true {
+            try await Task.sleep(nanoseconds: UInt64(max(tick.nanoseconds, 1_000_000)))
+            let now = NIODeadline.now()
+            let send = try activity.withLockedValue { activity -> Int64? in
+                if activity.blocked { return nil }
+                if let sent = activity.heartbeatSent {
+                    if now - sent > configuration.heartbeatTimeout {
+                        throw SimperiumChangeSource.SourceError(
+                            "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms")
+                    }
+                    return nil
+                }
+                guard now - activity.lastReceived >= configuration.heartbeatInterval else { return nil }
+                activity.heartbeatSent = now
+                return activity.heartbeatCount
+            }
+            if let send { try await outbound.write(.text(SimperiumMessage.heartbeat(send))) }
+        }
+    }
+
+    private func put(_ entry: SimperiumEntry) async throws {
+        activity.withLockedValue { $0.blocked = true }
+        defer {
+            activity.withLockedValue { activity in
+                activity.blocked = false
+                activity.lastReceived = .now()
+                if activity.heartbeatSent != nil { activity.heartbeatSent = .now() }
+            }
+        }
+        try await buffer.put(entry)
+    }
+
+    private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
+        let bucket = configuration.bucket
+        var phase = Phase.authenticating
+        /// The `current` of the index in progress (its first page), from which the catch-up starts after it.
+        var indexCurrent: String?
+        var resync: Resync?
+        /// The version asked for with `cv`.
+        var requested: String?
+        let startPosition = resumeFrom ?? ""
+        /// Entries waiting, in feed order, for the document (`e:<id>.<v>` asked, key `<id>.<v>`) of themselves or
+        /// of an entry before them.
+        var held: [(entry: SimperiumEntry, key: String?)] = []
+        /// Answers to `e` requests not yet attached (nil: the version no longer exists).
+        var documents: [String: JSONObject?] = [:]
+        var asked: Set<String> = []
+
+        func send(_ text: String) async throws { try await outbound.write(.text(text)) }
+
+        func flush() async throws {
+            while let (entry, key) = held.first {
+                var entry = entry
+                if let key {
+                    guard let document = documents[key] else { return }
+                    entry.change?.document = document
+                }
+                held.removeFirst()
+                if let key, !held.contains(where: { $0.key == key }) { documents[key] = nil }
+                try await put(entry)
+            }
+        }
+
+        /// Hands `entry` on, after its document when documents are wanted.
+        func enqueue(_ entry: SimperiumEntry, version: Int64?) async throws {
+            guard configuration.includeDocuments, let change = entry.change, change.operation != .delete,
+                  let id = change.id, let version
+            else {
+                if held.isEmpty { try await put(entry) } else { held.append((entry, nil)) }
+                return
+            }
+            let key = "\(id).\(version)"
+            if documents[key] == nil && !asked.contains(key) {
+                asked.insert(key)
+                try await send(SimperiumMessage.entity(id: id, version: version))
+            }
+            held.append((entry, key))
+            try await flush()
+        }
+
+        for try await message in inbound.messages(maxSize: 1 << 24) {
+            activity.withLockedValue { $0.lastReceived = .now() }
+            guard case .text(let text) = message else {
+                throw SimperiumProtocolError("unexpected binary message")
+            }
+            let (channel, decoded) = try SimperiumMessage.decode(text)
+            if let channel, channel != 0 { continue }
+            switch decoded {
+            case .heartbeat(let count):
+                activity.withLockedValue { activity in
+                    activity.heartbeatSent = nil
+                    activity.heartbeatCount = max(activity.heartbeatCount, count)
+                }
+
+            case .authenticationFailed(let reason):
+                throw SimperiumChangeSource.SourceError(
+                    "authentication refused for bucket \(bucket) of app \(configuration.appID): \(reason)", fatal: true)
+
+            case .authenticated(let user):
+                guard phase == .authenticating else { throw SimperiumProtocolError("unexpected auth reply") }
+                activity.withLockedValue { $0.authenticated = true }
+                logger.debug("simperium: authenticated", metadata: ["pubsub.relay.user": "\(user)"])
+                onAuthenticated()
+                if let cv = resumeFrom, !cv.isEmpty {
+                    requested = cv
+                    phase = .catchingUp
+                    try await send(SimperiumMessage.changesSince(cv: cv))
+                } else {
+                    phase = .indexing
+                    try await send(SimperiumMessage.index(mark: nil, limit: configuration.indexPageSize))
+                }
+
+            case .unknownVersion:
+                guard phase == .catchingUp else { throw SimperiumProtocolError("unexpected unknown cv reply") }
+                let reason = "the server does not know change version \(requested ?? "?") (cv:?): full index of bucket \(bucket)"
+                logger.error("simperium: \(reason)")
+                resync = Resync(reason: reason)
+                indexCurrent = nil
+                phase = .indexing
+                try await send(SimperiumMessage.index(mark: nil, limit: configuration.indexPageSize))
+
+            case .index(let page):
+                guard phase == .indexing else { throw SimperiumProtocolError("unexpected index page") }
+                let current = indexCurrent ?? page.current
+                indexCurrent = current
+                let last = page.mark == nil
+                if page.entries.isEmpty && last {
+                    try await enqueue(SimperiumEntry(change: nil, position: current, resync: resync), version: nil)
+                    resync = nil
+                }
+                for (offset, entry) in page.entries.enumerated() {
+                    let change = Change(
+                        collection: [bucket], id: entry.id, operation: .update, seq: "ev:\(entry.version)",
+                        extra: ["rev": .number(String(entry.version)), "resync": true])
+                    let position = last && offset == page.entries.count - 1 ? current : startPosition
+                    try await enqueue(SimperiumEntry(change: change, position: position, resync: resync),
+                                      version: entry.version)
+                    resync = nil
+                }
+                if let mark = page.mark {
+                    try await send(SimperiumMessage.index(mark: mark, limit: configuration.indexPageSize))
+                } else {
+                    requested = current
+                    phase = .catchingUp
+                    try await send(SimperiumMessage.changesSince(cv: current))
+                }
+
+            case .changes(let changes):
+                // Pushes during the index are read again by the catch-up that follows it.
+                guard phase == .catchingUp || phase == .live else { continue }
+                phase = .live
+                for change in changes {
+                    if let code = change.error {
+                        logger.warning("simperium: the server reported an error for a change", metadata: [
+                            "pubsub.relay.id": "\(change.id)", "pubsub.relay.code": "\(code)"])
+                        continue
+                    }
+                    var extra: JSONObject = [:]
+                    if let version = change.endVersion { extra["rev"] = .number(String(version)) }
+                    try await enqueue(SimperiumEntry(
+                        change: Change(collection: [bucket], id: change.id, operation: change.changeOperation,
+                                       seq: change.cv, extra: extra),
+                        position: change.cv), version: change.endVersion)
+                }
+
+            case .entity(let key, let data):
+                guard asked.remove(key) != nil else { continue }
+                documents[key] = .some(data?.objectValue?["data"]?.objectValue)
+                try await flush()
+            }
+        }
+        throw SimperiumChangeSource.SourceError("the server closed the connection")
+    }
+}
