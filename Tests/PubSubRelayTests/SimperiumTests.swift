@@ -69,6 +69,39 @@ import Testing
         #expect(object?["name"] == "notes" && object?["library"] != nil && object?["version"] != nil)
     }
 
+    @Test func feedSettingsBuildTheSource() throws {
+        let logger = Logger(label: "test")
+        var object: JSONObject = [
+            "source": "simperium", "checkpoint": "/tmp/c", "app_id": "a1", "token": "t", "bucket": "notes",
+            "simperium_url": "ws://127.0.0.1:9", "heartbeat": 5, "index_page": 50, "include_doc": true,
+        ]
+        let source = try FeedKind.simperium.makeSource(FeedSettings(object, context: "feeds[0]"), logger: logger)
+        #expect(source.sourceID == "simperium:a1/notes")
+        let configuration = try #require(source as? SimperiumChangeSource).configuration
+        #expect(configuration.url == "ws://127.0.0.1:9/sock/1/a1/websocket")
+        #expect(configuration.indexPageSize == 50 && configuration.heartbeatInterval == .seconds(5))
+        #expect(configuration.includeDocuments && configuration.token == "t")
+        for (key, value, problem) in [("bogus", JSONValue.bool(true), "feeds[0].bogus: unknown setting"),
+                                      ("bucket", "a/b", "feeds[0].app_id: bucket a/b"),
+                                      ("index_page", 0, "feeds[0].index_page"),
+                                      ("heartbeat", "x", "feeds[0].heartbeat: expected a number"),
+                                      ("simperium_url", "http://h/x", "feeds[0].simperium_url")] {
+            var bad = object
+            bad[key] = value
+            #expect {
+                _ = try FeedKind.simperium.makeSource(FeedSettings(bad, context: "feeds[0]"), logger: logger)
+            } throws: { error in
+                (error as? RelayConfigurationError)?.message.hasPrefix(problem) == true
+            }
+        }
+        if SimperiumChangeSource.Configuration.environmentToken() == nil {
+            object["token"] = nil
+            #expect(throws: RelayConfigurationError.self) {
+                _ = try FeedKind.simperium.makeSource(FeedSettings(object, context: "feeds[0]"), logger: logger)
+            }
+        }
+    }
+
     @Test func buildsTheWebSocketURL() {
         typealias C = SimperiumChangeSource.Configuration
         #expect(C.websocketURL(base: nil, appID: "a1") == "wss://api.simperium.com/sock/1/a1/websocket")
