@@ -105,6 +105,10 @@ public final class SimperiumChangeSource: ChangeSource {
         self.eventLoopGroup = eventLoopGroup
     }
 
+    /// The connection reads into a bounded buffer on its own; `next()` only takes from it, so the relay may ask for
+    /// the next batch while it publishes the current one.
+    public var readsAhead: Bool { true }
+
     /// How many connections were opened so far (for tests and logs).
     public var connections: Int { state.withLockedValue { $0.connections } }
 
