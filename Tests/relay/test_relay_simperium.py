@@ -221,3 +221,32 @@ def test_token_from_the_environment(fake, broker, workdir):
     missing.proc.wait(timeout=30)
     missing.stop()
     assert missing.proc.returncode == 64 and "SIMPERIUM_TOKEN" in missing.errors()
+
+
+def test_a_simperium_feed_from_a_configuration_file(fake, broker, workdir):
+    control(fake, "put", bucket="notes", id="from-file", data={"text": "x"})
+    path = os.path.join(workdir, "relay.json")
+    feed = {"name": "simplenote", "source": "simperium", "app_id": "app1", "token": TOKEN, "bucket": "notes",
+            "simperium_url": f"ws://127.0.0.1:{fake}", "checkpoint": os.path.join(workdir, "checkpoint"),
+            "include_doc": True, "heartbeat": 5, "index_page": 10}
+    with open(path, "w") as f:
+        json.dump({"url": broker.url, "secret": SECRET, "feeds": [feed]}, f)
+    sub = start_subscriber(broker, "/changes/notes/*")
+    relay = Lines([pubsub_bin(), "relay", "run", path])
+    try:
+        sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the indexed entity")
+        control(fake, "put", bucket="notes", id="live", data={"text": "y"})
+        sub.wait_for(lambda: len(sub.lines()) >= 2, 30, "the live change")
+        got = events(sub)
+        assert [(m["data"]["id"], m["data"]["op"], m["data"]["doc"]) for m in got] == [
+            ("from-file", "update", {"text": "x"}), ("live", "insert", {"text": "y"})]
+    finally:
+        relay.stop()
+        sub.stop()
+    feed["index_pages"] = 3
+    with open(path, "w") as f:
+        json.dump({"url": broker.url, "feeds": [feed]}, f)
+    check = Lines([pubsub_bin(), "relay", "run", "--check", path])
+    check.proc.wait(timeout=30)
+    check.stop()
+    assert check.proc.returncode == 64 and "feeds[0].index_pages: unknown setting" in check.errors(), check.errors()
