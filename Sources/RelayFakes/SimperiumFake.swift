@@ -62,7 +62,9 @@ public final class SimperiumFake: Sendable {
         var log: [(cv: String, change: JSONObject)] = []
         /// Entries of `log` before this index are forgotten.
         var validFrom = 0
-        /// The latest cv (of the last change, or minted when the bucket was created or its log forgotten).
+        /// The cv minted when the bucket was created or its log forgotten: the changes after it are `log[validFrom...]`.
+        var base: String
+        /// The latest cv (of the last change, or `base`).
         var head: String
     }
 
@@ -159,7 +161,8 @@ public final class SimperiumFake: Sendable {
         state.withLockedValue { state in
             var current = Self.bucket(&state, bucket, mint: mint)
             current.validFrom = current.log.count
-            current.head = mint(&state)
+            current.base = mint(&state)
+            current.head = current.base
             state.buckets[bucket] = current
         }
     }
@@ -192,7 +195,8 @@ public final class SimperiumFake: Sendable {
 
     private static func bucket(_ state: inout State, _ name: String, mint: (inout State) -> String) -> Bucket {
         if let bucket = state.buckets[name] { return bucket }
-        let bucket = Bucket(head: mint(&state))
+        let cv = mint(&state)
+        let bucket = Bucket(base: cv, head: cv)
         state.buckets[name] = bucket
         return bucket
     }
@@ -300,6 +304,8 @@ public final class SimperiumFake: Sendable {
                 var changes: ArraySlice<(cv: String, change: JSONObject)>
                 if cv == bucket.head {
                     changes = []
+                } else if cv == bucket.base {
+                    changes = known
                 } else if let index = known.firstIndex(where: { $0.cv == cv }) {
                     changes = bucket.log[(index + 1)...]
                 } else {
