@@ -78,6 +78,7 @@ public struct FeedSettings: Sendable {
 /// its `pubsub relay <source>` subcommand takes as options.
 public enum FeedKind: String, Sendable, CaseIterable {
     case postgres
+    case blip
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
     public static let commonKeys: Set<String> = [
@@ -89,6 +90,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
         case .postgres:
             try settings.rejectUnknown(Self.commonKeys.union(PostgresChangeSource.Configuration.settingKeys))
             return PostgresChangeSource(configuration: try .init(settings: settings), logger: logger)
+        case .blip:
+            try settings.rejectUnknown(Self.commonKeys.union(BLIPChangeSource.Configuration.settingKeys))
+            return BLIPChangeSource(configuration: try .init(settings: settings), logger: logger)
         }
     }
 }
