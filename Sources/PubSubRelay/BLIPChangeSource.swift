@@ -215,7 +215,8 @@ public actor BLIPChangeSource: ChangeSource {
         headers[.secWebSocketProtocol] = Self.subprotocols.joined(separator: ", ")
         if let authorization = configuration.url.basicAuthorization { headers[.authorization] = authorization }
         let wsConfiguration = WebSocketClientConfiguration(
-            maxFrameSize: 1 << 22, additionalHeaders: headers, autoPing: .enabled(timePeriod: configuration.heartbeat))
+            maxFrameSize: 1 << 22, additionalHeaders: headers, closeTimeout: min(configuration.heartbeat, .seconds(5)),
+            autoPing: .enabled(timePeriod: configuration.heartbeat))
         let maxFramePayload = configuration.maxFramePayload
         try await WebSocketClient.connect(
             url: configuration.url.endpoint, configuration: wsConfiguration, logger: logger

@@ -98,6 +98,19 @@ public final class BLIPFake: Sendable {
         for connection in state.withLockedValue({ Array($0.connections.values) }) { connection.drop() }
     }
 
+    /// Makes every open connection go silent without closing it: no more frames, no pong to the client's pings
+    /// (a peer that died without a FIN). Such a connection is closed after `timeout`.
+    public func stallConnections(closingAfter timeout: Duration = .seconds(10)) {
+        for connection in state.withLockedValue({ Array($0.connections.values) }) { connection.stall(closingAfter: timeout) }
+    }
+
+    /// Sends every open connection a frame whose checksum is wrong (bad input: the client must close and reconnect).
+    public func sendCorruptFrame() {
+        for connection in state.withLockedValue({ Array($0.connections.values) }) {
+            connection.sendRaw([0x7F, 0x00, 0x00, 0xDE, 0xAD, 0xBE, 0xEF])  // MSG #127, empty, bad CRC
+        }
+    }
+
     /// Closes the connection once it sent `count` more `changes` messages and the client answered them.
     public func dropAfter(messages count: Int) {
         state.withLockedValue { $0.dropAfterMessages = count }
@@ -190,32 +203,33 @@ public final class BLIPFake: Sendable {
             state.withLockedValue { _ = $0.connections.removeValue(forKey: id) }
             connection.stop()
         }
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await frame in frames {
-                    if frame.isEmpty {  // the drop marker
-                        try? await outbound.close(.goingAway, reason: "dropped by script")
-                        return
+        let reader = Task {
+            let reader = FakeBLIPReader()
+            do {
+                for try await message in inbound.messages(maxSize: 1 << 22) {
+                    guard case .binary(let buffer) = message else {
+                        throw FakeBLIP.WireError(description: "text WebSocket message")
                     }
-                    do { try await outbound.write(.binary(ByteBuffer(bytes: frame))) } catch { return }
+                    try connection.received(reader.read(Array(buffer.readableBytesView)))
                 }
-            }
-            group.addTask {
-                let reader = FakeBLIPReader()
-                do {
-                    for try await message in inbound.messages(maxSize: 1 << 22) {
-                        guard case .binary(let buffer) = message else {
-                            throw FakeBLIP.WireError(description: "text WebSocket message")
-                        }
-                        try connection.received(reader.read(Array(buffer.readableBytesView)))
-                    }
-                } catch {
+            } catch {
+                if !connection.isStalled {
                     self.state.withLockedValue { $0.protocolErrors.append("\(error)") }
                     try? await outbound.close(.protocolError, reason: "\(error)".prefix(100).description)
                 }
-                connection.stop()
             }
+            // A stalled connection stays open, silent: no reads (so no pongs) and no writes.
+            if !connection.isStalled { connection.stop() }
         }
+        connection.reader = reader
+        for await frame in frames {
+            if frame.isEmpty {  // the drop marker
+                try? await outbound.close(.goingAway, reason: "dropped by script")
+                break
+            }
+            do { try await outbound.write(.binary(ByteBuffer(bytes: frame))) } catch { break }
+        }
+        reader.cancel()
     }
 
     /// Entries after `since` (latest revision of each document, by sequence), filtered by channel.
@@ -239,7 +253,9 @@ final class FakeBLIPConnection: Sendable {
         var messagesSent = 0
         var unanswered: Set<UInt64> = []
         var stream: Task<Void, Never>?
+        var reader: Task<Void, Never>?
         var stopped = false
+        var stalled = false
     }
 
     let fake: BLIPFake
@@ -262,6 +278,29 @@ final class FakeBLIPConnection: Sendable {
         stop()
     }
 
+    var isStalled: Bool { sending.withLockedValue { $0.value.stalled } }
+
+    var reader: Task<Void, Never>? {
+        get { sending.withLockedValue { $0.value.reader } }
+        set { sending.withLockedValue { $0.value.reader = newValue } }
+    }
+
+    func sendRaw(_ frame: [UInt8]) {
+        outgoing.yield(frame)
+    }
+
+    func stall(closingAfter timeout: Duration) {
+        let tasks = sending.withLockedValue { box -> [Task<Void, Never>?] in
+            box.value.stalled = true
+            return [box.value.stream, box.value.reader]
+        }
+        for task in tasks { task?.cancel() }
+        Task {
+            try? await Task.sleep(for: timeout)
+            self.stop()
+        }
+    }
+
     func stop() {
         let task = sending.withLockedValue { box -> Task<Void, Never>? in
             box.value.stopped = true
@@ -275,6 +314,7 @@ final class FakeBLIPConnection: Sendable {
     @discardableResult
     func send(_ message: FakeBLIP.Message) throws -> UInt64 {
         try sending.withLockedValue { box in
+            guard !box.value.stalled else { return 0 }
             var message = message
             if message.type == FakeBLIP.msg {
                 box.value.nextNumber += 1

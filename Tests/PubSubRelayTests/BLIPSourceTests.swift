@@ -26,10 +26,11 @@ import Testing
             return Server(fake: fake, task: task, port: port.withLockedValue { $0 }!)
         }
 
-        func source(batch: Int = 200, channels: [String] = [], user: String? = nil) throws -> BLIPChangeSource {
+        func source(batch: Int = 200, channels: [String] = [], user: String? = nil,
+                    heartbeat: Duration = .seconds(5)) throws -> BLIPChangeSource {
             let url = try BLIPURL("ws://\(user.map { "\($0):secret@" } ?? "")127.0.0.1:\(port)/db")
             return BLIPChangeSource(configuration: .init(url: url, channels: channels, batch: batch,
-                                                         heartbeat: .seconds(5), reconnectDelay: .milliseconds(20)),
+                                                         heartbeat: heartbeat, reconnectDelay: .milliseconds(20)),
                                     logger: quiet)
         }
 
@@ -213,6 +214,43 @@ import Testing
         }
         await source.close()
         #expect(ids == ["red1", "red2"])
+    }
+
+    @Test func aMissingHeartbeatReconnectsFromTheConfirmedPosition() async throws {
+        let server = try await Server.start()
+        defer { Task { await server.stop() } }
+        for index in 0..<5 { server.fake.put("doc\(index)") }
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let publisher = FakePublisher(journal: Journal())
+        let run = Running.start(try server.source(heartbeat: .milliseconds(200)), publisher,
+                                checkpoint: directory + "/checkpoint")
+        try await Self.eventually("the first sync") { ids(publisher).count == 5 && server.fake.changesAnswered == 1 }
+        // The peer goes silent (no pong, no FIN): the client's pings go unanswered and it reconnects.
+        server.fake.stallConnections()
+        server.fake.put("after")
+        try await Self.eventually("a reconnect and the next change") { ids(publisher).contains("after") }
+        try await run.stop()
+        #expect(server.fake.subscriptions == [nil, "5"])
+        #expect(ids(publisher) == ["doc0", "doc1", "doc2", "doc3", "doc4", "after"])
+    }
+
+    @Test func aCorruptFrameClosesTheConnectionAndTheSourceReconnects() async throws {
+        let server = try await Server.start()
+        defer { Task { await server.stop() } }
+        server.fake.put("one")
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let publisher = FakePublisher(journal: Journal())
+        let run = Running.start(try server.source(), publisher, checkpoint: directory + "/checkpoint")
+        try await Self.eventually("the first change answered") { server.fake.changesAnswered == 1 }
+        server.fake.sendCorruptFrame()
+        try await Self.eventually("a second subscription") { server.fake.subscriptions.count == 2 }
+        server.fake.put("two")
+        try await Self.eventually("the next change") { ids(publisher).contains("two") }
+        try await run.stop()
+        #expect(server.fake.subscriptions == [nil, "1"])
+        #expect(ids(publisher) == ["one", "two"])
     }
 
     @Test func badURLsAreRefused() {
