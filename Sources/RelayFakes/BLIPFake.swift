@@ -111,6 +111,14 @@ public final class BLIPFake: Sendable {
         }
     }
 
+    /// Sends every open connection a well-framed `changes` message whose body is not JSON.
+    public func sendMalformedChanges() {
+        for connection in state.withLockedValue({ Array($0.connections.values) }) {
+            _ = try? connection.send(FakeBLIP.Message(type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
+                                                      body: Array("[[1,\"x\"".utf8)))
+        }
+    }
+
     /// Closes the connection once it sent `count` more `changes` messages and the client answered them.
     public func dropAfter(messages count: Int) {
         state.withLockedValue { $0.dropAfterMessages = count }

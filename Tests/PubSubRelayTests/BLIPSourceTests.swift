@@ -248,9 +248,29 @@ import Testing
         try await Self.eventually("a second subscription") { server.fake.subscriptions.count == 2 }
         server.fake.put("two")
         try await Self.eventually("the next change") { ids(publisher).contains("two") }
+        try await Self.eventually("the second change answered") { server.fake.changesAnswered == 2 }
+        // Well framed, but the body is not JSON: also closed, and resumed.
+        server.fake.sendMalformedChanges()
+        try await Self.eventually("a third subscription") { server.fake.subscriptions.count == 3 }
+        server.fake.put("three")
+        try await Self.eventually("the change after that") { ids(publisher).contains("three") }
         try await run.stop()
-        #expect(server.fake.subscriptions == [nil, "1"])
-        #expect(ids(publisher) == ["one", "two"])
+        #expect(server.fake.subscriptions == [nil, "1", "2"])
+        #expect(ids(publisher) == ["one", "two", "three"])
+    }
+
+    @Test func configurationFileFeeds() throws {
+        let settings = FeedSettings(["source": "blip", "sg_url": "ws://u:p@sg.local:4984/db", "channel": ["a", "b"],
+                                     "batch": 10, "active_only": true], context: "feeds[0]")
+        let source = try FeedKind.blip.makeSource(settings, logger: Self.quiet)
+        #expect(source.sourceID == "blip:sg.local:4984/db")
+        let configuration = try BLIPChangeSource.Configuration(settings: settings)
+        #expect(configuration.channels == ["a", "b"] && configuration.batch == 10 && configuration.activeOnly)
+        #expect(configuration.url.basicAuthorization == "Basic dTpw")  // base64("u:p")
+        #expect { try FeedKind.blip.makeSource(FeedSettings(["sg_url": "http://x/db"], context: "feeds[1]"), logger: Self.quiet) }
+            throws: { "\($0)".hasPrefix("feeds[1].sg_url: ") }
+        #expect { try FeedKind.blip.makeSource(FeedSettings(["sg_url": "ws://x/db", "bach": 1], context: "feeds[2]"), logger: Self.quiet) }
+            throws: { "\($0)".hasPrefix("feeds[2].bach: unknown setting") }
     }
 
     @Test func badURLsAreRefused() {
