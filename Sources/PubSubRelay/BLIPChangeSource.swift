@@ -35,11 +35,13 @@ public actor BLIPChangeSource: ChangeSource {
         public var maxReconnectDelay: Duration
         /// Largest frame payload this side sends.
         public var maxFramePayload: Int
+        /// Ask for every revision's body (`rev` messages) and put it in `Change.document`.
+        public var includeDocuments: Bool
 
         public init(url: BLIPURL, channels: [String] = [], batch: Int = 200, activeOnly: Bool = false,
                     bufferedMessages: Int = 8, heartbeat: Duration = .seconds(30),
                     reconnectDelay: Duration = .milliseconds(100), maxReconnectDelay: Duration = .seconds(5),
-                    maxFramePayload: Int = 16384) {
+                    maxFramePayload: Int = 16384, includeDocuments: Bool = false) {
             self.url = url
             self.channels = channels
             self.batch = max(1, batch)
@@ -49,6 +51,7 @@ public actor BLIPChangeSource: ChangeSource {
             self.reconnectDelay = reconnectDelay
             self.maxReconnectDelay = maxReconnectDelay
             self.maxFramePayload = maxFramePayload
+            self.includeDocuments = includeDocuments
         }
     }
 
@@ -58,9 +61,22 @@ public actor BLIPChangeSource: ChangeSource {
     /// One `changes` message as read, waiting for the relay.
     struct Delivery: Sendable {
         var generation: UInt64
-        var number: UInt64
-        var noReply: Bool
         var changes: [Change]
+        /// What to answer once the relay confirmed these changes: the `changes` message (`[]`), or with
+        /// `includeDocuments` its `rev` messages (empty replies).
+        var replies: [Reply]
+    }
+
+    struct Reply: Sendable {
+        var number: UInt64
+        var body: [UInt8]
+    }
+
+    /// With `includeDocuments`: a `changes` message whose `rev` messages have not all arrived yet.
+    struct AwaitingRevisions {
+        var delivery: Delivery
+        /// `id NUL rev` → index in `delivery.changes`.
+        var missing: [String: Int]
     }
 
     /// A batch handed to the relay and not yet confirmed: the `changes` messages it completes.
@@ -69,7 +85,7 @@ public actor BLIPChangeSource: ChangeSource {
         var generation: UInt64
         /// The resync count when it was handed out: a batch from before a resync does not move `confirmed`.
         var epoch: Int
-        var completes: [(number: UInt64, noReply: Bool)]
+        var completes: [Reply]
     }
 
     public nonisolated let sourceID: String
@@ -82,6 +98,7 @@ public actor BLIPChangeSource: ChangeSource {
     /// Where a new connection subscribes from: the last confirmed position (JSON text of a seq).
     private var confirmed: String?
     private var current: (delivery: Delivery, index: Int)?
+    private var awaitingRevisions: [AwaitingRevisions] = []
     private var handedOut: [HandedOut] = []
     /// Set while a full resync (from since 0 after a refused since) has not caught up yet.
     private var resyncing = false
@@ -115,7 +132,7 @@ public actor BLIPChangeSource: ChangeSource {
 
     public func next() async throws -> ChangeBatch? {
         var changes: [Change] = []
-        var completes: [(number: UInt64, noReply: Bool)] = []
+        var completes: [Reply] = []
         while changes.count < configuration.batch {
             if current == nil {
                 // Only the first wait suspends: every change of a batch comes from the current connection.
@@ -132,7 +149,7 @@ public actor BLIPChangeSource: ChangeSource {
             let end = min(delivery.changes.count, index + configuration.batch - changes.count)
             changes += delivery.changes[index..<end]
             if end == delivery.changes.count {
-                completes.append((delivery.number, delivery.noReply))
+                completes += delivery.replies
                 current = nil
             } else {
                 current = (delivery, end)
@@ -149,21 +166,20 @@ public actor BLIPChangeSource: ChangeSource {
     }
 
     public func confirm(_ position: String) async throws {
-        var replies: [UInt64] = []
+        var replies: [Reply] = []
         var batchEpoch = epoch
         while !handedOut.isEmpty {
             let batch = handedOut.removeFirst()
             if batch.generation == generation {
-                replies += batch.completes.filter { !$0.noReply }.map(\.number)
+                replies += batch.completes
             }
             batchEpoch = batch.epoch
             if batch.position == position { break }
         }
         if batchEpoch == epoch { confirmed = position }
         guard let session, session.generation == generation else { return }
-        for number in replies {
-            // "[]": none of the revisions is wanted (the relay publishes metadata only).
-            try? session.send(BLIPMessage(type: .response, number: number, body: Array("[]".utf8)))
+        for reply in replies {
+            try? session.send(BLIPMessage(type: .response, number: reply.number, body: reply.body))
         }
     }
 
@@ -191,6 +207,7 @@ public actor BLIPChangeSource: ChangeSource {
             generation += 1
             queue.removeAll()
             current = nil
+            awaitingRevisions = []
             let generation = generation
             let traffic = NIOLockedValueBox(false)
             do {
@@ -295,8 +312,26 @@ public actor BLIPChangeSource: ChangeSource {
                 }
                 return
             }
-            await queue.push(Delivery(generation: session.generation, number: message.number,
-                                      noReply: message.flags.contains(.noReply), changes: changes))
+            let noReply = message.flags.contains(.noReply)
+            guard configuration.includeDocuments else {
+                // "[]": none of the revisions is wanted (metadata only); answered once the relay confirmed them.
+                let replies = noReply ? [] : [Reply(number: message.number, body: Array("[]".utf8))]
+                await queue.push(Delivery(generation: session.generation, changes: changes, replies: replies))
+                return
+            }
+            // `[]` per entry: no known ancestors, send every revision; the `rev` messages are answered on confirm.
+            if !noReply {
+                let wanted = JSONValue.array(changes.map { _ in .array([]) }).jsonString
+                try session.send(BLIPMessage(type: .response, number: message.number, body: Array(wanted.utf8)))
+            }
+            var missing: [String: Int] = [:]
+            for (index, change) in changes.enumerated() {
+                missing[(change.id ?? "") + "\u{0}" + (change.extra["rev"]?.stringValue ?? "")] = index
+            }
+            awaitingRevisions.append(AwaitingRevisions(
+                delivery: Delivery(generation: session.generation, changes: changes, replies: []), missing: missing))
+        case .request where message.profile == "rev" || message.profile == "norev":
+            try await received(revision: message, session: session)
         case .request:
             if !message.flags.contains(.noReply) {
                 try session.send(BLIPMessage(
@@ -321,6 +356,30 @@ public actor BLIPChangeSource: ChangeSource {
                 "pubsub.relay.error": "\(message.errorDescription)"]))
         default:
             break
+        }
+    }
+
+    /// A `rev` (document body) or `norev` for an entry of a `changes` message; complete messages go to the queue in
+    /// the order their `changes` came.
+    private func received(revision message: BLIPMessage, session: BLIPSession) async throws {
+        let key = (message["id"] ?? "") + "\u{0}" + (message["rev"] ?? "")
+        guard let slot = awaitingRevisions.firstIndex(where: { $0.missing[key] != nil }) else {
+            throw BLIPError("\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for")
+        }
+        let index = awaitingRevisions[slot].missing.removeValue(forKey: key)!
+        if message.profile == "rev" {
+            let document: JSONValue
+            do { document = try JSONParser().parse(message.body) } catch {
+                throw BLIPError("the body of rev \(message["id"] ?? "?") is not JSON: \(error)")
+            }
+            awaitingRevisions[slot].delivery.changes[index].document = document.objectValue
+        }
+        if !message.flags.contains(.noReply) {
+            awaitingRevisions[slot].delivery.replies.append(Reply(number: message.number, body: []))
+        }
+        while let first = awaitingRevisions.first, first.missing.isEmpty {
+            awaitingRevisions.removeFirst()
+            await queue.push(first.delivery)
         }
     }
 

@@ -60,6 +60,7 @@ public final class BLIPFake: Sendable {
         var acksReceived = 0
         var changesAnswered = 0
         var changesSent = 0
+        var revsSent = 0
         var protocolErrors: [String] = []
         var subprotocols: [String] = []
         var authorizations: [String?] = []
@@ -130,6 +131,7 @@ public final class BLIPFake: Sendable {
     public var acksReceived: Int { state.withLockedValue { $0.acksReceived } }
     public var changesAnswered: Int { state.withLockedValue { $0.changesAnswered } }
     public var changesSent: Int { state.withLockedValue { $0.changesSent } }
+    public var revsSent: Int { state.withLockedValue { $0.revsSent } }
     public var protocolErrors: [String] { state.withLockedValue { $0.protocolErrors } }
     public var subprotocols: [String] { state.withLockedValue { $0.subprotocols } }
     public var authorizations: [String?] { state.withLockedValue { $0.authorizations } }
@@ -260,6 +262,8 @@ final class FakeBLIPConnection: Sendable {
         var nextNumber: UInt64 = 0
         var messagesSent = 0
         var unanswered: Set<UInt64> = []
+        /// The entries of each `changes` message sent, for the `rev` messages its reply asks for.
+        var sentEntries: [UInt64: [BLIPFake.Revision]] = [:]
         var stream: Task<Void, Never>?
         var reader: Task<Void, Never>?
         var stopped = false
@@ -359,8 +363,25 @@ final class FakeBLIPConnection: Sendable {
 
     private func handle(_ message: FakeBLIP.Message) throws {
         if message.type == FakeBLIP.rpy {
-            let answered = sending.withLockedValue { $0.value.unanswered.remove(message.number) != nil }
-            if answered { fake.state.withLockedValue { $0.changesAnswered += 1 } }
+            let entries = sending.withLockedValue { box -> [BLIPFake.Revision]? in
+                guard box.value.unanswered.remove(message.number) != nil else { return nil }
+                return box.value.sentEntries.removeValue(forKey: message.number)
+            }
+            guard let entries else { return }
+            fake.state.withLockedValue { $0.changesAnswered += 1 }
+            // An array aligned with the entries: null/0 = not wanted, an array of known revIDs = send the rev.
+            let wanted = (try? JSONParser().parse(message.body))?.arrayValue ?? []
+            for (index, entry) in entries.enumerated() where index < wanted.count && wanted[index].arrayValue != nil {
+                let body: JSONValue = entry.deleted ? .object(["_deleted": .bool(true)])
+                    : .object(["_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq))])
+                try send(FakeBLIP.Message(
+                    type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
+                    properties: entry.deleted
+                        ? ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq), "deleted": "1"]
+                        : ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq)],
+                    body: Array(body.jsonString.utf8)))
+                fake.state.withLockedValue { $0.revsSent += 1 }
+            }
             return
         }
         guard message.type == FakeBLIP.msg else { return }
@@ -455,7 +476,11 @@ final class FakeBLIPConnection: Sendable {
                 do {
                     let number = try send(FakeBLIP.Message(type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
                                                            body: Array(JSONValue.array(rows).jsonString.utf8)))
-                    sending.withLockedValue { _ = $0.value.unanswered.insert(number) }
+                    let sent = entries.filter { !(activeOnly && $0.deleted) }
+                    sending.withLockedValue {
+                        _ = $0.value.unanswered.insert(number)
+                        $0.value.sentEntries[number] = sent
+                    }
                     fake.state.withLockedValue { state in
                         state.changesSent += 1
                         state.dropAfterMessages = state.dropAfterMessages.map { $0 - 1 }

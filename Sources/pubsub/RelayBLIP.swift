@@ -17,7 +17,8 @@ struct RelayBLIP: AsyncParsableCommand {
             from since=0 (those events carry data.resync = true).
 
             data holds id (the document id), op (insert for a revision 1-…, update, delete for a tombstone), seq \
-            (the Sync Gateway sequence as JSON), rev, key (the idempotency key), collection, source.
+            (the Sync Gateway sequence as JSON), rev, key (the idempotency key), collection, source, and with \
+            --include-doc doc (the revision's body, asked for with rev messages).
 
             Exit status:
               0   stopped by SIGINT or SIGTERM
@@ -62,7 +63,9 @@ struct RelayBLIP: AsyncParsableCommand {
         let logger = relay.makeLogger()
         let url = try BLIPURL(sgUrl, username: user, password: password)
         let source = BLIPChangeSource(
-            configuration: .init(url: url, channels: channel, batch: batch, activeOnly: activeOnly), logger: logger)
+            configuration: .init(url: url, channels: channel, batch: batch, activeOnly: activeOnly,
+                                 includeDocuments: relay.includeDoc),
+            logger: logger)
         try await relay.run(source: source, logger: logger, idle: .milliseconds(5))
     }
 }

@@ -259,6 +259,30 @@ import Testing
         #expect(ids(publisher) == ["one", "two", "three"])
     }
 
+    @Test func includeDocumentsAsksForRevisionsAndCarriesTheirBodies() async throws {
+        let server = try await Server.start()
+        defer { Task { await server.stop() } }
+        server.fake.put("a")
+        server.fake.put("b")
+        server.fake.put("b", deleted: true)
+        let url = try BLIPURL("ws://127.0.0.1:\(server.port)/db")
+        let source = BLIPChangeSource(configuration: .init(url: url, includeDocuments: true), logger: Self.quiet)
+        try await source.start(after: nil)
+        var changes: [Change] = []
+        try await Self.eventually("both documents") {
+            if let batch = try? await source.next() {
+                changes += batch.changes
+                try? await source.confirm(batch.position)
+            }
+            return changes.count >= 2
+        }
+        await source.close()
+        #expect(changes.map { $0.id! } == ["a", "b"])
+        #expect(changes[0].document == ["_id": "a", "_rev": .string(changes[0].extra["rev"]!.stringValue!), "seq": 1])
+        #expect(changes[1].operation == .delete && changes[1].document == ["_deleted": true])
+        #expect(server.fake.revsSent == 2)
+    }
+
     @Test func configurationFileFeeds() throws {
         let settings = FeedSettings(["source": "blip", "sg_url": "ws://u:p@sg.local:4984/db", "channel": ["a", "b"],
                                      "batch": 10, "active_only": true], context: "feeds[0]")

@@ -52,7 +52,7 @@ def test_changes_arrive_as_events(fake, broker, workdir):
     control(port, "/_fake/docs?id=a/b%20c")
     control(port, "/_fake/docs?id=gone")
     sub = start_subscriber(broker, "/changes/db/*")
-    relay = start_relay(port, broker, workdir)
+    relay = start_relay(port, broker, workdir, "--include-doc")
     try:
         sub.wait_for(lambda: len(sub.lines()) >= 3, 30, "the first sync")
         control(port, "/_fake/docs?id=gone&deleted=1")
@@ -69,6 +69,9 @@ def test_changes_arrive_as_events(fake, broker, workdir):
         ]
         assert [m["data"]["seq"] for m in got] == ["2", "3", "4", "5", "6"]
         assert got[0]["data"]["rev"].startswith("2-")
+        # --include-doc: the bodies came in rev messages.
+        assert got[0]["data"]["doc"] == {"_id": "n1", "_rev": got[0]["data"]["rev"], "seq": 2}
+        assert got[3]["data"]["doc"] == {"_deleted": True}
         assert got[0]["data"]["source"] == f"blip:127.0.0.1:{port}/db"
         with open(os.path.join(workdir, "checkpoint")) as f:
             checkpoint = json.load(f)
