@@ -179,7 +179,7 @@ public actor BLIPChangeSource: ChangeSource {
         if batchEpoch == epoch { confirmed = position }
         guard let session, session.generation == generation else { return }
         for reply in replies {
-            try? session.send(BLIPMessage(type: .response, number: reply.number, body: reply.body))
+            _ = try? session.send(BLIPMessage(type: .response, number: reply.number, body: reply.body))
         }
     }
 
