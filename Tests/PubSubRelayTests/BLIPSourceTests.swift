@@ -117,6 +117,22 @@ import Testing
         #expect(server.fake.protocolErrors == [])
     }
 
+    @Test func nothingIsAnsweredWhileTheBrokerDoesNotAcknowledge() async throws {
+        let server = try await Server.start()
+        defer { Task { await server.stop() } }
+        for index in 0..<3 { server.fake.put("doc\(index)") }
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let journal = Journal()
+        let publisher = FakePublisher(journal: journal, failures: 1_000_000)
+        let run = Running.start(try server.source(), publisher, checkpoint: directory + "/checkpoint")
+        try await Self.eventually("publish attempts") { journal.events.filter { $0 == "publish failed" }.count >= 3 }
+        try await run.stop()
+        #expect(server.fake.changesSent == 1)
+        #expect(server.fake.changesAnswered == 0)
+        #expect(try FileCheckpointStore(path: directory + "/checkpoint").load() == nil)
+    }
+
     @Test func droppedConnectionsResumeFromTheConfirmedPositionWithoutAGap() async throws {
         let server = try await Server.start()
         defer { Task { await server.stop() } }
