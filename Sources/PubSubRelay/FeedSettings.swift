@@ -79,6 +79,7 @@ public struct FeedSettings: Sendable {
 public enum FeedKind: String, Sendable, CaseIterable {
     case postgres
     case simperium
+    case blip
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
     public static let commonKeys: Set<String> = [
@@ -93,6 +94,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
         case .simperium:
             try settings.rejectUnknown(Self.commonKeys.union(SimperiumChangeSource.Configuration.settingKeys))
             return SimperiumChangeSource(configuration: try .init(settings: settings), logger: logger)
+        case .blip:
+            try settings.rejectUnknown(Self.commonKeys.union(BLIPChangeSource.Configuration.settingKeys))
+            return BLIPChangeSource(configuration: try .init(settings: settings), logger: logger)
         }
     }
 }

@@ -1,0 +1,463 @@
+import Bayeux
+import HTTPTypes
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOWebSocket
+import WSClient
+
+/// Couchbase Sync Gateway's replication protocol (BLIP v3, `CBMobile_3`): a WebSocket to `/{db}/_blipsync`, one
+/// `subChanges` (continuous, from the checkpointed `since`), and the `changes` messages that follow. Each `changes`
+/// message is answered only in `confirm(_:)`, once the relay persisted its entries, and with an empty array (no
+/// bodies wanted): Sync Gateway limits how many it keeps unanswered, which gives natural backpressure. The feed is
+/// read in a background task into a bounded queue, so reading overlaps publishing.
+///
+/// A dropped connection (or a BLIP protocol error: bad checksum, bad deflate data, a text message) reconnects with
+/// backoff from the last confirmed position; what was queued but not confirmed is read again (at least once). When
+/// Sync Gateway refuses the `since` (an ERR reply to `subChanges`), the source starts over from `since=0`: those
+/// changes carry `extra["resync"] = true`, and the first batch carries `ChangeBatch.resync`.
+public actor BLIPChangeSource: ChangeSource {
+    public struct Configuration: Sendable {
+        /// `ws[s]://host[:port]/db` (user and password removed).
+        public var url: BLIPURL
+        /// Only changes of these Sync Gateway channels (`filter=sync_gateway/bychannel`); empty: every channel the
+        /// user can see.
+        public var channels: [String]
+        /// `batch` of `subChanges` (entries per `changes` message), also the most changes per batch for the relay.
+        public var batch: Int
+        /// Leave out deleted documents (`activeOnly=true`).
+        public var activeOnly: Bool
+        /// `changes` messages read ahead of the relay.
+        public var bufferedMessages: Int
+        /// WebSocket ping interval; a connection without a pong in time is closed and reconnected.
+        public var heartbeat: Duration
+        public var reconnectDelay: Duration
+        public var maxReconnectDelay: Duration
+        /// Largest frame payload this side sends.
+        public var maxFramePayload: Int
+        /// Ask for every revision's body (`rev` messages) and put it in `Change.document`.
+        public var includeDocuments: Bool
+
+        public init(url: BLIPURL, channels: [String] = [], batch: Int = 200, activeOnly: Bool = false,
+                    bufferedMessages: Int = 8, heartbeat: Duration = .seconds(30),
+                    reconnectDelay: Duration = .milliseconds(100), maxReconnectDelay: Duration = .seconds(5),
+                    maxFramePayload: Int = 16384, includeDocuments: Bool = false) {
+            self.url = url
+            self.channels = channels
+            self.batch = max(1, batch)
+            self.activeOnly = activeOnly
+            self.bufferedMessages = max(1, bufferedMessages)
+            self.heartbeat = heartbeat
+            self.reconnectDelay = reconnectDelay
+            self.maxReconnectDelay = maxReconnectDelay
+            self.maxFramePayload = maxFramePayload
+            self.includeDocuments = includeDocuments
+        }
+    }
+
+    /// The WebSocket subprotocols offered, preferred first.
+    public static let subprotocols = ["BLIP_3+CBMobile_3", "BLIP_3+CBMobile_2"]
+
+    /// One `changes` message as read, waiting for the relay.
+    struct Delivery: Sendable {
+        var generation: UInt64
+        var changes: [Change]
+        /// What to answer once the relay confirmed these changes: the `changes` message (`[]`), or with
+        /// `includeDocuments` its `rev` messages (empty replies).
+        var replies: [Reply]
+    }
+
+    struct Reply: Sendable {
+        var number: UInt64
+        var body: [UInt8]
+    }
+
+    /// With `includeDocuments`: a `changes` message whose `rev` messages have not all arrived yet.
+    struct AwaitingRevisions {
+        var delivery: Delivery
+        /// `id NUL rev` → index in `delivery.changes`.
+        var missing: [String: Int]
+    }
+
+    /// A batch handed to the relay and not yet confirmed: the `changes` messages it completes.
+    struct HandedOut {
+        var position: String
+        var generation: UInt64
+        /// The resync count when it was handed out: a batch from before a resync does not move `confirmed`.
+        var epoch: Int
+        var completes: [Reply]
+    }
+
+    public nonisolated let sourceID: String
+    public let configuration: Configuration
+    private let logger: Logger
+    private let queue: BoundedQueue<Delivery>
+    /// Bumped on every connection: what an older one queued or will answer is dropped.
+    private var generation: UInt64 = 0
+    private var session: BLIPSession?
+    /// Where a new connection subscribes from: the last confirmed position (JSON text of a seq).
+    private var confirmed: String?
+    private var current: (delivery: Delivery, index: Int)?
+    private var awaitingRevisions: [AwaitingRevisions] = []
+    private var handedOut: [HandedOut] = []
+    /// Set while a full resync (from since 0 after a refused since) has not caught up yet.
+    private var resyncing = false
+    /// Full resyncs so far.
+    private var epoch = 0
+    /// Reported on the first batch of a resync.
+    private var pendingResync: Resync?
+    private var caughtUp = false
+    private var reader: Task<Void, Never>?
+    private var closed = false
+
+    public init(configuration: Configuration, logger: Logger) {
+        self.configuration = configuration
+        self.sourceID = "blip:" + configuration.url.hostAndPort + "/" + configuration.url.database
+        self.logger = logger
+        self.queue = BoundedQueue(capacity: configuration.bufferedMessages)
+    }
+
+    public func start(after position: String?) async throws {
+        if let position {
+            do {
+                _ = try JSONParser().parse(position)
+            } catch {
+                throw BLIPError("checkpoint position \(position) is not a JSON Sync Gateway sequence")
+            }
+        }
+        confirmed = position
+        guard reader == nil else { return }
+        reader = Task { await self.readLoop() }
+    }
+
+    public func next() async throws -> ChangeBatch? {
+        var changes: [Change] = []
+        var completes: [Reply] = []
+        while changes.count < configuration.batch {
+            if current == nil {
+                // Only the first wait suspends: every change of a batch comes from the current connection.
+                let delivery = changes.isEmpty ? await queue.pop(timeout: .milliseconds(200)) : queue.tryPop()
+                guard let delivery else { break }
+                current = (delivery, 0)
+            }
+            guard let entry = current else { break }
+            let (delivery, index) = (entry.delivery, entry.index)
+            guard delivery.generation == generation else {
+                current = nil
+                continue
+            }
+            let end = min(delivery.changes.count, index + configuration.batch - changes.count)
+            changes += delivery.changes[index..<end]
+            if end == delivery.changes.count {
+                completes += delivery.replies
+                current = nil
+            } else {
+                current = (delivery, end)
+            }
+        }
+        guard let last = changes.last else { return nil }
+        handedOut.append(HandedOut(position: last.seq, generation: generation, epoch: epoch, completes: completes))
+        var resync: Resync?
+        if let pending = pendingResync, changes.contains(where: { $0.extra["resync"] == .bool(true) }) {
+            resync = pending
+            pendingResync = nil
+        }
+        return ChangeBatch(changes: changes, position: last.seq, resync: resync)
+    }
+
+    public func confirm(_ position: String) async throws {
+        var replies: [Reply] = []
+        var batchEpoch = epoch
+        while !handedOut.isEmpty {
+            let batch = handedOut.removeFirst()
+            if batch.generation == generation {
+                replies += batch.completes
+            }
+            batchEpoch = batch.epoch
+            if batch.position == position { break }
+        }
+        if batchEpoch == epoch { confirmed = position }
+        guard let session, session.generation == generation else { return }
+        for reply in replies {
+            _ = try? session.send(BLIPMessage(type: .response, number: reply.number, body: reply.body))
+        }
+    }
+
+    /// Changes read ahead of the relay (Sync Gateway does not tell how far behind its head the feed is).
+    public func lag() async -> SourceLag? {
+        var buffered = current.map { $0.delivery.changes.count - $0.index } ?? 0
+        buffered += queue.count * configuration.batch
+        return SourceLag(amount: UInt64(buffered), unit: caughtUp ? "changes buffered" : "changes buffered, catching up")
+    }
+
+    public func close() async {
+        closed = true
+        queue.close()
+        reader?.cancel()
+        await session?.close()
+        await reader?.value
+        reader = nil
+    }
+
+    // MARK: - Connection
+
+    private func readLoop() async {
+        var delay = configuration.reconnectDelay
+        while !closed && !Task.isCancelled {
+            generation += 1
+            queue.removeAll()
+            current = nil
+            awaitingRevisions = []
+            let generation = generation
+            let traffic = NIOLockedValueBox(false)
+            do {
+                try await connect(generation: generation, traffic: traffic)
+                if closed || Task.isCancelled { break }
+                logger.warning("Sync Gateway closed the BLIP connection; reconnecting", metadata: metadata())
+            } catch {
+                if closed || Task.isCancelled { break }
+                logger.warning("BLIP connection failed; reconnecting", metadata: metadata([
+                    "pubsub.relay.error": "\(error)", "pubsub.relay.since": "\(confirmed ?? "0")",
+                ]))
+            }
+            session = nil
+            if traffic.withLockedValue({ $0 }) { delay = configuration.reconnectDelay }
+            try? await Task.sleep(for: delay)
+            delay = min(delay * 2, configuration.maxReconnectDelay)
+        }
+    }
+
+    private func connect(generation: UInt64, traffic: NIOLockedValueBox<Bool>) async throws {
+        var headers = HTTPFields()
+        headers[.secWebSocketProtocol] = Self.subprotocols.joined(separator: ", ")
+        if let authorization = configuration.url.basicAuthorization { headers[.authorization] = authorization }
+        let wsConfiguration = WebSocketClientConfiguration(
+            maxFrameSize: 1 << 22, additionalHeaders: headers, closeTimeout: min(configuration.heartbeat, .seconds(5)),
+            autoPing: .enabled(timePeriod: configuration.heartbeat))
+        let maxFramePayload = configuration.maxFramePayload
+        try await WebSocketClient.connect(
+            url: configuration.url.endpoint, configuration: wsConfiguration, logger: logger
+        ) { inbound, outbound, _ in
+            let (frames, continuation) = AsyncStream.makeStream(of: [UInt8].self)
+            let session = BLIPSession(generation: generation, maxFramePayload: maxFramePayload,
+                                      outgoing: continuation, outbound: outbound)
+            let writer = Task {
+                for await frame in frames {
+                    do { try await outbound.write(.binary(ByteBuffer(bytes: frame))) } catch { break }
+                }
+            }
+            defer { writer.cancel() }
+            do {
+                guard try await self.attach(session) else { return }
+                var decoder = BLIPFrameDecoder()
+                for try await message in inbound.messages(maxSize: 1 << 22) {
+                    guard case .binary(let buffer) = message else {
+                        throw BLIPError("Sync Gateway sent a text WebSocket message")
+                    }
+                    traffic.withLockedValue { $0 = true }
+                    for event in try decoder.receive(buffer.readableBytesView) {
+                        switch event {
+                        case .message(let message):
+                            try await self.handle(message, session: session)
+                        case .sendAck(let type, let number, let received):
+                            session.sendAck(type, number: number, received: received)
+                        case .ack:
+                            break
+                        }
+                    }
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish()
+                await writer.value
+                try? await outbound.close(.protocolError, reason: "\(error)".count > 100 ? "protocol error" : "\(error)")
+                throw error
+            }
+        }
+    }
+
+    /// Makes `session` the current connection and subscribes; false when the source closed meanwhile.
+    private func attach(_ session: BLIPSession) throws -> Bool {
+        guard !closed, session.generation == generation else { return false }
+        self.session = session
+        try subscribe(session, since: confirmed)
+        return true
+    }
+
+    private func subscribe(_ session: BLIPSession, since: String?) throws {
+        var properties: [(String, String)] = [("Profile", "subChanges")]
+        if let since { properties.append(("since", since)) }
+        properties += [("continuous", "true"), ("batch", String(configuration.batch))]
+        if configuration.activeOnly { properties.append(("activeOnly", "true")) }
+        if !configuration.channels.isEmpty {
+            properties += [("filter", "sync_gateway/bychannel"),
+                           ("channels", configuration.channels.joined(separator: ","))]
+        }
+        session.subscription = (try session.send(BLIPMessage(type: .request, number: 0, properties: properties)), since)
+        caughtUp = false
+        logger.info("subscribed to Sync Gateway changes", metadata: metadata(["pubsub.relay.since": "\(since ?? "0")"]))
+    }
+
+    private func handle(_ message: BLIPMessage, session: BLIPSession) async throws {
+        guard session.generation == generation, !closed else { return }
+        switch message.type {
+        case .request where message.profile == "changes":
+            let changes = try parseChanges(message.body)
+            if changes.isEmpty {
+                if !caughtUp { logger.info("caught up with Sync Gateway", metadata: metadata()) }
+                caughtUp = true
+                resyncing = false
+                if !message.flags.contains(.noReply) {
+                    try session.send(BLIPMessage(type: .response, number: message.number, body: Array("[]".utf8)))
+                }
+                return
+            }
+            let noReply = message.flags.contains(.noReply)
+            guard configuration.includeDocuments else {
+                // "[]": none of the revisions is wanted (metadata only); answered once the relay confirmed them.
+                let replies = noReply ? [] : [Reply(number: message.number, body: Array("[]".utf8))]
+                await queue.push(Delivery(generation: session.generation, changes: changes, replies: replies))
+                return
+            }
+            // `[]` per entry: no known ancestors, send every revision; the `rev` messages are answered on confirm.
+            if !noReply {
+                let wanted = JSONValue.array(changes.map { _ in .array([]) }).jsonString
+                try session.send(BLIPMessage(type: .response, number: message.number, body: Array(wanted.utf8)))
+            }
+            var missing: [String: Int] = [:]
+            for (index, change) in changes.enumerated() {
+                missing[(change.id ?? "") + "\u{0}" + (change.extra["rev"]?.stringValue ?? "")] = index
+            }
+            awaitingRevisions.append(AwaitingRevisions(
+                delivery: Delivery(generation: session.generation, changes: changes, replies: []), missing: missing))
+        case .request where message.profile == "rev" || message.profile == "norev":
+            try await received(revision: message, session: session)
+        case .request:
+            if !message.flags.contains(.noReply) {
+                try session.send(BLIPMessage(
+                    type: .error, number: message.number,
+                    properties: [("Error-Domain", "BLIP"), ("Error-Code", "404")],
+                    body: Array("no handler for \(message.profile ?? "a request without Profile")".utf8)))
+            }
+        case .error where message.number == session.subscription?.number:
+            let since = session.subscription?.since
+            guard let since, since != "0" else {
+                throw BLIPError("Sync Gateway refused subChanges: \(message.errorDescription)")
+            }
+            let reason = "Sync Gateway refused subChanges since=\(since) (\(message.errorDescription)); resyncing from since=0"
+            logger.error("unknown position: FULL RESYNC from since=0", metadata: metadata(["pubsub.relay.reason": "\(reason)"]))
+            pendingResync = Resync(reason: reason)
+            resyncing = true
+            epoch += 1
+            confirmed = nil
+            try subscribe(session, since: nil)
+        case .error:
+            logger.warning("Sync Gateway answered with an error", metadata: metadata([
+                "pubsub.relay.error": "\(message.errorDescription)"]))
+        default:
+            break
+        }
+    }
+
+    /// A `rev` (document body) or `norev` for an entry of a `changes` message; complete messages go to the queue in
+    /// the order their `changes` came.
+    private func received(revision message: BLIPMessage, session: BLIPSession) async throws {
+        let key = (message["id"] ?? "") + "\u{0}" + (message["rev"] ?? "")
+        guard let slot = awaitingRevisions.firstIndex(where: { $0.missing[key] != nil }) else {
+            throw BLIPError("\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for")
+        }
+        let index = awaitingRevisions[slot].missing.removeValue(forKey: key)!
+        if message.profile == "rev" {
+            let document: JSONValue
+            do { document = try JSONParser().parse(message.body) } catch {
+                throw BLIPError("the body of rev \(message["id"] ?? "?") is not JSON: \(error)")
+            }
+            awaitingRevisions[slot].delivery.changes[index].document = document.objectValue
+        }
+        if !message.flags.contains(.noReply) {
+            awaitingRevisions[slot].delivery.replies.append(Reply(number: message.number, body: []))
+        }
+        while let first = awaitingRevisions.first, first.missing.isEmpty {
+            awaitingRevisions.removeFirst()
+            await queue.push(first.delivery)
+        }
+    }
+
+    /// `[[seq, docID, revID, deleted?, bodySize?], …]` → changes of the collection `[db]`.
+    func parseChanges(_ body: [UInt8]) throws -> [Change] {
+        let value: JSONValue
+        do { value = try JSONParser().parse(body) } catch {
+            throw BLIPError("a changes message's body is not JSON: \(error)")
+        }
+        guard let entries = value.arrayValue else { throw BLIPError("a changes message's body is not a JSON array") }
+        return try entries.map { entry in
+            guard let fields = entry.arrayValue, fields.count >= 3, !fields[0].isNull,
+                  let id = fields[1].stringValue, let rev = fields[2].stringValue
+            else {
+                throw BLIPError("bad changes entry \(entry.jsonString): expected [seq, docID, revID, deleted?, …]")
+            }
+            var deleted = false
+            if fields.count > 3 {
+                switch fields[3] {
+                case .bool(let flag): deleted = flag
+                case .number: deleted = (fields[3].integerValue ?? 0) != 0
+                default: deleted = false
+                }
+            }
+            let operation: Change.Operation = deleted ? .delete : rev.hasPrefix("1-") ? .insert : .update
+            var extra: JSONObject = ["rev": .string(rev)]
+            if resyncing { extra["resync"] = .bool(true) }
+            return Change(collection: [configuration.url.database], id: id, operation: operation,
+                          seq: fields[0].jsonString, extra: extra)
+        }
+    }
+
+    private func metadata(_ extra: Logger.Metadata = [:]) -> Logger.Metadata {
+        extra.merging(["pubsub.relay.source": "\(sourceID)"]) { new, _ in new }
+    }
+}
+
+/// One WebSocket connection's sending side: frames are encoded under a lock (the running checksum and the deflate
+/// stream follow the send order) and written in that order by one writer task.
+final class BLIPSession: @unchecked Sendable {
+    let generation: UInt64
+    private let lock = NIOLock()
+    private var encoder: BLIPFrameEncoder
+    private let outgoing: AsyncStream<[UInt8]>.Continuation
+    private let outbound: WebSocketOutboundWriter
+    private var _subscription: (number: UInt64, since: String?)?
+
+    init(generation: UInt64, maxFramePayload: Int, outgoing: AsyncStream<[UInt8]>.Continuation,
+         outbound: WebSocketOutboundWriter) {
+        self.generation = generation
+        self.encoder = BLIPFrameEncoder(maxFramePayload: maxFramePayload)
+        self.outgoing = outgoing
+        self.outbound = outbound
+    }
+
+    /// The `subChanges` request in force and the `since` it was sent with.
+    var subscription: (number: UInt64, since: String?)? {
+        get { lock.withLock { _subscription } }
+        set { lock.withLock { _subscription = newValue } }
+    }
+
+    /// Queues `message` for sending; a request (number 0) gets the next request number, which is returned.
+    @discardableResult
+    func send(_ message: BLIPMessage) throws -> UInt64 {
+        try lock.withLock {
+            var message = message
+            if message.type == .request && message.number == 0 { message.number = encoder.nextRequestNumber() }
+            for frame in try encoder.frames(for: message) { outgoing.yield(frame) }
+            return message.number
+        }
+    }
+
+    func sendAck(_ type: BLIPFrameType, number: UInt64, received: UInt64) {
+        lock.withLock { _ = outgoing.yield(BLIPFrameEncoder.ack(type, number: number, received: received)) }
+    }
+
+    func close() async {
+        outgoing.finish()
+        try? await outbound.close(.normalClosure, reason: nil)
+    }
+}

@@ -1,0 +1,115 @@
+/// A Sync Gateway database URL for BLIP, `ws[s]://[user:password@]host[:port]/db` (a trailing `/_blipsync` is
+/// accepted); user and password are percent-decoded and sent as Basic authorization, never logged.
+public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
+    public var secure: Bool
+    public var host: String
+    public var port: Int?
+    /// The database or keyspace (`db`, `db.scope.collection`).
+    public var database: String
+    public var username: String?
+    public var password: String?
+
+    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
+        public var message: String
+        public var description: String { message }
+    }
+
+    public init(_ text: String, username: String? = nil, password: String? = nil) throws {
+        let rest: Substring
+        if text.hasPrefix("ws://") {
+            secure = false
+            rest = text.dropFirst(5)
+        } else if text.hasPrefix("wss://") {
+            secure = true
+            rest = text.dropFirst(6)
+        } else {
+            throw Error(message: "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
+        }
+        let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
+        var authority = rest[..<authorityEnd]
+        var path = rest[authorityEnd...].drop { $0 == "/" }
+        if let at = authority.lastIndex(of: "@") {
+            let userinfo = authority[..<at]
+            authority = authority[authority.index(after: at)...]
+            if let colon = userinfo.firstIndex(of: ":") {
+                self.username = Self.percentDecoded(userinfo[..<colon])
+                self.password = Self.percentDecoded(userinfo[userinfo.index(after: colon)...])
+            } else {
+                self.username = Self.percentDecoded(userinfo)
+            }
+        }
+        if let username { self.username = username }
+        if let password { self.password = password }
+        if authority.hasPrefix("["), let close = authority.firstIndex(of: "]") {
+            host = String(authority[...close])
+            authority = authority[authority.index(after: close)...]
+            if authority.hasPrefix(":") { port = Int(authority.dropFirst()) ?? -1 } else if !authority.isEmpty { port = -1 }
+        } else if let colon = authority.lastIndex(of: ":") {
+            host = String(authority[..<colon])
+            port = Int(authority[authority.index(after: colon)...]) ?? -1
+        } else {
+            host = String(authority)
+        }
+        guard !host.isEmpty else { throw Error(message: "\(Self.redacted(text)): no host") }
+        if let port, !(1...65535).contains(port) { throw Error(message: "\(Self.redacted(text)): bad port") }
+        if path.hasSuffix("/_blipsync") { path = path.dropLast("/_blipsync".count) }
+        while path.hasSuffix("/") { path = path.dropLast() }
+        guard !path.isEmpty, !path.contains("/"), !path.contains("?"), !path.contains("#") else {
+            throw Error(message: "\(Self.redacted(text)): expected one database name in the path, e.g. ws://host:4984/db")
+        }
+        database = String(path)
+    }
+
+    /// `host[:port]`.
+    public var hostAndPort: String { port.map { "\(host):\($0)" } ?? host }
+
+    /// The WebSocket endpoint, `ws[s]://host:port/db/_blipsync`.
+    public var endpoint: String { (secure ? "wss://" : "ws://") + hostAndPort + "/" + database + "/_blipsync" }
+
+    public var description: String { (secure ? "wss://" : "ws://") + hostAndPort + "/" + database }
+
+    /// `Basic base64(user:password)`, when a user is given.
+    public var basicAuthorization: String? {
+        guard let username else { return nil }
+        return "Basic " + Self.base64(Array((username + ":" + (password ?? "")).utf8))
+    }
+
+    static func redacted(_ text: String) -> String {
+        let parts = text.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count >= 3, let at = parts[2].lastIndex(of: "@") else { return text }
+        var redacted = parts
+        redacted[2] = "…" + parts[2][at...]
+        return redacted.joined(separator: "/")
+    }
+
+    static func percentDecoded(_ text: Substring) -> String {
+        var bytes: [UInt8] = []
+        var utf8 = Array(text.utf8)[...]
+        while let byte = utf8.popFirst() {
+            if byte == UInt8(ascii: "%"), utf8.count >= 2,
+               let value = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) {
+                bytes.append(value)
+                utf8 = utf8.dropFirst(2)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    static func base64(_ bytes: [UInt8]) -> String {
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+        var output: [UInt8] = []
+        var index = 0
+        while index < bytes.count {
+            let chunk = bytes[index..<min(index + 3, bytes.count)]
+            let value = chunk.enumerated().reduce(UInt32(0)) { $0 | UInt32($1.element) << (16 - 8 * UInt32($1.offset)) }
+            for position in 0..<4 {
+                output.append(position <= chunk.count ? alphabet[Int((value >> (18 - 6 * UInt32(position))) & 0x3F)]
+                                                      : UInt8(ascii: "="))
+            }
+            index += 3
+        }
+        return String(decoding: output, as: UTF8.self)
+    }
+}
