@@ -5,7 +5,7 @@ import RelayFakes
 #endif
 
 /// `relay-fake <kind> [options]`: one of the fake feed servers, for the CLI suites.
-let fakes: [any StandaloneFake.Type] = [BLIPFake.self, SimperiumFake.self]
+let fakes: [any StandaloneFake.Type] = [BLIPFake.self, SimperiumFake.self, CouchDBFake.self]
 
 func printError(_ line: String) {
     let bytes = Array((line + "\n").utf8)
