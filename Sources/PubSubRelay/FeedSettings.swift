@@ -80,6 +80,7 @@ public enum FeedKind: String, Sendable, CaseIterable {
     case postgres
     case simperium
     case blip
+    case couchdb
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
     public static let commonKeys: Set<String> = [
@@ -97,6 +98,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
         case .blip:
             try settings.rejectUnknown(Self.commonKeys.union(BLIPChangeSource.Configuration.settingKeys))
             return BLIPChangeSource(configuration: try .init(settings: settings), logger: logger)
+        case .couchdb:
+            try settings.rejectUnknown(Self.commonKeys.union(CouchDBChangeSource.Configuration.settingKeys))
+            return CouchDBChangeSource(configuration: try .init(settings: settings), logger: logger)
         }
     }
 }

@@ -1,0 +1,125 @@
+/// A database URL `http[s]://[user[:password]@]host[:port]/db` (or a Sync Gateway keyspace `/db.scope.collection`).
+public struct CouchDBURL: Sendable, Equatable {
+    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
+        public var message: String
+        public init(_ message: String) { self.message = message }
+        public var description: String { message }
+    }
+
+    public var tls: Bool
+    /// The host as written in the URL (an IPv6 address keeps its brackets).
+    public var host: String
+    public var port: Int?
+    public var user: String?
+    public var password: String?
+    /// The path as written (percent-encoded), without a trailing slash: `/db`, `/a%2Fb`, `/db.scope.collection`.
+    public var path: String
+    /// The database name, percent-decoded: the path's last segment.
+    public var database: String
+
+    public init(_ text: String) throws {
+        let scheme: Substring
+        var rest: Substring
+        if text.hasPrefix("http://") {
+            (scheme, rest) = ("http", text.dropFirst(7))
+        } else if text.hasPrefix("https://") {
+            (scheme, rest) = ("https", text.dropFirst(8))
+        } else {
+            throw Error("--db-url must start with http:// or https:// (got \(text))")
+        }
+        tls = scheme == "https"
+        if rest.contains("?") || rest.contains("#") {
+            throw Error("--db-url takes no query or fragment: http[s]://[user:password@]host[:port]/db")
+        }
+        guard let slash = rest.firstIndex(of: "/") else {
+            throw Error("--db-url needs the database: http[s]://[user:password@]host[:port]/db")
+        }
+        var authority = rest[..<slash]
+        var path = String(rest[slash...])
+        while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
+        rest = ""
+        if let at = authority.lastIndex(of: "@") {
+            let userinfo = authority[..<at]
+            authority = authority[authority.index(after: at)...]
+            if let colon = userinfo.firstIndex(of: ":") {
+                user = Self.percentDecode(userinfo[..<colon])
+                password = Self.percentDecode(userinfo[userinfo.index(after: colon)...])
+            } else {
+                user = Self.percentDecode(userinfo)
+            }
+        }
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { throw Error("--db-url: unclosed [ in the host") }
+            host = String(authority[...close])
+            authority = authority[authority.index(after: close)...]
+            if !authority.isEmpty {
+                guard authority.hasPrefix(":") else { throw Error("--db-url: bad host \(host)\(authority)") }
+                authority = authority.dropFirst()
+                guard let number = Int(authority), (1...65535).contains(number) else {
+                    throw Error("--db-url: bad port \(authority)")
+                }
+                port = number
+            }
+        } else if let colon = authority.lastIndex(of: ":") {
+            host = String(authority[..<colon])
+            let portText = authority[authority.index(after: colon)...]
+            guard let number = Int(portText), (1...65535).contains(number) else {
+                throw Error("--db-url: bad port \(portText)")
+            }
+            port = number
+        } else {
+            host = String(authority)
+        }
+        guard !host.isEmpty, !host.contains(" ") else { throw Error("--db-url needs a host") }
+        let segments = path.split(separator: "/")
+        guard let last = segments.last, !last.isEmpty, !last.hasPrefix("_") else {
+            throw Error("--db-url needs the database as its last path segment: http[s]://host[:port]/db")
+        }
+        self.path = path
+        database = Self.percentDecode(last)
+    }
+
+    /// `scheme://host[:port]/path`, without credentials.
+    public var base: String {
+        (tls ? "https://" : "http://") + host + (port.map { ":\($0)" } ?? "") + path
+    }
+
+    /// What names the feed in the source id: `host[:port]/path`.
+    public var feedName: String { host + (port.map { ":\($0)" } ?? "") + path }
+
+    /// The collection path: the database, split into `db`, `scope`, `collection` for a Sync Gateway keyspace.
+    public var collection: [String] { database.split(separator: ".", omittingEmptySubsequences: false).map(String.init) }
+
+    static func percentDecode(_ text: Substring) -> String {
+        var out: [UInt8] = []
+        var bytes = Array(text.utf8)[...]
+        while let byte = bytes.popFirst() {
+            if byte == UInt8(ascii: "%"), bytes.count >= 2,
+               let value = UInt8(String(decoding: bytes.prefix(2), as: UTF8.self), radix: 16)
+            {
+                out.append(value)
+                bytes = bytes.dropFirst(2)
+            } else {
+                out.append(byte)
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
+    static func queryEncode(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"),
+                 UInt8(ascii: "~"):
+                out.unicodeScalars.append(UnicodeScalar(byte))
+            default:
+                let hex = String(byte, radix: 16, uppercase: true)
+                out += "%" + (byte < 16 ? "0" : "") + hex
+            }
+        }
+        return out
+    }
+}
