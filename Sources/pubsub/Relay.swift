@@ -11,7 +11,7 @@ struct RelayCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "relay",
         abstract: "Publish a database's replication change feed as channel events, resuming exactly after a crash.",
-        subcommands: [RelayPostgres.self, RelayBLIP.self, RelaySimperium.self, RelayRun.self]
+        subcommands: [RelayPostgres.self, RelayCouchDB.self, RelayBLIP.self, RelaySimperium.self, RelayRun.self]
     )
 }
 
