@@ -45,12 +45,10 @@ public final class CouchDBChangeSource: ChangeSource {
         public var maxBatch: Int
         /// The most changes read ahead of the relay.
         public var bufferCapacity: Int
-        public var connectTimeout: TimeAmount
 
         public init(url: CouchDBURL, feed: Feed = .continuous, heartbeat: TimeAmount = .seconds(10),
                     filter: String? = nil, channels: [String] = [], includeDocs: Bool = false,
-                    initialSince: String = "0", maxBatch: Int = 500, bufferCapacity: Int = 2000,
-                    connectTimeout: TimeAmount = .seconds(10)) {
+                    initialSince: String = "0", maxBatch: Int = 500, bufferCapacity: Int = 2000) {
             self.url = url
             self.feed = feed
             self.heartbeat = heartbeat
@@ -60,7 +58,6 @@ public final class CouchDBChangeSource: ChangeSource {
             self.initialSince = initialSince
             self.maxBatch = maxBatch
             self.bufferCapacity = bufferCapacity
-            self.connectTimeout = connectTimeout
         }
     }
 
@@ -94,7 +91,7 @@ public final class CouchDBChangeSource: ChangeSource {
         self.sourceID = "couchdb:" + configuration.url.feedName
         self.logger = logger
         var http = HTTPClient.Configuration()
-        http.timeout = .init(connect: configuration.connectTimeout, read: nil)
+        http.timeout = .init(connect: .seconds(10), read: nil)
         self.client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
         self.buffer = CouchDBBuffer(capacity: configuration.bufferCapacity)
     }
@@ -150,6 +147,12 @@ public final class CouchDBChangeSource: ChangeSource {
         task?.cancel()
         await task?.value
         try? await client.shutdown()
+    }
+
+    deinit {
+        // A source that was never closed still releases its client (a second shutdown is a no-op error).
+        let client = client
+        Task { try? await client.shutdown() }
     }
 
     // MARK: - Reading

@@ -1,4 +1,5 @@
 import Bayeux
+import Logging
 import NIOCore
 import Testing
 
@@ -94,5 +95,39 @@ import Testing
             #expect(throws: CouchDBURL.Error.self, "\(bad)") { try CouchDBURL(bad) }
         }
         #expect(CouchDBURL.queryEncode("\"12::34\"") == "%2212%3A%3A34%22")
+    }
+}
+
+@Suite struct CouchDBSettingsTests {
+    func settings(_ json: String) throws -> FeedSettings {
+        FeedSettings(try #require(try JSONParser().parse(json).objectValue), context: "feeds[0]")
+    }
+
+    @Test func configFileFeedReadsTheCLISettingsInSnakeCase() throws {
+        let configuration = try CouchDBChangeSource.Configuration(settings: try settings("""
+            {"source":"couchdb","db_url":"http://u:p@127.0.0.1:5984/sg.inv.hotels","feed":"longpoll","heartbeat":30000,
+             "channel":["a","b"],"since":"now","max_batch":50,"include_doc":true}
+            """))
+        #expect(configuration.feed == .longpoll && configuration.heartbeat == .seconds(30))
+        #expect(configuration.channels == ["a", "b"] && configuration.initialSince == "now")
+        #expect(configuration.maxBatch == 50 && configuration.includeDocs && configuration.url.user == "u")
+        let bad: [(String, String)] = [
+            (#"{"db_url":"ftp://x/db"}"#, "feeds[0].db_url"), (#"{"db_url":"http://h/db","feed":"normal"}"#, "feeds[0].feed"),
+            (#"{"db_url":"http://h/db","since":"5"}"#, "feeds[0].since"), (#"{}"#, "feeds[0].db_url"),
+            (#"{"db_url":"http://h/db","heartbeat":0}"#, "feeds[0].heartbeat"),
+        ]
+        for (json, key) in bad {
+            let error = #expect(throws: RelayConfigurationError.self) {
+                try CouchDBChangeSource.Configuration(settings: try settings(json))
+            }
+            #expect(error?.message.hasPrefix(key) == true, "\(json)")
+        }
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        #expect(throws: RelayConfigurationError.self) {
+            try FeedKind.couchdb.makeSource(try settings(#"{"db_url":"http://h/db","slot":"x"}"#), logger: logger)
+        }
+        let source = try FeedKind.couchdb.makeSource(try settings(#"{"db_url":"http://h:1/db"}"#), logger: logger)
+        #expect(source.sourceID == "couchdb:h:1/db")
     }
 }
