@@ -129,6 +129,10 @@ public final class CouchDBChangeSource: ChangeSource {
         }
     }
 
+    /// The feed is read ahead into the buffer anyway; a batch handed out before the previous one is confirmed is
+    /// never handed out again (only a lost connection re-reads from the confirmed position).
+    public var readsAhead: Bool { true }
+
     public func confirm(_ position: String) async throws {
         state.withLock { $0.confirmed = position }
     }

@@ -12,6 +12,7 @@ final class RecordingSource: ChangeSource {
     let inner: CouchDBChangeSource
     let batches = NIOLockedValueBox<[ChangeBatch]>([])
     var sourceID: String { inner.sourceID }
+    var readsAhead: Bool { inner.readsAhead }
 
     init(_ inner: CouchDBChangeSource) { self.inner = inner }
 
