@@ -193,3 +193,39 @@ def test_bad_arguments_and_unreachable_database(workdir):
     assert down.returncode == 69, down.stderr
     assert "cannot read http://127.0.0.1:1/db/_changes" in down.stderr
     assert time.monotonic() - started < 30
+
+
+def test_config_file_runs_a_couchdb_feed_and_checks_its_settings(broker, workdir):
+    fake, port = start_fake("couchdb", "--flavour", "sync-gateway", "--db", "travel.inv.hotels")
+    sub = start_subscriber(broker, "/changes/travel/inv/hotels/*")
+    path = os.path.join(workdir, "relay.json")
+    feed = {"name": "hotels", "source": "couchdb", "checkpoint": os.path.join(workdir, "hotels.checkpoint"),
+            "db_url": f"http://127.0.0.1:{port}/travel.inv.hotels", "channel": ["paris"], "heartbeat": 500,
+            "feed": "longpoll"}
+    with open(path, "w") as f:
+        json.dump({"url": broker.url, "secret": SECRET, "feeds": [feed]}, f)
+    relay = Lines([pubsub_bin(), "relay", "run", path])
+    try:
+        def put_keyspace(doc_id, body, rev=None):
+            if rev is not None:
+                body = dict(body, _rev=rev)
+            return call(port, "PUT", "/travel.inv.hotels/" + doc_id, body)["rev"]
+        rev = put_keyspace("h1", {"channels": ["paris"]})
+        put_keyspace("h2", {"channels": ["rome"]})
+        sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the paris document")
+        put_keyspace("h1", {"channels": ["rome"]}, rev)
+        sub.wait_for(lambda: len(sub.lines()) >= 2, 30, "the removal")
+        got = events(sub)
+        assert [(m["channel"], m["data"]["op"]) for m in got] == [
+            ("/changes/travel/inv/hotels/h1", "insert"), ("/changes/travel/inv/hotels/h1", "delete")]
+        assert got[1]["data"]["removed"] == ["paris"]
+    finally:
+        relay.stop()
+        sub.stop()
+        fake.stop()
+    bad = dict(feed, feed="normal")
+    with open(path, "w") as f:
+        json.dump({"url": broker.url, "feeds": [bad]}, f)
+    check = subprocess.run([pubsub_bin(), "relay", "run", "--check", path], capture_output=True, text=True,
+                           timeout=30)
+    assert check.returncode == 64 and "feeds[0].feed" in check.stderr, check.stderr
