@@ -71,7 +71,7 @@ public final class CouchDBFake: Sendable {
             return handler.json(.ok, ["ok": true])
         }
         router.get("/:db/_changes") { request, context in handler.changes(request, context) }
-        router.get("/:db") { request, context in handler.info(context) }
+        router.get("/:db") { request, context in handler.info(request, context) }
         router.put("/:db/:id") { request, context in try await handler.put(request, context) }
         router.delete("/:db/:id") { request, context in handler.delete(request, context) }
         var logger = Logger(label: "relay-fake.couchdb")
@@ -85,11 +85,12 @@ public final class CouchDBFake: Sendable {
 extension CouchDBFake: StandaloneFake {
     public static var name: String { "couchdb" }
 
-    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME]`.
+    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME] [--user USER:PASSWORD]`.
     public static func runStandalone(arguments: [String]) async throws {
         var port = 0
         var flavour = CouchDBFakeStore.Flavour.opaque
         var database = "db"
+        var credentials: String?
         var rest = arguments[...]
         while let option = rest.popFirst() {
             guard let value = rest.popFirst() else { throw FakeUsageError("\(option) needs a value") }
@@ -106,11 +107,14 @@ extension CouchDBFake: StandaloneFake {
                 flavour = parsed
             case "--db":
                 database = value
+            case "--user":
+                guard value.contains(":") else { throw FakeUsageError("--user: expected user:password") }
+                credentials = value
             default:
                 throw FakeUsageError("unknown option \(option)")
             }
         }
-        let store = CouchDBFakeStore(flavour: flavour, database: database)
+        let store = CouchDBFakeStore(flavour: flavour, database: database, credentials: credentials)
         let application = makeApplication(store: store, port: port) { bound in
             let line = Array("listening \(bound)\n".utf8)
             _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
@@ -139,20 +143,26 @@ struct CouchDBFakeHandler: Sendable {
         json(status, ["error": .string(error), "reason": .string(reason)])
     }
 
-    func checkDatabase(_ context: BasicRequestContext) -> Response? {
+    /// 401 unless the request carries the store's credentials (when it has some), else 404 for another database.
+    func checkDatabase(_ request: Request, _ context: BasicRequestContext) -> Response? {
+        if let credentials = store.credentials,
+           request.headers[.authorization] != "Basic " + base64(Array(credentials.utf8))
+        {
+            return error(.unauthorized, "unauthorized", "Name or password is incorrect.")
+        }
         guard let db = context.parameters.get("db"), percentDecode(db) == store.database else {
             return error(.notFound, "not_found", "Database does not exist.")
         }
         return nil
     }
 
-    func info(_ context: BasicRequestContext) -> Response {
-        if let missing = checkDatabase(context) { return missing }
+    func info(_ request: Request, _ context: BasicRequestContext) -> Response {
+        if let missing = checkDatabase(request, context) { return missing }
         return json(.ok, ["db_name": .string(store.database), "update_seq": JSONValue(store.updateSeq)])
     }
 
     func put(_ request: Request, _ context: BasicRequestContext) async throws -> Response {
-        if let missing = checkDatabase(context) { return missing }
+        if let missing = checkDatabase(request, context) { return missing }
         let id = percentDecode(context.parameters.get("id") ?? "")
         let bytes = try await request.body.collect(upTo: 1 << 20)
         guard let value = try? JSONParser().parse(bytes), var body = value.objectValue else {
@@ -171,7 +181,7 @@ struct CouchDBFakeHandler: Sendable {
     }
 
     func delete(_ request: Request, _ context: BasicRequestContext) -> Response {
-        if let missing = checkDatabase(context) { return missing }
+        if let missing = checkDatabase(request, context) { return missing }
         let id = percentDecode(context.parameters.get("id") ?? "")
         guard let rev = request.uri.queryParameters.get("rev") else {
             return error(.conflict, "conflict", "Document update conflict.")
@@ -202,7 +212,7 @@ struct CouchDBFakeHandler: Sendable {
     }
 
     func changes(_ request: Request, _ context: BasicRequestContext) -> Response {
-        if let missing = checkDatabase(context) { return missing }
+        if let missing = checkDatabase(request, context) { return missing }
         let parameters = request.uri.queryParameters
         let feedName = parameters.get("feed") ?? "normal"
         guard let feed = feedName == "live" ? .continuous : Feed(rawValue: feedName),
@@ -322,6 +332,22 @@ struct CouchDBFakeHandler: Sendable {
             }
         })
     }
+}
+
+/// Standard base64 with padding.
+func base64(_ bytes: [UInt8]) -> String {
+    let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+    var out: [UInt8] = []
+    var index = 0
+    while index < bytes.count {
+        let chunk = Array(bytes[index..<min(index + 3, bytes.count)])
+        let value = chunk.enumerated().reduce(0) { $0 | Int($1.element) << (16 - 8 * $1.offset) }
+        for position in 0..<4 {
+            out.append(position <= chunk.count ? alphabet[(value >> (18 - 6 * position)) & 0x3F] : UInt8(ascii: "="))
+        }
+        index += 3
+    }
+    return String(decoding: out, as: UTF8.self)
 }
 
 /// `%XX` decoding of a path segment.

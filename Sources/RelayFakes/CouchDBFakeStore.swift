@@ -60,9 +60,13 @@ public final class CouchDBFakeStore: Sendable {
     public let database: String
     let state = Mutex(State())
 
-    public init(flavour: Flavour, database: String = "db") {
+    /// `user:password` the server requires as HTTP Basic auth (nil: none).
+    public let credentials: String?
+
+    public init(flavour: Flavour, database: String = "db", credentials: String? = nil) {
         self.flavour = flavour
         self.database = database
+        self.credentials = credentials
     }
 
     public struct Conflict: Error, Sendable, CustomStringConvertible {

@@ -300,6 +300,27 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
+    @Test func basicAuthFromTheURL() async throws {
+        let fake = try await CouchDBFake.start(store: CouchDBFakeStore(flavour: .integer, credentials: "relay:s3cr:t"))
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        try fake.store.put("a")
+        let refused = CouchDBChangeSource(
+            configuration: .init(url: try CouchDBURL("http://relay:wrong@127.0.0.1:\(fake.port)/db")), logger: logger)
+        let error = await #expect(throws: CouchDBChangeSource.SourceError.self) { try await refused.start(after: nil) }
+        #expect(error?.message.contains("authentication refused") == true)
+        await refused.close()
+        let source = CouchDBChangeSource(
+            configuration: .init(url: try CouchDBURL("http://relay:s3cr%3At@127.0.0.1:\(fake.port)/db"),
+                                 heartbeat: .milliseconds(200)), logger: logger)
+        try await source.start(after: nil)
+        var batch: ChangeBatch?
+        for _ in 0..<40 where batch == nil { batch = try await source.next() }
+        #expect(batch?.changes.map(\.id) == ["a"] && batch?.position == "1")
+        await source.close()
+        await fake.stop()
+    }
+
     @Test func unreachableOrMissingDatabaseFailsTheStart() async throws {
         try await withHarness(.opaque) { h in
             var logger = Logger(label: "test")
