@@ -18,8 +18,8 @@ import Synchronization
 ///   `400 {"error":"bad_request","reason":"Malformed sequence supplied in 'since' parameter."}`.
 /// * `PUT /{db}/{id}` (JSON body, `_rev` or `?rev=` to update) → `201 {"ok":true,"id","rev"}` or 409;
 ///   `DELETE /{db}/{id}?rev=` → `200 {"ok":true,"id","rev"}`; `GET /{db}` → `{"db_name","update_seq"}`.
-/// * Faults: `POST /_fake/faults` with `{"drop_after_rows":N,"drop_mid_line":true,"replay_rows":N}` (next feed
-///   response), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
+/// * Faults: `POST /_fake/faults` with `{"drop_after_rows":N,"drop_mid_line":true,"replay_rows":N,
+///   "garbage_after_rows":N}` (next feed response), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
 ///   unknown), `GET /_fake/requests` (the `since` of every feed request).
 ///
 /// Deviations kept on purpose: Sync Gateway's minimum heartbeat (25 s) is not enforced, so tests can run fast.
@@ -203,6 +203,7 @@ struct CouchDBFakeHandler: Sendable {
         faults.dropAfterRows = object["drop_after_rows"]?.integerValue.map { Int($0) }
         faults.dropMidLine = object["drop_mid_line"] == .bool(true)
         faults.replayRows = object["replay_rows"]?.integerValue.map { Int($0) } ?? 0
+        faults.garbageAfterRows = object["garbage_after_rows"]?.integerValue.map { Int($0) }
         store.setFaults(faults)
         return json(.ok, ["ok": true])
     }
@@ -300,6 +301,9 @@ struct CouchDBFakeHandler: Sendable {
                     case .normal, .longpoll: text = (first ? "" : ",\r\n") + row.json
                     case .continuous: text = row.json + "\n"
                     case .eventsource: text = "data: \(row.json)\nid: \(row.seqJSON)\n\n"
+                    }
+                    if let garbage = faults.garbageAfterRows, written == garbage {
+                        try await send(feed == .eventsource ? "data: {\"seq\":\n\n" : "{\"seq\":1,\"id\":\n")
                     }
                     if let drop = faults.dropAfterRows, written == drop {
                         if faults.dropMidLine { try await send(String(text.prefix(text.count / 2))) }

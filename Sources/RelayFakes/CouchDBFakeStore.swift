@@ -36,6 +36,8 @@ public final class CouchDBFakeStore: Sendable {
         public var dropMidLine = false
         /// The next feed response starts this many rows before the `since` it was given (a range sent twice).
         public var replayRows = 0
+        /// The next feed response writes a line that is not JSON after this many rows, then goes on as if fine.
+        public var garbageAfterRows: Int?
         public init() {}
     }
 

@@ -234,6 +234,45 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
+    @Test(arguments: [FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .eventsource),
+                      FeedCase(flavour: .opaque, feed: .longpoll)])
+    func malformedRowReconnectsWithoutAGap(_ feedCase: FeedCase) async throws {
+        try await withHarness(feedCase.flavour) { h in
+            try h.startRelay(feed: feedCase.feed, heartbeat: .milliseconds(150))
+            try await h.eventually("the feed") { h.store.feedRequests.count >= 2 }
+            var faults = CouchDBFakeStore.Faults()
+            faults.garbageAfterRows = 3
+            h.store.setFaults(faults)
+            h.store.muteOpenFeeds()
+            for i in 0..<8 { try h.store.put("d\(i)") }
+            try await h.eventually("all 8 documents") { Set(h.publishedIDs).count == 8 }
+            // The bad line ended that connection: one more request than the muted feed and its successor.
+            #expect(h.store.feedRequests.count >= 4)
+            var firstSeen: [String] = []
+            for id in h.publishedIDs where !firstSeen.contains(id) { firstSeen.append(id) }
+            #expect(firstSeen == (0..<8).map { "d\($0)" })
+            h.expectStableKeys()
+        }
+    }
+
+    @Test func designFilterIsPassedThrough() async throws {
+        try await withHarness(.opaque) { h in
+            let configuration = CouchDBChangeSource.Configuration(
+                url: try CouchDBURL(h.fake.url), heartbeat: .milliseconds(200), filter: "app/important")
+            var logger = Logger(label: "test")
+            logger.logLevel = .critical
+            try h.store.put("a", ["important": true])
+            try h.store.put("b")
+            try h.store.put("c", ["important": true])
+            let source = CouchDBChangeSource(configuration: configuration, logger: logger)
+            try await source.start(after: nil)
+            var ids: [String?] = []
+            for _ in 0..<40 where ids.count < 2 { ids += try await source.next()?.changes.map(\.id) ?? [] }
+            #expect(ids == ["a", "c"])
+            await source.close()
+        }
+    }
+
     @Test(arguments: [CouchDBFakeStore.Flavour.integer, .opaque, .syncGateway])
     func replayedRangeComesWithTheSameKeys(_ flavour: CouchDBFakeStore.Flavour) async throws {
         try await withHarness(flavour) { h in
