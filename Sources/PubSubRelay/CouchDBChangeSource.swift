@@ -98,26 +98,44 @@ public final class CouchDBChangeSource: ChangeSource {
 
     var metadata: Logger.Metadata { ["pubsub.relay.source": "\(sourceID)"] }
 
-    /// Checks that the database answers (one `feed=normal&since=now` request: reachable, authorised, existing),
-    /// then starts reading after `position` (or from `initialSince`; `now` is pinned to the current seq here, so a
-    /// reconnect before the first confirm does not skip changes).
+    /// Checks that the database answers (`GET /{db}`: reachable, authorised, existing), then starts reading after
+    /// `position` (or from `initialSince`; `now` is pinned to the current seq first, with one
+    /// `feed=normal&since=now` request, so a reconnect before the first confirm does not skip changes).
     public func start(after position: String?) async throws {
         var since = position ?? configuration.initialSince
-        let probe: (rows: [CouchDBRow], lastSeq: String, pending: UInt64?)
         do {
-            probe = try await list(since: "now", feed: "normal")
+            try await probe()
+            if position == nil && since == "now" { since = try await list(since: "now", feed: "normal").lastSeq }
         } catch let error as UnknownSince {
             throw SourceError("the server refused the feed: \(error.reason)")
         } catch let error as SourceError {
             throw error
         } catch {
-            throw SourceError("cannot read \(configuration.url.base)/_changes: \(error)")
+            throw SourceError("cannot read \(configuration.url.base): \(error)")
         }
-        if position == nil && since == "now" { since = probe.lastSeq }
         state.withLock { $0.confirmed = position }
         let start = since
         let task = Task { await self.read(from: start) }
         state.withLock { $0.reader = task }
+    }
+
+    /// `GET /{db}`, which CouchDB, PouchDB Server and Sync Gateway all answer with the database's info.
+    func probe() async throws {
+        var request = HTTPClientRequest(url: configuration.url.base + "/")
+        request.headers.add(name: "Accept", value: "application/json")
+        if let user = configuration.url.user {
+            request.setBasicAuth(username: user, password: configuration.url.password ?? "")
+        }
+        let response = try await client.execute(request, timeout: .seconds(30), logger: logger)
+        let body = try? await response.body.collect(upTo: 64 << 10)
+        guard response.status == .ok else {
+            let detail = "HTTP \(response.status.code) \((body.map { String(buffer: $0) } ?? "").trimmingWhitespace)"
+            if response.status == .unauthorized || response.status == .forbidden {
+                throw SourceError("\(configuration.url.base): authentication refused: \(detail)")
+            }
+            if response.status == .notFound { throw SourceError("\(configuration.url.base): not found: \(detail)") }
+            throw SourceError("\(configuration.url.base): \(detail)")
+        }
     }
 
     public func next() async throws -> ChangeBatch? {
