@@ -9,8 +9,8 @@ import Synchronization
 /// seqs), PouchDB Server, and Sync Gateway's REST feed (`12::34`-style seqs, channel filter, `removed`).
 ///
 /// A background task reads the feed (`continuous`, `longpoll` or `eventsource`) into a bounded buffer, so reading
-/// overlaps publishing; `next()` hands out up to `maxBatch` changes. Every seq is kept as the raw JSON the server
-/// wrote and sent back as `since` exactly so. Positions (checkpoints) are the seq of the last change of a batch, or
+/// overlaps publishing; `next()` hands out up to `maxBatch` changes. Every seq is kept as the server wrote it (a
+/// string seq without its JSON quotes) and sent back as `since` so. Positions (checkpoints) are the seq of the last change of a batch, or
 /// a feed's `last_seq`.
 ///
 /// * A dropped connection, a malformed row or no byte for twice the heartbeat: the connection is dropped, the buffer

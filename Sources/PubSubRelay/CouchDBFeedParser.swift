@@ -12,7 +12,8 @@ public struct CouchDBFeedError: Error, Sendable, CustomStringConvertible {
 /// One row of a `_changes` feed: `{"seq":S,"id":"doc","changes":[{"rev":"2-abc"}],"deleted":true?,
 /// "removed":["channel"]? (Sync Gateway),"doc":{…}?}`.
 public struct CouchDBRow: Sendable, Equatable {
-    /// The row's `seq` as raw JSON text (`42`, `"5-g1AAAA…"`, `"12::34"`), to be sent back exactly.
+    /// The row's `seq` as it is sent back in `since=` (`42`, `5-g1AAAA…`, `12::34`): a string seq without its
+    /// JSON quotes, any other seq as its JSON text.
     public var seq: String
     public var id: String
     /// The winning revision (`changes[0].rev`), when the row has one.
@@ -67,7 +68,7 @@ public enum CouchDBFeedParser {
     public static func event(_ value: JSONValue) throws -> CouchDBFeedEvent {
         guard let object = value.objectValue else { throw CouchDBFeedError("a _changes row is not a JSON object") }
         if object["id"] == nil, let lastSeq = object["last_seq"] {
-            return .end(lastSeq: lastSeq.jsonString, pending: pending(object))
+            return .end(lastSeq: sinceText(lastSeq), pending: pending(object))
         }
         return .row(try row(object))
     }
@@ -80,7 +81,7 @@ public enum CouchDBFeedParser {
         if let array = object["removed"]?.arrayValue {
             removed = array.compactMap(\.stringValue)
         }
-        return CouchDBRow(seq: seq.jsonString, id: id, rev: rev, deleted: object["deleted"] == .bool(true),
+        return CouchDBRow(seq: sinceText(seq), id: id, rev: rev, deleted: object["deleted"] == .bool(true),
                           removed: removed, doc: object["doc"]?.objectValue)
     }
 
@@ -104,7 +105,14 @@ public enum CouchDBFeedParser {
             guard let row = result.objectValue else { throw CouchDBFeedError("a _changes row is not a JSON object") }
             return try Self.row(row)
         }
-        return (rows, lastSeq.jsonString, pending(object))
+        return (rows, sinceText(lastSeq), pending(object))
+    }
+
+    /// A seq as it goes back in `since=`: a string seq bare (`5-g1AAAA…`, `12::34`, as CouchDB 2+, Cloudant and
+    /// Sync Gateway expect it, and as their own clients send it), anything else (an integer, a CouchDB 1.x/BigCouch
+    /// array) as its JSON text.
+    public static func sinceText(_ seq: JSONValue) -> String {
+        seq.stringValue ?? seq.jsonString
     }
 }
 

@@ -10,14 +10,14 @@ struct RelayCouchDB: AsyncParsableCommand {
             Follows <db-url>/_changes (feed=continuous by default, or longpoll or eventsource) with a heartbeat, \
             publishes every change to <prefix>/<db>/<escaped id> (a Sync Gateway keyspace db.scope.collection \
             gives <prefix>/<db>/<scope>/<collection>/<escaped id>), waits for the broker's acknowledgement and \
-            writes the checkpoint (the raw JSON seq) durably. After a crash it resumes with since=<checkpoint>: \
+            writes the checkpoint (the seq) durably. After a crash it resumes with since=<checkpoint>: \
             delivery is at least once, and a change delivered twice carries the same data.key. A connection \
             that drops or stays silent for twice the heartbeat is reopened from the last checkpoint. A since \
             the server no longer knows (HTTP 400) starts a full resync from since=0, logged at error level and \
             counted in pubsub_relay_resyncs_total; its events carry data.resync = true.
 
             data holds id, op (insert for revision 1-…, update, delete for deleted rows and for Sync Gateway's \
-            removed), rev, seq (the raw JSON seq as text), key (the idempotency key), collection, source, \
+            removed), rev, seq (the server's seq: an integer as written, a string seq such as 5-g1AAAA… or 12::34 as it is), key (the idempotency key), collection, source, \
             removed (the channels a document left, Sync Gateway), and doc with --include-doc.
 
             Exit status:
