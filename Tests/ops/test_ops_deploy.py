@@ -246,3 +246,16 @@ def test_nginx_example_proxies_websocket_long_polling_and_client_addresses(nginx
     assert requests.get(base + "/metrics", verify=cert, timeout=10).status_code == 404
     assert requests.get(base + "/readyz", verify=cert, timeout=10).text == "ready\n"
     ws.close()
+
+
+def test_the_relay_configuration_example_is_valid():
+    """Deploy/relay.json names one feed of every source; `relay run --check` reads it without connecting."""
+    result = subprocess.run([pubsub_bin(), "relay", "run", "--check", os.path.join(DEPLOY, "relay.json")],
+                            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    kinds = [line.split(": ", 1)[1].split(" ")[0] for line in result.stdout.strip().splitlines()]
+    assert sorted(kinds) == ["blip", "couchdb", "postgres", "simperium"]
+    with open(os.path.join(DEPLOY, "relay.json")) as f:
+        checkpoints = [feed["checkpoint"] for feed in json.load(f)["feeds"]]
+    # Every checkpoint lives in the relay unit's state directory, the only place it may write.
+    assert all(path.startswith("/var/lib/pubsub-relay/") for path in checkpoints)
