@@ -205,7 +205,7 @@ public actor BLIPChangeSource: ChangeSource {
         var delay = configuration.reconnectDelay
         while !closed && !Task.isCancelled {
             generation += 1
-            queue.removeAll()
+            queue.clear()
             current = nil
             awaitingRevisions = []
             let generation = generation
@@ -316,7 +316,7 @@ public actor BLIPChangeSource: ChangeSource {
             guard configuration.includeDocuments else {
                 // "[]": none of the revisions is wanted (metadata only); answered once the relay confirmed them.
                 let replies = noReply ? [] : [Reply(number: message.number, body: Array("[]".utf8))]
-                await queue.push(Delivery(generation: session.generation, changes: changes, replies: replies))
+                try await queue.push(Delivery(generation: session.generation, changes: changes, replies: replies))
                 return
             }
             // `[]` per entry: no known ancestors, send every revision; the `rev` messages are answered on confirm.
@@ -379,7 +379,7 @@ public actor BLIPChangeSource: ChangeSource {
         }
         while let first = awaitingRevisions.first, first.missing.isEmpty {
             awaitingRevisions.removeFirst()
-            await queue.push(first.delivery)
+            try await queue.push(first.delivery)
         }
     }
 

@@ -83,7 +83,7 @@ public final class CouchDBChangeSource: ChangeSource {
     public let configuration: Configuration
     let logger: Logger
     let client: HTTPClient
-    let buffer: CouchDBBuffer
+    let buffer: BoundedQueue<FeedItem>
     let state = Mutex(State())
 
     public init(configuration: Configuration, logger: Logger) {
@@ -93,7 +93,7 @@ public final class CouchDBChangeSource: ChangeSource {
         var http = HTTPClient.Configuration()
         http.timeout = .init(connect: .seconds(10), read: nil)
         self.client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
-        self.buffer = CouchDBBuffer(capacity: configuration.bufferCapacity)
+        self.buffer = BoundedQueue(capacity: configuration.bufferCapacity)
     }
 
     var metadata: Logger.Metadata { ["pubsub.relay.source": "\(sourceID)"] }
@@ -139,12 +139,12 @@ public final class CouchDBChangeSource: ChangeSource {
     }
 
     public func next() async throws -> ChangeBatch? {
-        let deadline = ContinuousClock.now + .milliseconds(250)
-        while true {
-            if let batch = buffer.take(max: configuration.maxBatch) { return batch }
-            if ContinuousClock.now >= deadline { return nil }
-            try await Task.sleep(for: .milliseconds(5))
+        let max = configuration.maxBatch
+        if let batch = await buffer.take(timeout: .milliseconds(250), { FeedItem.batch(of: $0, max: max) }) {
+            return batch
         }
+        try Task.checkCancellation()
+        return nil
     }
 
     /// The feed is read ahead into the buffer anyway; a batch handed out before the previous one is confirmed is
@@ -361,40 +361,18 @@ extension String {
     }
 }
 
-/// The bounded read-ahead between the feed reader and the relay. `push` waits while it is full.
-final class CouchDBBuffer: Sendable {
-    enum Item: Sendable {
+extension CouchDBChangeSource {
+    /// What the feed reader hands to the relay through the bounded buffer; `push` waits while it is full.
+    enum FeedItem: Sendable {
         case change(Change)
         /// A position without a change (`last_seq`).
         case position(String)
         /// The following items are a full resync; the batch starting here carries the reason.
         case resync(String)
-    }
 
-    let capacity: Int
-    private let items = Mutex<[Item]>([])
-
-    init(capacity: Int) { self.capacity = max(capacity, 1) }
-
-    var count: Int { items.withLock { $0.count } }
-
-    func push(_ item: Item) async throws {
-        while true {
-            let pushed = items.withLock { items -> Bool in
-                guard items.count < capacity else { return false }
-                items.append(item)
-                return true
-            }
-            if pushed { return }
-            try await Task.sleep(for: .milliseconds(2))
-        }
-    }
-
-    func clear() { items.withLock { $0.removeAll() } }
-
-    /// Up to `max` changes as a batch, never across the start of a resync; nil when nothing is ready.
-    func take(max: Int) -> ChangeBatch? {
-        items.withLock { items -> ChangeBatch? in
+        /// Up to `max` changes from the front of `items` as a batch, never across the start of a resync, with the
+        /// number of items it takes; nil while no position is there yet.
+        static func batch(of items: ArraySlice<FeedItem>, max: Int) -> (count: Int, result: ChangeBatch)? {
             var changes: [Change] = []
             var position: String?
             var resync: Resync?
@@ -420,8 +398,7 @@ final class CouchDBBuffer: Sendable {
                 break
             }
             guard let position else { return nil }
-            items.removeFirst(taken)
-            return ChangeBatch(changes: changes, position: position, resync: resync)
+            return (taken, ChangeBatch(changes: changes, position: position, resync: resync))
         }
     }
 }

@@ -92,7 +92,7 @@ public final class SimperiumChangeSource: ChangeSource {
     public let sourceID: String
     public let configuration: Configuration
     private let logger: Logger
-    private let buffer: SimperiumBuffer
+    private let buffer: BoundedQueue<SimperiumEntry>
     private let state = NIOLockedValueBox(State())
     private let eventLoopGroup: any EventLoopGroup
 
@@ -101,7 +101,7 @@ public final class SimperiumChangeSource: ChangeSource {
         self.configuration = configuration
         self.sourceID = "simperium:\(configuration.appID)/\(configuration.bucket)"
         self.logger = logger
-        self.buffer = SimperiumBuffer(capacity: configuration.bufferCapacity)
+        self.buffer = BoundedQueue(capacity: configuration.bufferCapacity)
         self.eventLoopGroup = eventLoopGroup
     }
 
@@ -124,7 +124,8 @@ public final class SimperiumChangeSource: ChangeSource {
 
     public func next() async throws -> ChangeBatch? {
         if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
-        let entries = await buffer.take(max: configuration.batchSize, wait: .milliseconds(200))
+        // The first entry of a resync starts a batch of its own, so that the batch carries the resync.
+        let entries = await buffer.take(max: configuration.batchSize, timeout: .milliseconds(200)) { $0.resync != nil }
         guard let first = entries.first, let last = entries.last else {
             if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
             return nil
@@ -179,7 +180,7 @@ public final class SimperiumChangeSource: ChangeSource {
             } catch {
                 session.fail(error)
             }
-            buffer.removeAll()
+            buffer.clear()
             if Task.isCancelled { break }
             let error = session.error ?? SourceError("the connection ended")
             if error.fatal {
@@ -212,6 +213,15 @@ public final class SimperiumChangeSource: ChangeSource {
     }
 }
 
+/// One item read from a Simperium stream for the relay: a change (or none, when only the position moves, as at the
+/// end of an empty index) and the position to checkpoint once it and everything before it is relayed.
+struct SimperiumEntry: Sendable {
+    var change: Change?
+    var position: String
+    /// Set on the first entry of a full resync.
+    var resync: Resync?
+}
+
 /// One connection: `init` → `auth`, then `cv` catch-up or the paged index, then live changes; heartbeats beside.
 final class SimperiumSession: Sendable {
     private struct Activity {
@@ -234,12 +244,12 @@ final class SimperiumSession: Sendable {
 
     let configuration: SimperiumChangeSource.Configuration
     let resumeFrom: String?
-    let buffer: SimperiumBuffer
+    let buffer: BoundedQueue<SimperiumEntry>
     let logger: Logger
     let onAuthenticated: @Sendable () -> Void
     private let activity = NIOLockedValueBox(Activity())
 
-    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, buffer: SimperiumBuffer,
+    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, buffer: BoundedQueue<SimperiumEntry>,
          logger: Logger, onAuthenticated: @escaping @Sendable () -> Void) {
         self.configuration = configuration
         self.resumeFrom = resumeFrom
@@ -307,7 +317,7 @@ final class SimperiumSession: Sendable {
                 if activity.heartbeatSent != nil { activity.heartbeatSent = .now() }
             }
         }
-        try await buffer.put(entry)
+        try await buffer.push(entry)
     }
 
     private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {

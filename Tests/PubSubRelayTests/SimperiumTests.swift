@@ -385,54 +385,6 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
     }
 }
 
-@Suite struct SimperiumBufferTests {
-    func entry(_ id: String, resync: Bool = false) -> SimperiumEntry {
-        SimperiumEntry(change: Change(collection: ["b"], id: id, operation: .insert, seq: id), position: id,
-                       resync: resync ? Resync(reason: "test") : nil)
-    }
-
-    @Test func aFullBufferHoldsTheProducerBack() async throws {
-        let buffer = SimperiumBuffer(capacity: 2)
-        try await buffer.put(entry("a"))
-        try await buffer.put(entry("b"))
-        let third = Task { try await buffer.put(entry("c")) }
-        try await Task.sleep(nanoseconds: 100_000_000)
-        #expect(buffer.count == 2, "the third entry waits for room")
-        #expect(await buffer.take(max: 10, wait: .milliseconds(10)).map(\.position) == ["a", "b"])
-        try await third.value
-        #expect(await buffer.take(max: 10, wait: .milliseconds(10)).map(\.position) == ["c"])
-    }
-
-    @Test func takeWaitsBrieflyThenReturnsNothing() async {
-        let buffer = SimperiumBuffer(capacity: 2)
-        let start = ContinuousClock.now
-        #expect(await buffer.take(max: 10, wait: .milliseconds(50)).isEmpty)
-        #expect(ContinuousClock.now - start < .seconds(5))
-        let late = Task {
-            try await Task.sleep(nanoseconds: 30_000_000)
-            try await buffer.put(entry("late"))
-        }
-        #expect(await buffer.take(max: 10, wait: .seconds(5)).map(\.position) == ["late"])
-        _ = await late.result
-    }
-
-    @Test func aResyncStartsABatchAndABlockedProducerCanBeCancelled() async throws {
-        let buffer = SimperiumBuffer(capacity: 3)
-        for e in [entry("a"), entry("b", resync: true), entry("c")] { try await buffer.put(e) }
-        #expect(await buffer.take(max: 10, wait: .zero).map(\.position) == ["a"])
-        let batch = await buffer.take(max: 10, wait: .zero)
-        #expect(batch.map(\.position) == ["b", "c"] && batch.first?.resync != nil)
-
-        for e in [entry("x"), entry("y"), entry("z")] { try await buffer.put(e) }
-        let blocked = Task { try await buffer.put(entry("w")) }
-        try await Task.sleep(nanoseconds: 50_000_000)
-        blocked.cancel()
-        await #expect(throws: CancellationError.self) { try await blocked.value }
-        buffer.removeAll()
-        #expect(buffer.count == 0)
-    }
-}
-
 extension SimperiumSourceTests {
     @Test func aCrashInTheMiddleOfTheFirstIndexIndexesAgain() async throws {
         let h = try await SimperiumHarness.start()
