@@ -82,6 +82,36 @@ def events(sub):
     return [json.loads(line) for line in sub.lines()]
 
 
+def seen_ids(sub):
+    """The document ids of the events `sub` received so far."""
+    return {json.loads(line)["data"]["id"] for line in sub.lines()}
+
+
+def wait_for_ids(sub, ids, timeout, what):
+    """Waits until `sub` received an event for each of `ids`."""
+    wanted = set(ids)
+    sub.wait_for(lambda: seen_ids(sub) >= wanted, timeout, what)
+
+
+def check_at_least_once(got, ids, same=("key",), op=None, ordered=True):
+    """Checks what a relay delivered across crashes: each change of `ids` (one per id) at least once and nothing
+    else; the duplicates of a change equal in every field of `same` (the key at least); every delivery's `op` when
+    given; with `ordered`, the first delivery of each in the order of `ids`. Returns the number of duplicates."""
+    ids = list(ids)
+    by_id = {}
+    for message in got:
+        by_id.setdefault(message["data"]["id"], []).append(message["data"])
+    assert set(by_id) == set(ids)
+    for deliveries in by_id.values():
+        for field in same:
+            assert len({d[field] for d in deliveries}) == 1, deliveries
+        if op is not None:
+            assert all(d["op"] == op for d in deliveries), deliveries
+    if ordered:
+        first_seen = list(dict.fromkeys(message["data"]["id"] for message in got))
+        assert first_seen == ids
+    return len(got) - len(ids)
+
 
 def relay_fake_bin():
     """The `relay-fake` runner built beside the pubsub binary."""

@@ -4,26 +4,13 @@ import json
 import os
 import random
 import subprocess
-import tempfile
 import time
 import urllib.request
 
 import pytest
 
-from broker import Broker, pubsub_bin
-from relaykit import SECRET, Lines, events, start_fake, start_subscriber
-
-
-@pytest.fixture
-def broker():
-    with Broker(secret=SECRET) as b:
-        yield b
-
-
-@pytest.fixture
-def workdir():
-    with tempfile.TemporaryDirectory(prefix="pubsub-relay-blip-") as d:
-        yield d
+from broker import pubsub_bin
+from relaykit import SECRET, Lines, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids
 
 
 @pytest.fixture
@@ -101,25 +88,11 @@ def test_kill_9_mid_stream_then_restart_delivers_every_change_with_stable_keys(f
             killed_at.append(len(sub.lines()))
             second = start_relay(port, broker, workdir, "--batch", "20", "--batch-size", "20")
 
-        def all_seen():
-            return {json.loads(line)["data"]["id"] for line in sub.lines()} >= {f"n{i}" for i in range(total)}
-        sub.wait_for(all_seen, 120, f"all {total} documents")
+        ids = [f"n{i}" for i in range(total)]
+        wait_for_ids(sub, ids, 120, f"all {total} documents")
         time.sleep(0.5)
-        got = events(sub)
-        by_id = {}
-        for message in got:
-            by_id.setdefault(message["data"]["id"], []).append(message["data"])
-        assert set(by_id) == {f"n{i}" for i in range(total)}
-        for deliveries in by_id.values():
-            assert len({d["key"] for d in deliveries}) == 1, deliveries
-            assert len({d["seq"] for d in deliveries}) == 1, deliveries
-        first_seen = []
-        for message in got:
-            if message["data"]["id"] not in first_seen:
-                first_seen.append(message["data"]["id"])
-        assert first_seen == [f"n{i}" for i in range(total)]
-        print(f"killed after {killed_at} events; {len(got)} deliveries for {total} changes "
-              f"({len(got) - total} duplicates)")
+        duplicates = check_at_least_once(events(sub), ids, same=("key", "seq"))
+        print(f"killed after {killed_at} events; {duplicates} duplicates for {total} changes")
     finally:
         relay.stop()
         if second is not None:

@@ -4,7 +4,6 @@ FILE` (in-process), with a real PostgreSQL 15 + wal2json."""
 import json
 import os
 import subprocess
-import tempfile
 import time
 import urllib.request
 
@@ -27,12 +26,6 @@ def pg():
             db.execute("CREATE TABLE notes (id text PRIMARY KEY, body text)")
             db.execute("CREATE TABLE tasks (id int PRIMARY KEY, title text)")
         yield cluster
-
-
-@pytest.fixture
-def workdir():
-    with tempfile.TemporaryDirectory(prefix="pubsub-relay-file-") as d:
-        yield d
 
 
 def write_config(workdir, config):
