@@ -34,6 +34,15 @@ def has_wal2json(bindir: str) -> bool:
     return any(os.path.exists(c) for c in candidates)
 
 
+def needs_wal2json():
+    """The mark of a suite that needs PostgreSQL with wal2json: skipped without it, unless CI is set."""
+    import pytest  # here, so that scripts using the cluster need no pytest
+
+    return pytest.mark.skipif(
+        not os.environ.get("CI") and not has_wal2json(pg_bin()),
+        reason="wal2json is not installed (apt-get install postgresql-15-wal2json); required when CI is set")
+
+
 class PostgresCluster:
     def __init__(self, tls=False):
         self.bindir = pg_bin()

@@ -11,12 +11,10 @@ import psycopg
 import pytest
 
 from broker import Broker, pubsub_bin
-from pgcluster import PostgresCluster, has_wal2json, pg_bin
+from pgcluster import PostgresCluster, needs_wal2json
 from relaykit import SECRET, Lines, events, start_subscriber
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("CI") and not has_wal2json(pg_bin()),
-    reason="wal2json is not installed (apt-get install postgresql-15-wal2json); required when CI is set")
+pytestmark = needs_wal2json()
 
 
 @pytest.fixture
