@@ -26,20 +26,11 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
             throw Error(message: "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
         }
         let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
-        var authority = rest[..<authorityEnd]
+        let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<authorityEnd])
+        var authority = hostAndPort
         var path = rest[authorityEnd...].drop { $0 == "/" }
-        if let at = authority.lastIndex(of: "@") {
-            let userinfo = authority[..<at]
-            authority = authority[authority.index(after: at)...]
-            if let colon = userinfo.firstIndex(of: ":") {
-                self.username = Self.percentDecoded(userinfo[..<colon])
-                self.password = Self.percentDecoded(userinfo[userinfo.index(after: colon)...])
-            } else {
-                self.username = Self.percentDecoded(userinfo)
-            }
-        }
-        if let username { self.username = username }
-        if let password { self.password = password }
+        self.username = username ?? userInfo?.user
+        self.password = password ?? userInfo?.password
         if authority.hasPrefix("["), let close = authority.firstIndex(of: "]") {
             host = String(authority[...close])
             authority = authority[authority.index(after: close)...]
@@ -80,21 +71,6 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
         var redacted = parts
         redacted[2] = "…" + parts[2][at...]
         return redacted.joined(separator: "/")
-    }
-
-    static func percentDecoded(_ text: Substring) -> String {
-        var bytes: [UInt8] = []
-        var utf8 = Array(text.utf8)[...]
-        while let byte = utf8.popFirst() {
-            if byte == UInt8(ascii: "%"), utf8.count >= 2,
-               let value = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) {
-                bytes.append(value)
-                utf8 = utf8.dropFirst(2)
-            } else {
-                bytes.append(byte)
-            }
-        }
-        return String(decoding: bytes, as: UTF8.self)
     }
 
     static func base64(_ bytes: [UInt8]) -> String {

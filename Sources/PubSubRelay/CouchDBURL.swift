@@ -34,20 +34,13 @@ public struct CouchDBURL: Sendable, Equatable {
         guard let slash = rest.firstIndex(of: "/") else {
             throw Error("--db-url needs the database: http[s]://[user:password@]host[:port]/db")
         }
-        var authority = rest[..<slash]
+        let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<slash])
+        var authority = hostAndPort
         var path = String(rest[slash...])
         while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
         rest = ""
-        if let at = authority.lastIndex(of: "@") {
-            let userinfo = authority[..<at]
-            authority = authority[authority.index(after: at)...]
-            if let colon = userinfo.firstIndex(of: ":") {
-                user = Self.percentDecode(userinfo[..<colon])
-                password = Self.percentDecode(userinfo[userinfo.index(after: colon)...])
-            } else {
-                user = Self.percentDecode(userinfo)
-            }
-        }
+        user = userInfo?.user
+        password = userInfo?.password
         if authority.hasPrefix("[") {
             guard let close = authority.firstIndex(of: "]") else { throw Error("--db-url: unclosed [ in the host") }
             host = String(authority[...close])
@@ -76,7 +69,7 @@ public struct CouchDBURL: Sendable, Equatable {
             throw Error("--db-url needs the database as its last path segment: http[s]://host[:port]/db")
         }
         self.path = path
-        database = Self.percentDecode(last)
+        database = URLUserInfo.percentDecoded(last)
     }
 
     /// `scheme://host[:port]/path`, without credentials.
@@ -89,22 +82,6 @@ public struct CouchDBURL: Sendable, Equatable {
 
     /// The collection path: the database, split into `db`, `scope`, `collection` for a Sync Gateway keyspace.
     public var collection: [String] { database.split(separator: ".", omittingEmptySubsequences: false).map(String.init) }
-
-    static func percentDecode(_ text: Substring) -> String {
-        var out: [UInt8] = []
-        var bytes = Array(text.utf8)[...]
-        while let byte = bytes.popFirst() {
-            if byte == UInt8(ascii: "%"), bytes.count >= 2,
-               let value = UInt8(String(decoding: bytes.prefix(2), as: UTF8.self), radix: 16)
-            {
-                out.append(value)
-                bytes = bytes.dropFirst(2)
-            } else {
-                out.append(byte)
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
 
     /// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
     static func queryEncode(_ text: String) -> String {
