@@ -19,8 +19,9 @@ import Synchronization
 /// * `PUT /{db}/{id}` (JSON body, `_rev` or `?rev=` to update) → `201 {"ok":true,"id","rev"}` or 409;
 ///   `DELETE /{db}/{id}?rev=` → `200 {"ok":true,"id","rev"}`; `GET /{db}` → `{"db_name","update_seq"}`.
 /// * Faults: `POST /_fake/faults` with `{"drop_after_rows":N,"drop_mid_line":true,"replay_rows":N,
-///   "garbage_after_rows":N}` (next feed response), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
-///   unknown), `GET /_fake/requests` (the `since` of every feed request).
+///   "garbage_after_rows":N}` (the next feed served, not one refused with 400), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
+///   unknown), `GET /_fake/requests` (the `since` of every feed request). `limit` holds for every feed type:
+///   `normal` answers at most `limit` rows, `last_seq` being the seq of the last one, as CouchDB does.
 ///
 /// Deviations kept on purpose: Sync Gateway's minimum heartbeat (25 s) is not enforced, so tests can run fast.
 public final class CouchDBFake: Sendable {
@@ -253,9 +254,13 @@ struct CouchDBFakeHandler: Sendable {
         let opened = store.state.withLock { state -> (id: Int, since: CouchDBFakeStore.Since, faults: CouchDBFakeStore.Faults) in
             let id = state.feedRequests.count
             state.feedRequests.append(sinceText ?? "")
+            state.feedQueries.append(request.uri.query ?? "")
+            let since = store.parseSince(sinceText, state: state)
+            // Faults are for the next feed that is served, not for one refused with a 400.
+            guard since != .unknown else { return (id, since, .init()) }
             let faults = state.faults
             state.faults = .init()
-            return (id, store.parseSince(sinceText, state: state), faults)
+            return (id, since, faults)
         }
         guard case .after(var cursor) = opened.since else {
             if store.flavour == .syncGateway {
