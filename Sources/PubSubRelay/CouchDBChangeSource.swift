@@ -49,6 +49,8 @@ public final class CouchDBChangeSource: ChangeSource {
         public var maxBatch: Int
         /// The most changes read ahead of the relay.
         public var bufferCapacity: Int
+        /// Which certificate authorities an `https://` server's certificate must come from.
+        public var tls = FeedTLS()
 
         public init(url: CouchDBURL, feed: Feed = .continuous, heartbeat: TimeAmount = .seconds(10),
                     filter: String? = nil, channels: [String] = [], includeDocs: Bool = false,
@@ -99,6 +101,7 @@ public final class CouchDBChangeSource: ChangeSource {
         self.logger = logger
         var http = HTTPClient.Configuration()
         http.timeout = .init(connect: .seconds(10), read: nil)
+        http.tlsConfiguration = configuration.tls.clientConfiguration
         self.client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
         self.buffer = CouchDBBuffer(capacity: configuration.bufferCapacity)
     }
@@ -118,7 +121,7 @@ public final class CouchDBChangeSource: ChangeSource {
         } catch let error as SourceError {
             throw error
         } catch {
-            throw SourceError("cannot read \(configuration.url.base): \(error)")
+            throw SourceError("cannot read \(configuration.url.base): \(FeedTLS.describe(error))")
         }
         state.withLock { $0.confirmed = position }
         let start = since
@@ -254,7 +257,7 @@ public final class CouchDBChangeSource: ChangeSource {
                 if snapshot != nil && lostResync { announce = true }
                 since = confirmed ?? start
                 logger.warning("lost the _changes feed; reconnecting from the last confirmed position", metadata: metadata.merging([
-                    "pubsub.relay.error": "\(error)", "pubsub.relay.since": "\(since)",
+                    "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(since)",
                     "pubsub.relay.retry_ms": "\(delay.nanoseconds / 1_000_000)",
                 ]) { $1 })
                 do {

@@ -53,6 +53,8 @@ struct RelayCouchDB: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var feedTLS: FeedTLSOptions
+
     func validate() throws {
         do {
             _ = try CouchDBURL(dbURL)
@@ -72,11 +74,13 @@ struct RelayCouchDB: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let tls = try feedTLS.make()
         let logger = relay.makeLogger()
-        let configuration = CouchDBChangeSource.Configuration(
+        var configuration = CouchDBChangeSource.Configuration(
             url: try CouchDBURL(dbURL), feed: CouchDBChangeSource.Feed(rawValue: feed) ?? .continuous,
             heartbeat: .milliseconds(Int64(heartbeat)), filter: filter, channels: channel,
             includeDocs: relay.includeDoc, initialSince: since, maxBatch: maxBatch)
+        configuration.tls = tls
         let source = CouchDBChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger, idle: .milliseconds(10))
     }
