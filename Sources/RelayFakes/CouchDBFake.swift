@@ -38,7 +38,7 @@ public final class CouchDBFake: Sendable {
     /// Starts a server on 127.0.0.1:`port` (0: a free one) and returns once it listens.
     public static func start(store: CouchDBFakeStore, port: Int = 0) async throws -> CouchDBFake {
         let (ports, continuation) = AsyncStream<Int>.makeStream()
-        let application = makeApplication(store: store, port: port) { bound in continuation.yield(bound) }
+        let application = try makeApplication(store: store, port: port) { bound in continuation.yield(bound) }
         let task = Task { try await application.run() }
         for await bound in ports { return CouchDBFake(store: store, port: bound, task: task) }
         task.cancel()
@@ -54,8 +54,8 @@ public final class CouchDBFake: Sendable {
         _ = await task.result
     }
 
-    static func makeApplication(store: CouchDBFakeStore, port: Int, onListening: @escaping @Sendable (Int) -> Void)
-        -> some ApplicationProtocol
+    static func makeApplication(store: CouchDBFakeStore, port: Int, tls: FakeTLS? = nil,
+                                onListening: @escaping @Sendable (Int) -> Void) throws -> some ApplicationProtocol
     {
         let router = Router()
         let handler = CouchDBFakeHandler(store: store)
@@ -78,7 +78,8 @@ public final class CouchDBFake: Sendable {
         var logger = Logger(label: "relay-fake.couchdb")
         logger.logLevel = .critical
         return Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: port)),
+            router: router, server: try FakeTLS.server(tls, .http1()),
+            configuration: .init(address: .hostname("127.0.0.1", port: port)),
             onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) }, logger: logger)
     }
 }
@@ -86,8 +87,11 @@ public final class CouchDBFake: Sendable {
 extension CouchDBFake: StandaloneFake {
     public static var name: String { "couchdb" }
 
-    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME] [--user USER:PASSWORD]`.
+    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME] [--user USER:PASSWORD]
+    /// [--tls-cert PEM --tls-key PEM]`.
     public static func runStandalone(arguments: [String]) async throws {
+        var arguments = arguments
+        let tls = try FakeTLS.extract(from: &arguments)
         var port = 0
         var flavour = CouchDBFakeStore.Flavour.opaque
         var database = "db"
@@ -116,7 +120,7 @@ extension CouchDBFake: StandaloneFake {
             }
         }
         let store = CouchDBFakeStore(flavour: flavour, database: database, credentials: credentials)
-        let application = makeApplication(store: store, port: port) { bound in
+        let application = try makeApplication(store: store, port: port, tls: tls) { bound in
             let line = Array("listening \(bound)\n".utf8)
             _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
         }
