@@ -1,7 +1,8 @@
 extension BLIPChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["sg_url", "user", "password", "channel", "batch", "active_only"]
+    static let settingKeys = FeedTLS.settingKeys.union(
+        ["sg_url", "user", "password", "channel", "batch", "active_only"])
 
-    /// From `{"sg_url", "user"?, "password"?, "channel": [...]?, "batch"?, "active_only"?}`, validated as
+    /// From `{"sg_url", "user"?, "password"?, "channel": [...]?, "batch"?, "active_only"?, "feed_ca_file"?}`, validated as
     /// `pubsub relay blip` validates its options.
     public init(settings: FeedSettings) throws {
         let url: BLIPURL
@@ -19,5 +20,6 @@ extension BLIPChangeSource.Configuration {
         guard batch > 0 else { throw settings.error("batch", "must be positive") }
         self.init(url: url, channels: channels, batch: batch, activeOnly: try settings.bool("active_only", default: false),
                   includeDocuments: try settings.bool("include_doc", default: false))
+        tls = try FeedTLS(settings: settings)
     }
 }

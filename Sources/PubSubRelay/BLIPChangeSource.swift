@@ -37,6 +37,8 @@ public actor BLIPChangeSource: ChangeSource {
         public var maxFramePayload: Int
         /// Ask for every revision's body (`rev` messages) and put it in `Change.document`.
         public var includeDocuments: Bool
+        /// Which certificate authorities a `wss://` server's certificate must come from.
+        public var tls = FeedTLS()
 
         public init(url: BLIPURL, channels: [String] = [], batch: Int = 200, activeOnly: Bool = false,
                     bufferedMessages: Int = 8, heartbeat: Duration = .seconds(30),
@@ -216,9 +218,11 @@ public actor BLIPChangeSource: ChangeSource {
                 logger.warning("Sync Gateway closed the BLIP connection; reconnecting", metadata: metadata())
             } catch {
                 if closed || Task.isCancelled { break }
-                logger.warning("BLIP connection failed; reconnecting", metadata: metadata([
-                    "pubsub.relay.error": "\(error)", "pubsub.relay.since": "\(confirmed ?? "0")",
-                ]))
+                // A refused certificate will not fix itself: said at error level.
+                logger.log(level: FeedTLS.isCertificateFailure(error) ? .error : .warning,
+                           "BLIP connection failed; reconnecting", metadata: metadata([
+                               "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(confirmed ?? "0")",
+                           ]))
             }
             session = nil
             if traffic.withLockedValue({ $0 }) { delay = configuration.reconnectDelay }
@@ -236,7 +240,8 @@ public actor BLIPChangeSource: ChangeSource {
             autoPing: .enabled(timePeriod: configuration.heartbeat))
         let maxFramePayload = configuration.maxFramePayload
         try await WebSocketClient.connect(
-            url: configuration.url.endpoint, configuration: wsConfiguration, logger: logger
+            url: configuration.url.endpoint, configuration: wsConfiguration,
+            tlsConfiguration: configuration.tls.clientConfiguration, logger: logger
         ) { inbound, outbound, _ in
             let (frames, continuation) = AsyncStream.makeStream(of: [UInt8].self)
             let session = BLIPSession(generation: generation, maxFramePayload: maxFramePayload,

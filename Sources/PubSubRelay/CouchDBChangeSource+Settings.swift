@@ -1,10 +1,11 @@
 import NIOCore
 
 extension CouchDBChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["db_url", "feed", "heartbeat", "filter", "channel", "since", "max_batch"]
+    static let settingKeys = FeedTLS.settingKeys.union(
+        ["db_url", "feed", "heartbeat", "filter", "channel", "since", "max_batch"])
 
     /// From `{"db_url", "feed"?, "heartbeat"? (ms), "filter"?, "channel"? (string or array), "since"? ("0" or
-    /// "now"), "max_batch"?}` plus the common `include_doc`, validated as `pubsub relay couchdb` validates its
+    /// "now"), "max_batch"?, "feed_ca_file"?}` plus the common `include_doc`, validated as `pubsub relay couchdb` validates its
     /// options.
     public init(settings: FeedSettings) throws {
         let url: CouchDBURL
@@ -27,5 +28,6 @@ extension CouchDBChangeSource.Configuration {
                   filter: try settings.optionalString("filter"), channels: try settings.strings("channel"),
                   includeDocs: try settings.bool("include_doc", default: false), initialSince: since,
                   maxBatch: maxBatch)
+        tls = try FeedTLS(settings: settings)
     }
 }

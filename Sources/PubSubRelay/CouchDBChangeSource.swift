@@ -16,8 +16,12 @@ import Synchronization
 /// * A dropped connection, a malformed row or no byte for twice the heartbeat: the connection is dropped, the buffer
 ///   emptied, and the feed reopened after a backoff from the last *confirmed* position (changes already handed out
 ///   come again with the same keys: at least once).
-/// * An unknown `since` (HTTP 400, as CouchDB and Sync Gateway answer it): a full resync, read as `feed=normal` from
-///   `since=0`; its changes carry `extra.resync = true` and its first batch `ChangeBatch.resync`, logged at error.
+/// * An unknown `since` (HTTP 400, as CouchDB and Sync Gateway answer it): a full resync, read from `since=0` in pages
+///   of `feed=normal&since=<last seq>&limit=<maxBatch>`, so only one page is held at a time; its changes carry
+///   `extra.resync = true` and its first batch `ChangeBatch.resync`, logged at error. Positions inside the snapshot are
+///   the rows' real seqs: a relay stopped mid-resync resumes from the snapshot seq it checkpointed, and a connection
+///   lost mid-resync reads on from the confirmed seq. After a page shorter than `maxBatch` the feed is followed from
+///   its `last_seq`.
 /// * Rows: `deleted` → `delete`; revision generation 1 → `insert`; else `update`; `extra.rev` is the revision.
 ///   Sync Gateway's `removed: [channels]` (the document left the feed's channels) → `delete` with `extra.removed`
 ///   holding those channels.
@@ -41,10 +45,12 @@ public final class CouchDBChangeSource: ChangeSource {
         public var includeDocs: Bool
         /// Where a feed without a checkpoint starts: `0` (everything) or `now` (changes from now on).
         public var initialSince: String
-        /// The most changes per batch handed to the relay.
+        /// The most changes per batch handed to the relay, and the rows per page of a full resync.
         public var maxBatch: Int
         /// The most changes read ahead of the relay.
         public var bufferCapacity: Int
+        /// Which certificate authorities an `https://` server's certificate must come from.
+        public var tls = FeedTLS()
 
         public init(url: CouchDBURL, feed: Feed = .continuous, heartbeat: TimeAmount = .seconds(10),
                     filter: String? = nil, channels: [String] = [], includeDocs: Bool = false,
@@ -77,6 +83,9 @@ public final class CouchDBChangeSource: ChangeSource {
         var confirmed: String?
         var pending: UInt64?
         var reader: Task<Void, Never>?
+        /// A resync's first item is in the buffer and not handed out yet: if the buffer is emptied before it is, it
+        /// is pushed again (the relay sees `ChangeBatch.resync` once per resync).
+        var resyncQueued = false
     }
 
     public let sourceID: String
@@ -92,6 +101,7 @@ public final class CouchDBChangeSource: ChangeSource {
         self.logger = logger
         var http = HTTPClient.Configuration()
         http.timeout = .init(connect: .seconds(10), read: nil)
+        http.tlsConfiguration = configuration.tls.clientConfiguration
         self.client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
         self.buffer = BoundedQueue(capacity: configuration.bufferCapacity)
     }
@@ -111,7 +121,7 @@ public final class CouchDBChangeSource: ChangeSource {
         } catch let error as SourceError {
             throw error
         } catch {
-            throw SourceError("cannot read \(configuration.url.base): \(error)")
+            throw SourceError("cannot read \(configuration.url.base): \(FeedTLS.describe(error))")
         }
         state.withLock { $0.confirmed = position }
         let start = since
@@ -141,6 +151,7 @@ public final class CouchDBChangeSource: ChangeSource {
     public func next() async throws -> ChangeBatch? {
         let max = configuration.maxBatch
         if let batch = await buffer.take(timeout: .milliseconds(250), { FeedItem.batch(of: $0, max: max) }) {
+            if batch.resync != nil { state.withLock { $0.resyncQueued = false } }
             return batch
         }
         try Task.checkCancellation()
@@ -182,22 +193,33 @@ public final class CouchDBChangeSource: ChangeSource {
     /// The reader: reads the feed into the buffer until cancelled, reconnecting and resyncing as needed.
     func read(from start: String) async {
         var since = start
-        var resync: String?
+        /// While a full resync is read: its reason (`since` is then the last seq of the snapshot read so far).
+        var snapshot: String?
+        /// The resync's first item is still to be pushed.
+        var announce = false
+        var snapshotRows = 0
         var delay = TimeAmount.milliseconds(100)
         while !Task.isCancelled {
             do {
-                if let reason = resync {
-                    let snapshot = try await list(since: "0", feed: "normal")
-                    try await buffer.push(.resync(reason))
-                    for row in snapshot.rows {
+                if let reason = snapshot {
+                    if announce {
+                        state.withLock { $0.resyncQueued = true }
+                        try await buffer.push(.resync(reason))
+                        announce = false
+                    }
+                    let page = try await list(since: since, feed: "normal", limit: configuration.maxBatch)
+                    for row in page.rows {
                         try await buffer.push(.change(row.change(collection: configuration.url.collection, resync: true)))
                     }
-                    try await buffer.push(.position(snapshot.lastSeq))
-                    state.withLock { $0.pending = snapshot.pending }
-                    since = snapshot.lastSeq
-                    resync = nil
-                    logger.notice("full resync read; following the feed again", metadata: metadata.merging(
-                        ["pubsub.relay.changes": "\(snapshot.rows.count)", "pubsub.relay.since": "\(since)"]) { $1 })
+                    try await buffer.push(.position(page.lastSeq))
+                    state.withLock { $0.pending = page.pending }
+                    since = page.lastSeq
+                    snapshotRows += page.rows.count
+                    if page.rows.count < configuration.maxBatch {
+                        snapshot = nil
+                        logger.notice("full resync read; following the feed again", metadata: metadata.merging(
+                            ["pubsub.relay.changes": "\(snapshotRows)", "pubsub.relay.since": "\(since)"]) { $1 })
+                    }
                 } else if configuration.feed == .longpoll {
                     let result = try await list(since: since, feed: "longpoll")
                     for row in result.rows {
@@ -213,16 +235,25 @@ public final class CouchDBChangeSource: ChangeSource {
             } catch is CancellationError {
                 return
             } catch let error as UnknownSince {
-                logger.error("the server does not know the position: FULL RESYNC from since=0", metadata: metadata.merging(
-                    ["pubsub.relay.reason": "\(error.reason)"]) { $1 })
-                resync = error.reason
+                if snapshot == nil {
+                    logger.error("the server does not know the position: FULL RESYNC from since=0",
+                                 metadata: metadata.merging(["pubsub.relay.reason": "\(error.reason)"]) { $1 })
+                    snapshot = error.reason
+                    announce = true
+                    snapshotRows = 0
+                }
+                // During a resync: nothing of the snapshot was confirmed yet, the snapshot starts over.
+                since = "0"
             } catch {
                 if Task.isCancelled { return }
-                buffer.clear()
-                let confirmed = state.withLock { $0.confirmed }
+                let (confirmed, lostResync) = state.withLock { state in
+                    buffer.clear()
+                    return (state.confirmed, state.resyncQueued)
+                }
+                if snapshot != nil && lostResync { announce = true }
                 since = confirmed ?? start
                 logger.warning("lost the _changes feed; reconnecting from the last confirmed position", metadata: metadata.merging([
-                    "pubsub.relay.error": "\(error)", "pubsub.relay.since": "\(since)",
+                    "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(since)",
                     "pubsub.relay.retry_ms": "\(delay.nanoseconds / 1_000_000)",
                 ]) { $1 })
                 do {
@@ -235,8 +266,9 @@ public final class CouchDBChangeSource: ChangeSource {
         }
     }
 
-    func request(since: String, feed: String) -> HTTPClientRequest {
+    func request(since: String, feed: String, limit: Int? = nil) -> HTTPClientRequest {
         var query = ["feed=\(feed)", "since=\(CouchDBURL.queryEncode(since))"]
+        if let limit { query.append("limit=\(limit)") }
         if feed != "normal" { query.append("heartbeat=\(max(1, configuration.heartbeat.nanoseconds / 1_000_000))") }
         if configuration.includeDocs { query.append("include_docs=true") }
         let filter = configuration.filter ?? (configuration.channels.isEmpty ? nil : "sync_gateway/bychannel")
@@ -253,8 +285,9 @@ public final class CouchDBChangeSource: ChangeSource {
     }
 
     /// Sends the request and checks the status: 400 for a `since` other than `0`/`now` is an unknown position.
-    func open(since: String, feed: String) async throws -> HTTPClientResponse {
-        let response = try await client.execute(request(since: since, feed: feed), deadline: .distantFuture, logger: logger)
+    func open(since: String, feed: String, limit: Int? = nil) async throws -> HTTPClientResponse {
+        let response = try await client.execute(request(since: since, feed: feed, limit: limit), deadline: .distantFuture,
+                                                logger: logger)
         guard response.status == .ok else {
             let body = try? await response.body.collect(upTo: 64 << 10)
             let text = body.map { String(buffer: $0) } ?? ""
@@ -269,9 +302,11 @@ public final class CouchDBChangeSource: ChangeSource {
         return response
     }
 
-    /// A `normal` or `longpoll` request, read whole (heartbeat newlines are JSON whitespace).
-    func list(since: String, feed: String) async throws -> (rows: [CouchDBRow], lastSeq: String, pending: UInt64?) {
-        let response = try await open(since: since, feed: feed)
+    /// A `normal` or `longpoll` request (at most `limit` rows), read whole (heartbeat newlines are JSON whitespace).
+    func list(since: String, feed: String, limit: Int? = nil) async throws
+        -> (rows: [CouchDBRow], lastSeq: String, pending: UInt64?)
+    {
+        let response = try await open(since: since, feed: feed, limit: limit)
         let body = try await watched(response.body) { chunks in
             var bytes: [UInt8] = []
             for try await chunk in chunks {

@@ -7,9 +7,10 @@ import NIOCore
 #endif
 
 extension SimperiumChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["app_id", "token", "bucket", "simperium_url", "heartbeat", "index_page"]
+    static let settingKeys = FeedTLS.settingKeys.union(
+        ["app_id", "token", "bucket", "simperium_url", "heartbeat", "index_page"])
 
-    /// From `{"app_id", "token"?, "bucket", "simperium_url"?, "heartbeat"?, "index_page"?}`, validated as
+    /// From `{"app_id", "token"?, "bucket", "simperium_url"?, "heartbeat"?, "index_page"?, "feed_ca_file"?}`, validated as
     /// `pubsub relay simperium` validates its options; the token may come from `SIMPERIUM_TOKEN` instead.
     public init(settings: FeedSettings) throws {
         let appID = try settings.string("app_id")
@@ -32,6 +33,7 @@ extension SimperiumChangeSource.Configuration {
                   batchSize: max(1, batchSize), includeDocuments: try settings.bool("include_doc", default: false),
                   heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
                   heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
+        tls = try FeedTLS(settings: settings)
     }
 
     /// `SIMPERIUM_TOKEN`, when set and not empty.

@@ -38,6 +38,8 @@ public final class SimperiumChangeSource: ChangeSource {
         /// The first pause before a reconnection; doubles up to `maxReconnectDelay`.
         public var reconnectDelay: TimeAmount
         public var maxReconnectDelay: TimeAmount
+        /// Which certificate authorities a `wss://` server's certificate must come from.
+        public var tls = FeedTLS()
 
         public init(url: String, appID: String, token: String, bucket: String, clientID: String = "pubsub-relay",
                     indexPageSize: Int = 100, batchSize: Int = 100, bufferCapacity: Int = 1000,
@@ -172,7 +174,8 @@ public final class SimperiumChangeSource: ChangeSource {
             do {
                 try await WebSocketClient.connect(
                     url: configuration.url, configuration: .init(maxFrameSize: 1 << 24, closeTimeout: .seconds(2)),
-                    eventLoopGroup: eventLoopGroup, logger: logger
+                    tlsConfiguration: configuration.tls.clientConfiguration, eventLoopGroup: eventLoopGroup,
+                    logger: logger
                 ) { inbound, outbound, _ in
                     try await session.run(inbound: inbound, outbound: outbound)
                 }
@@ -209,7 +212,7 @@ public final class SimperiumChangeSource: ChangeSource {
     static func describe(_ error: any Error) -> String {
         if let error = error as? SourceError { return error.message }
         if let error = error as? SimperiumProtocolError { return error.message }
-        return "\(error)"
+        return FeedTLS.describe(error)
     }
 }
 

@@ -141,7 +141,7 @@ public final class BLIPFake: Sendable {
 
     /// Listens on 127.0.0.1:`port` (0: any free port) until the task is cancelled; `onListening` gets the port.
     /// With `handleSignals`, SIGTERM and SIGINT stop it gracefully.
-    public func run(port: Int = 0, handleSignals: Bool = false,
+    public func run(port: Int = 0, handleSignals: Bool = false, tls: FakeTLS? = nil,
                     onListening: @escaping @Sendable (Int) async -> Void) async throws {
         let router = Router()
         let fake = self
@@ -178,7 +178,7 @@ public final class BLIPFake: Sendable {
         let path = "/\(options.database)/_blipsync"
         let app = Application(
             router: router,
-            server: .http1WebSocketUpgrade(configuration: .init(ws: .init(maxFrameSize: 1 << 22, autoPing: .disabled))) {
+            server: try FakeTLS.server(tls, .http1WebSocketUpgrade(configuration: .init(ws: .init(maxFrameSize: 1 << 22, autoPing: .disabled))) {
                 request, _, _ in
                 guard request.path?.split(separator: "?").first.map(String.init) == path else { return .dontUpgrade }
                 let offered = (request.headerFields[.secWebSocketProtocol] ?? "")
@@ -193,7 +193,7 @@ public final class BLIPFake: Sendable {
                 return .upgrade([.secWebSocketProtocol: chosen]) { inbound, outbound, _ in
                     await fake.serve(inbound: inbound, outbound: outbound)
                 }
-            },
+            }),
             configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "relay-fake-blip"),
             onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
             logger: logger
@@ -510,10 +510,12 @@ func fakeDigest(_ id: String, _ generation: Int) -> String {
 extension BLIPFake: StandaloneFake {
     public static let name = "blip"
 
-    /// `relay-fake blip [--port N] [--db NAME] [--docs N] [--frame-size N] [--compress]`: serves until SIGTERM;
-    /// the control endpoints are `POST /_fake/docs?id=X[&deleted=1][&channels=a,b]`, `POST /_fake/bulk?count=N
+    /// `relay-fake blip [--port N] [--db NAME] [--docs N] [--frame-size N] [--compress] [--tls-cert PEM --tls-key
+    /// PEM]`: serves until SIGTERM; the control endpoints are `POST /_fake/docs?id=X[&deleted=1][&channels=a,b]`, `POST /_fake/bulk?count=N
     /// [&prefix=P]`, `POST /_fake/drop`, `POST /_fake/forget` and `GET /_fake/stats`.
     public static func runStandalone(arguments: [String]) async throws {
+        var arguments = arguments
+        let tls = try FakeTLS.extract(from: &arguments)
         var options = Options()
         var port = 0
         var documents = 0
@@ -537,7 +539,7 @@ extension BLIPFake: StandaloneFake {
         let fake = BLIPFake(options: options, logger: logger)
         for index in 0..<documents { fake.put("doc\(index)") }
         let server = Task {
-            try await fake.run(port: port, handleSignals: true) { port in
+            try await fake.run(port: port, handleSignals: true, tls: tls) { port in
                 let line = Array("listening \(port)\n".utf8)
                 _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
             }

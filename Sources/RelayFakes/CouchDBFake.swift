@@ -19,8 +19,9 @@ import Synchronization
 /// * `PUT /{db}/{id}` (JSON body, `_rev` or `?rev=` to update) → `201 {"ok":true,"id","rev"}` or 409;
 ///   `DELETE /{db}/{id}?rev=` → `200 {"ok":true,"id","rev"}`; `GET /{db}` → `{"db_name","update_seq"}`.
 /// * Faults: `POST /_fake/faults` with `{"drop_after_rows":N,"drop_mid_line":true,"replay_rows":N,
-///   "garbage_after_rows":N}` (next feed response), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
-///   unknown), `GET /_fake/requests` (the `since` of every feed request).
+///   "garbage_after_rows":N}` (the next feed served, not one refused with 400), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
+///   unknown), `GET /_fake/requests` (the `since` of every feed request). `limit` holds for every feed type:
+///   `normal` answers at most `limit` rows, `last_seq` being the seq of the last one, as CouchDB does.
 ///
 /// Deviations kept on purpose: Sync Gateway's minimum heartbeat (25 s) is not enforced, so tests can run fast.
 public final class CouchDBFake: Sendable {
@@ -37,7 +38,7 @@ public final class CouchDBFake: Sendable {
     /// Starts a server on 127.0.0.1:`port` (0: a free one) and returns once it listens.
     public static func start(store: CouchDBFakeStore, port: Int = 0) async throws -> CouchDBFake {
         let (ports, continuation) = AsyncStream<Int>.makeStream()
-        let application = makeApplication(store: store, port: port) { bound in continuation.yield(bound) }
+        let application = try makeApplication(store: store, port: port) { bound in continuation.yield(bound) }
         let task = Task { try await application.run() }
         for await bound in ports { return CouchDBFake(store: store, port: bound, task: task) }
         task.cancel()
@@ -53,8 +54,8 @@ public final class CouchDBFake: Sendable {
         _ = await task.result
     }
 
-    static func makeApplication(store: CouchDBFakeStore, port: Int, onListening: @escaping @Sendable (Int) -> Void)
-        -> some ApplicationProtocol
+    static func makeApplication(store: CouchDBFakeStore, port: Int, tls: FakeTLS? = nil,
+                                onListening: @escaping @Sendable (Int) -> Void) throws -> some ApplicationProtocol
     {
         let router = Router()
         let handler = CouchDBFakeHandler(store: store)
@@ -77,7 +78,8 @@ public final class CouchDBFake: Sendable {
         var logger = Logger(label: "relay-fake.couchdb")
         logger.logLevel = .critical
         return Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: port)),
+            router: router, server: try FakeTLS.server(tls, .http1()),
+            configuration: .init(address: .hostname("127.0.0.1", port: port)),
             onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) }, logger: logger)
     }
 }
@@ -85,8 +87,11 @@ public final class CouchDBFake: Sendable {
 extension CouchDBFake: StandaloneFake {
     public static var name: String { "couchdb" }
 
-    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME] [--user USER:PASSWORD]`.
+    /// `relay-fake couchdb [--port N] [--flavour integer|opaque|sync-gateway] [--db NAME] [--user USER:PASSWORD]
+    /// [--tls-cert PEM --tls-key PEM]`.
     public static func runStandalone(arguments: [String]) async throws {
+        var arguments = arguments
+        let tls = try FakeTLS.extract(from: &arguments)
         var port = 0
         var flavour = CouchDBFakeStore.Flavour.opaque
         var database = "db"
@@ -115,7 +120,7 @@ extension CouchDBFake: StandaloneFake {
             }
         }
         let store = CouchDBFakeStore(flavour: flavour, database: database, credentials: credentials)
-        let application = makeApplication(store: store, port: port) { bound in
+        let application = try makeApplication(store: store, port: port, tls: tls) { bound in
             let line = Array("listening \(bound)\n".utf8)
             _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
         }
@@ -253,9 +258,13 @@ struct CouchDBFakeHandler: Sendable {
         let opened = store.state.withLock { state -> (id: Int, since: CouchDBFakeStore.Since, faults: CouchDBFakeStore.Faults) in
             let id = state.feedRequests.count
             state.feedRequests.append(sinceText ?? "")
+            state.feedQueries.append(request.uri.query ?? "")
+            let since = store.parseSince(sinceText, state: state)
+            // Faults are for the next feed that is served, not for one refused with a 400.
+            guard since != .unknown else { return (id, since, .init()) }
             let faults = state.faults
             state.faults = .init()
-            return (id, store.parseSince(sinceText, state: state), faults)
+            return (id, since, faults)
         }
         guard case .after(var cursor) = opened.since else {
             if store.flavour == .syncGateway {

@@ -52,6 +52,8 @@ public final class CouchDBFakeStore: Sendable {
         var historyFloor = 0
         /// Feeds opened so far, and the `since` each was given (raw query value).
         var feedRequests: [String] = []
+        /// The query string of each of those requests.
+        var feedQueries: [String] = []
         /// Feeds with an id below this write nothing more (no rows, no heartbeats) until they are dropped.
         var mutedBelow = 0
         var stopped = false
@@ -135,6 +137,9 @@ public final class CouchDBFakeStore: Sendable {
 
     /// The `since` values of the feed requests received so far, in order.
     public var feedRequests: [String] { state.withLock { $0.feedRequests } }
+
+    /// The query strings of the feed requests received so far (`feed=normal&since=0&limit=500`), in order.
+    public var feedQueries: [String] { state.withLock { $0.feedQueries } }
 
     public var updateSeq: Int { state.withLock { $0.seq } }
 

@@ -393,7 +393,9 @@ public final class SimperiumFake: Sendable {
     }
 
     /// Runs the server on 127.0.0.1:`port` (0: any free port) in a background task; returns the port.
-    public func start(port: Int = 0, logger: Logger = Logger(label: "relay-fake.simperium")) async throws -> Int {
+    public func start(port: Int = 0, tls: FakeTLS? = nil, logger: Logger = Logger(label: "relay-fake.simperium"))
+        async throws -> Int
+    {
         let router = Router()
         router.post("/_fake/:action") { request, context -> String in
             var request = request
@@ -404,7 +406,7 @@ public final class SimperiumFake: Sendable {
         let ports = AsyncStream<Int>.makeStream()
         let app = Application(
             router: router,
-            server: .http1WebSocketUpgrade { request, _, _ -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>> in
+            server: try FakeTLS.server(tls, .http1WebSocketUpgrade { request, _, _ -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>> in
                 let parts = (request.path ?? "").split(separator: "?")[0].split(separator: "/")
                 guard parts.count == 4, parts[0] == "sock", parts[1] == "1", parts[3] == "websocket" else {
                     return .dontUpgrade
@@ -413,7 +415,7 @@ public final class SimperiumFake: Sendable {
                 return .upgrade([:]) { inbound, outbound, _ in
                     try await self.serve(inbound: inbound, outbound: outbound, app: app)
                 }
-            },
+            }),
             configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "simperium-fake"),
             onServerRunning: { channel in
                 ports.continuation.yield(channel.localAddress?.port ?? 0)
@@ -490,8 +492,11 @@ public final class SimperiumFake: Sendable {
 extension SimperiumFake: StandaloneFake {
     public static let name = "simperium"
 
-    /// `relay-fake simperium [--port N] [--app ID] [--token TOKEN[=USER]]… [--expired-token TOKEN]…`
+    /// `relay-fake simperium [--port N] [--app ID] [--token TOKEN[=USER]]… [--expired-token TOKEN]… [--tls-cert PEM
+    /// --tls-key PEM]`
     public static func runStandalone(arguments: [String]) async throws {
+        var arguments = arguments
+        let tls = try FakeTLS.extract(from: &arguments)
         var options = Options(tokens: [:])
         var port = 0
         var iterator = arguments.makeIterator()
@@ -513,7 +518,7 @@ extension SimperiumFake: StandaloneFake {
         let fake = SimperiumFake(options: options)
         var logger = Logger(label: "relay-fake.simperium")
         logger.logLevel = .warning
-        let bound = try await fake.start(port: port, logger: logger)
+        let bound = try await fake.start(port: port, tls: tls, logger: logger)
         let line = Array("listening \(bound)\n".utf8)
         _ = line.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
         let task = fake.running.withLockedValue { $0 }

@@ -47,6 +47,8 @@ struct RelayBLIP: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var feedTLS: FeedTLSOptions
+
     func validate() throws {
         do {
             _ = try BLIPURL(sgUrl)
@@ -60,12 +62,13 @@ struct RelayBLIP: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let tls = try feedTLS.make()
         let logger = relay.makeLogger()
         let url = try BLIPURL(sgUrl, username: user, password: password)
-        let source = BLIPChangeSource(
-            configuration: .init(url: url, channels: channel, batch: batch, activeOnly: activeOnly,
-                                 includeDocuments: relay.includeDoc),
-            logger: logger)
+        var configuration = BLIPChangeSource.Configuration(url: url, channels: channel, batch: batch,
+                                                           activeOnly: activeOnly, includeDocuments: relay.includeDoc)
+        configuration.tls = tls
+        let source = BLIPChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger, idle: .milliseconds(5))
     }
 }

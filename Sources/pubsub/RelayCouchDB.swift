@@ -14,7 +14,9 @@ struct RelayCouchDB: AsyncParsableCommand {
             delivery is at least once, and a change delivered twice carries the same data.key. A connection \
             that drops or stays silent for twice the heartbeat is reopened from the last checkpoint. A since \
             the server no longer knows (HTTP 400) starts a full resync from since=0, logged at error level and \
-            counted in pubsub_relay_resyncs_total; its events carry data.resync = true.
+            counted in pubsub_relay_resyncs_total; its events carry data.resync = true. The snapshot is read in \
+            pages of --max-batch rows (feed=normal&limit=N), checkpointed at the rows' own seqs, so a relay \
+            stopped mid-resync resumes from where it was; the feed is followed again after the last page.
 
             data holds id, op (insert for revision 1-…, update, delete for deleted rows and for Sync Gateway's \
             removed), rev, seq (the server's seq: an integer as written, a string seq such as 5-g1AAAA… or 12::34 as it is), key (the idempotency key), collection, source, \
@@ -46,10 +48,12 @@ struct RelayCouchDB: AsyncParsableCommand {
     @Option(help: "Where to start without a checkpoint: 0 (everything) or now.")
     var since: String = "0"
 
-    @Option(help: "Most changes per batch handed to the relay.")
+    @Option(help: "Most changes per batch handed to the relay, and rows per page of a full resync.")
     var maxBatch: Int = 500
 
     @OptionGroup var relay: RelayOptions
+
+    @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
         do {
@@ -70,11 +74,13 @@ struct RelayCouchDB: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let tls = try feedTLS.make()
         let logger = relay.makeLogger()
-        let configuration = CouchDBChangeSource.Configuration(
+        var configuration = CouchDBChangeSource.Configuration(
             url: try CouchDBURL(dbURL), feed: CouchDBChangeSource.Feed(rawValue: feed) ?? .continuous,
             heartbeat: .milliseconds(Int64(heartbeat)), filter: filter, channels: channel,
             includeDocs: relay.includeDoc, initialSince: since, maxBatch: maxBatch)
+        configuration.tls = tls
         let source = CouchDBChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger, idle: .milliseconds(10))
     }

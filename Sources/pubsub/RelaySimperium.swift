@@ -45,6 +45,8 @@ struct RelaySimperium: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var feedTLS: FeedTLSOptions
+
     func validate() throws {
         if let problem = SimperiumChangeSource.Configuration.problem(appID: appID, bucket: bucket) {
             throw ValidationError(problem)
@@ -64,12 +66,14 @@ struct RelaySimperium: AsyncParsableCommand {
     }
 
     func run() async throws {
+        let tls = try feedTLS.make()
         let logger = relay.makeLogger()
-        let configuration = SimperiumChangeSource.Configuration(
+        var configuration = SimperiumChangeSource.Configuration(
             url: SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL, appID: appID),
             appID: appID, token: resolvedToken ?? "", bucket: bucket, indexPageSize: indexPage,
             batchSize: relay.batchSize, includeDocuments: relay.includeDoc, heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
             heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
+        configuration.tls = tls
         let source = SimperiumChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger, idle: .milliseconds(20))
     }

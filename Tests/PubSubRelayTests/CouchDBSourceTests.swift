@@ -343,6 +343,70 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
+    /// A resync over 25 rows in pages of 7: the first page is cut mid-body and read again, the relay stops after
+    /// confirming two batches, and a new source resumes from that snapshot seq and follows the feed.
+    @Test(arguments: [CouchDBFakeStore.Flavour.integer, .opaque, .syncGateway])
+    func pagedResyncResumesFromTheSnapshotSeqAfterACutAndARestart(_ flavour: CouchDBFakeStore.Flavour) async throws {
+        try await withHarness(flavour) { h in
+            var logger = Logger(label: "test")
+            logger.logLevel = .critical
+            for i in 0..<5 { try h.store.put("d\(i)") }
+            h.store.forgetHistory()
+            for i in 5..<25 { try h.store.put("d\(i)") }
+            let configuration = CouchDBChangeSource.Configuration(
+                url: try CouchDBURL(h.fake.url), heartbeat: .milliseconds(200), maxBatch: 7, bufferCapacity: 7)
+            var faults = CouchDBFakeStore.Faults()
+            faults.dropAfterRows = 3
+            h.store.setFaults(faults)
+
+            // What the relay does: take a batch, confirm it; stop after two batches with changes.
+            let forgotten = flavour == .opaque ? "2-g1AAAAforgotten" : "2"
+            let first = CouchDBChangeSource(configuration: configuration, logger: logger)
+            try await first.start(after: forgotten)
+            var batches: [ChangeBatch] = []
+            let deadline = ContinuousClock.now + .seconds(20)
+            while batches.filter({ !$0.changes.isEmpty }).count < 2 && ContinuousClock.now < deadline {
+                guard let batch = try await first.next() else { continue }
+                batches.append(batch)
+                try await first.confirm(batch.position)
+            }
+            await first.close()
+            let checkpoint = try #require(batches.last?.position)
+            #expect(batches.first?.resync?.reason.contains("400") == true)
+            #expect(batches.dropFirst().allSatisfy { $0.resync == nil })
+            let snapshot = batches.flatMap(\.changes)
+            #expect(snapshot.allSatisfy { $0.extra["resync"] == true })
+            // Batches hold what was read when they were taken (at most a page): stopped inside the snapshot.
+            let stoppedAt = snapshot.count
+            #expect(stoppedAt >= 2 && stoppedAt <= 14)
+            #expect(snapshot.map(\.id) == (0..<stoppedAt).map { "d\($0)" })
+            #expect(checkpoint == snapshot.last?.seq)
+
+            // The restart resumes from the snapshot seq (a position the server knows), then follows the feed.
+            let requests = h.store.feedRequests.count
+            let second = CouchDBChangeSource(configuration: configuration, logger: logger)
+            try await second.start(after: checkpoint)
+            try h.store.put("d25")
+            var rest: [Change] = []
+            while rest.last?.id != "d25" && ContinuousClock.now < deadline {
+                guard let batch = try await second.next() else { continue }
+                #expect(batch.resync == nil)
+                rest += batch.changes
+                try await second.confirm(batch.position)
+            }
+            await second.close()
+            #expect(h.store.feedRequests.dropFirst(requests).first == checkpoint)
+            #expect(rest.map(\.id) == (stoppedAt..<26).map { "d\($0)" })
+
+            // Every snapshot read was one page: feed=normal with limit=7, from 0 or the last page's seq.
+            let pages = h.store.feedQueries.filter { $0.contains("feed=normal") }
+            #expect(pages.count >= 3)
+            #expect(pages.allSatisfy { $0.contains("limit=7") })
+            // The cut first page was asked for again from 0 (nothing of it was confirmed).
+            #expect(pages.filter { $0.contains("since=0&") }.count == 2)
+        }
+    }
+
     @Test func syncGatewayChannelsAndRemovedOnAKeyspace() async throws {
         try await withHarness(.syncGateway, database: "travel.inventory.hotels") { h in
             let rev = try h.store.put("h1", ["channels": ["paris"]])
