@@ -48,6 +48,10 @@ public actor BayeuxClient {
         public var subscriptionExt: (@Sendable (_ channel: String, _ clientId: String) -> JSONObject?)?
         /// For `https`/`wss`: a PEM file of the certificate authorities to trust instead of the system's.
         public var trustRoots: String?
+        /// Called with the server's error when it ended the session (an unknown client after expiry, a queue
+        /// overflow of a consumer too slow for the publish rate) just before the client handshakes again and
+        /// repeats its subscriptions: events published in between may be missing.
+        public var onSessionLost: (@Sendable (_ error: String) -> Void)?
 
         public init(
             transport: Transport = .automatic,
@@ -76,6 +80,7 @@ public actor BayeuxClient {
             self.handshakeExt = handshakeExt
             self.subscriptionExt = subscriptionExt
             self.trustRoots = nil
+            self.onSessionLost = nil
         }
     }
 
@@ -230,6 +235,7 @@ public actor BayeuxClient {
                 case "retry":
                     try await sleep(max(adviceInterval, configuration.retryDelay))
                 default:
+                    configuration.onSessionLost?(reply.error ?? "the server ended the session")
                     try await rehandshake()
                 }
             } catch {

@@ -71,6 +71,9 @@ struct Subscribe: AsyncParsableCommand {
         let useHMAC = hmac
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
         configuration.trustRoots = client.trustRoots
+        configuration.onSessionLost = { error in
+            printError("pubsub: the broker ended this session (\(error)); subscribing again: events published in between may be missing")
+        }
         if let secret {
             configuration.subscriptionExt = { channel, clientId in
                 let timestamp = String(nowMilliseconds())

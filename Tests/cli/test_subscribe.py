@@ -156,3 +156,31 @@ def test_unreachable_and_bad_arguments():
         assert p.returncode == 64, (channel, p.stderr)
     p = run(["subscribe", "--url", f"http://127.0.0.1:{port}/faye", "--hmac", "/sub/x"])
     assert p.returncode == 64 and "--hmac needs a secret" in p.stderr
+
+
+def test_a_session_the_broker_ends_is_reported_then_resubscribed():
+    """A consumer too slow for the publish rate loses its session (queue overflow): subscribe says so on stderr,
+    handshakes again, and goes on receiving."""
+    with Broker(timeout=45, secret=SECRET, signature_expiration=3600, extra_args=["--max-queue", "5"]) as b:
+        s = Subscriber(["--url", b.url, "--secret", SECRET, "--timeout", "30", "/slow/feed"])
+        try:
+            s.wait_subscribed()
+            # One request of 200 events queues them all for the subscriber at once: more than its 5.
+            lines = "\n".join(json.dumps({"n": i}) for i in range(200)) + "\n"
+            p = run(["publish", "--url", b.url, "--secret", SECRET, "--lines", "--batch-size", "200", "/slow/feed"],
+                    input=lines)
+            assert p.returncode == 0, p.stderr
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not any("ended this session" in l for l in s.err_lines):
+                time.sleep(0.05)
+            notice = [l for l in s.err_lines if "ended this session" in l]
+            assert notice and "Queue overflow" in notice[0] and "may be missing" in notice[0], s.err_lines
+            # Subscribed again: a later event arrives.
+            time.sleep(1.0)
+            publish(b, "/slow/feed", {"after": True})
+            time.sleep(2.0)
+            s.proc.terminate()
+            out, _ = s.proc.communicate(timeout=15)
+            assert '{"after":true}' in out.splitlines(), out[-500:]
+        finally:
+            s.kill()
