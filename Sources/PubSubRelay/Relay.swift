@@ -112,6 +112,9 @@ public struct Relay: Sendable {
                     async let following = source.next()
                     count = try await relay(batch)
                     current = try await following
+                    // Read while the batch was published, it may have found nothing that came meanwhile: look
+                    // again at once rather than after an idle pause.
+                    if current == nil { current = try await source.next() }
                 } else {
                     count = try await relay(batch)
                     current = try await source.next()
