@@ -4,10 +4,13 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 
-from broker import pubsub_bin
+import pytest
+
+from broker import Broker, pubsub_bin
 
 SECRET = "relay-secret"
 
@@ -124,3 +127,20 @@ def start_fake(kind, *args):
     fake.wait_for(lambda: any(line.startswith("listening ") for line in fake.lines()), 30, f"the {kind} fake")
     port = int(next(line for line in fake.lines() if line.startswith("listening ")).split()[1])
     return fake, port
+
+
+# Fixtures: each test module imports the ones it uses (`from relaykit import broker, workdir`).
+
+@pytest.fixture
+def broker():
+    """A broker whose publishers must present SECRET, as the relay does."""
+    with Broker(secret=SECRET) as b:
+        yield b
+
+
+@pytest.fixture
+def workdir(request):
+    """A temporary directory for checkpoints and configuration files, named after the suite."""
+    suite = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")
+    with tempfile.TemporaryDirectory(prefix=f"pubsub-{suite}-") as d:
+        yield d

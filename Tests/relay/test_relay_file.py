@@ -12,7 +12,7 @@ import pytest
 
 from broker import Broker, pubsub_bin
 from pgcluster import PostgresCluster, needs_wal2json
-from relaykit import SECRET, Lines, events, start_subscriber
+from relaykit import SECRET, Lines, events, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 pytestmark = needs_wal2json()
 

@@ -12,7 +12,8 @@ import pytest
 
 from broker import pubsub_bin
 from pgcluster import PostgresCluster, needs_wal2json
-from relaykit import SECRET, Lines, check_at_least_once, events, start_subscriber, wait_for_ids
+from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
+    SECRET, Lines, check_at_least_once, events, start_subscriber, wait_for_ids, broker, workdir)
 
 pytestmark = needs_wal2json()
 

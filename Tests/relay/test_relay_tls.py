@@ -11,20 +11,8 @@ import urllib.request
 
 import pytest
 
-from broker import Broker, pubsub_bin
-from relaykit import SECRET, Lines, events, start_fake, start_subscriber
-
-
-@pytest.fixture
-def broker():
-    with Broker(secret=SECRET) as b:
-        yield b
-
-
-@pytest.fixture
-def workdir():
-    with tempfile.TemporaryDirectory(prefix="pubsub-relay-tls-") as d:
-        yield d
+from broker import pubsub_bin
+from relaykit import SECRET, Lines, events, start_fake, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
