@@ -22,6 +22,7 @@ SETTINGS = {"max-queue": MAX_QUEUE, "max-request-bytes": 4 * MiB, "max-outbound-
 EVENT = 2 * KiB
 BATCH = MAX_QUEUE // 2  # events per publish request: a subscriber that reads never overflows on one batch
 BATCHES = 200           # 50,000 events of 2 KiB at most: 100 MB
+HOLD = 30               # --timeout: no session expires while the flood runs
 
 
 def flood(b, g, channel, drops0):
@@ -52,7 +53,7 @@ def assert_dropped(b, g, cid, drops0, published, transport):
 
 
 def test_eventsource_that_never_reads_is_dropped_for_overflow():
-    with hostile_broker(SETTINGS) as (b, g):
+    with hostile_broker(SETTINGS, timeout=HOLD) as (b, g):
         cid = handshake(b, types=("eventsource", "long-polling"))
         connect(b, cid, advice_timeout=0)
         subscribe(b, cid, "/es")
@@ -73,7 +74,7 @@ def test_eventsource_that_never_reads_is_dropped_for_overflow():
 
 
 def test_websocket_that_never_reads_is_dropped_for_overflow():
-    with hostile_broker(SETTINGS) as (b, g):
+    with hostile_broker(SETTINGS, timeout=HOLD) as (b, g):
         ws = websocket.create_connection(b.ws_url, timeout=10,
                                         sockopt=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
         try:
@@ -96,7 +97,7 @@ def test_websocket_that_never_reads_is_dropped_for_overflow():
 
 
 def test_long_poll_client_that_never_reads_is_dropped_and_logged():
-    with hostile_broker(SETTINGS) as (b, g):
+    with hostile_broker(SETTINGS, timeout=HOLD) as (b, g):
         cid = handshake(b)
         connect(b, cid, advice_timeout=0)
         subscribe(b, cid, "/lp")
