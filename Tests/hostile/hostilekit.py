@@ -39,7 +39,7 @@ MiB = 1 << 20
 
 RSS_BOUND = 64 * MiB       # the broker's resident memory may grow by this much over its baseline, never more
 FD_SLACK = 6               # descriptors above the baseline still tolerated once an attack is over
-SERVED_WITHIN = 2.0        # seconds in which the well-behaved client must get its own publish
+SERVED_WITHIN = 3.0        # seconds in which the well-behaved client must get its own publish
 HTTP_TIMEOUT = 10
 
 # PROTOCOL.md section 1: ddd:STRING(,STRING)*:STRING or ddd::STRING

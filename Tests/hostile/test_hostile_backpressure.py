@@ -73,7 +73,7 @@ def test_pipelined_requests_never_read_keep_memory_bounded(attack):
         request = ATTACKS[attack](b.port)
         s = raw_socket(b, rcvbuf=4096)
         try:
-            sent = send_for(s, lambda: request * max(1, (256 * 1024) // len(request)), 6, stop=g.over_bound)
+            sent = send_for(s, lambda: request * max(1, (256 * 1024) // len(request)), 4, stop=g.over_bound)
             g.assert_rss(f"after {sent / MiB:.1f} MiB of pipelined requests ({attack}) never read")
             g.assert_served(f"while a client pipelines {attack} and never reads")
         finally:
@@ -91,7 +91,7 @@ def test_websocket_frames_never_read_keep_memory_bounded(attack):
             s.sendall(ws_upgrade_request(b.port))
             status, _, _ = read_http_head(s)
             assert status == 101, status
-            sent = send_for(s, lambda: frame * max(1, (256 * 1024) // len(frame)), 6, stop=g.over_bound)
+            sent = send_for(s, lambda: frame * max(1, (256 * 1024) // len(frame)), 4, stop=g.over_bound)
             g.assert_rss(f"after {sent / MiB:.1f} MiB of WebSocket frames ({attack}) whose replies are never read")
             g.assert_served(f"while a WebSocket client sends {attack} and never reads")
         finally:

@@ -119,9 +119,9 @@ def test_connections_whose_writes_are_blocked_are_closed_after_the_send_timeout(
         request = f"GET /faye/client.js HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\n\r\n".encode()
         sockets = []
         try:
-            for _ in range(10):      # each asks for the browser client many times and never reads
+            for _ in range(10):      # each asks for the browser client 200 times (4 MB) and never reads
                 s = raw_socket(b, rcvbuf=4096)
-                send_for(s, request * 50, 1)
+                send_for(s, request * 200, 1)
                 sockets.append(s)
             fds_attack = wait_until(lambda: open_fds(b.pid) >= g.fds0 + 10 and open_fds(b.pid), 3)
             assert fds_attack, f"the broker did not accept the 10 connections ({open_fds(b.pid)}, baseline {g.fds0})"
