@@ -360,6 +360,9 @@ def hostile_broker(settings=None, *, timeout=5, **kw):
     b.start()
     guard = None
     try:
+        # The engine is ready (the Redis engine connects after the port opens): a handshake is answered.
+        if not wait_until(lambda: new_client_served(b) is True, 15, interval=0.1):
+            raise AssertionError(f"broker not ready: {new_client_served(b)}\n{b.log()[-2000:]}")
         guard = Guard(b)
         yield b, guard
     finally:

@@ -1,15 +1,43 @@
 """Issue 13, item 8: positions reveal nothing about channels the holder cannot read, and resume still works.
 
-Today a position is `1.<epoch base36>.<sequence base36>` from one global sequence: the handshake reply tells anyone
+Both engines (memory, and Redis with a redis-server of its own). Today a position is `1.<epoch base36>.<sequence base36>` from one global sequence: the handshake reply tells anyone
 how many messages flowed anywhere. The tokens are treated as opaque strings here; the test only looks for a
 dot-separated part that moves by exactly the number of publishes made in between, in base 10, 16 or 36.
 """
 
+import contextlib
 import json
+import os
+import shutil
+import sys
+
+import pytest
 
 from hostilekit import connect, handshake, handshake_reply, hostile_broker, publish, subscribe
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster"))
+
 STEPS = [1, 5, 3]   # publishes between successive handshakes
+ENGINES = ["memory", "redis"]
+
+
+@contextlib.contextmanager
+def engine_broker(engine):
+    """A hostile_broker on the memory engine, or on the Redis engine with its own redis-server."""
+    if engine == "memory":
+        with hostile_broker() as bg:
+            yield bg
+        return
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server not installed (scripts/install-test-deps)")
+    from cluster_helpers import RedisServer  # Tests/cluster: redis-server on a free loopback port
+    redis = RedisServer()
+    redis.start()
+    try:
+        with hostile_broker({"engine": "redis", "redis-url": redis.url}) as bg:
+            yield bg
+    finally:
+        redis.stop()
 
 
 def _as_numbers(part):
@@ -38,8 +66,9 @@ def counters_in(tokens, steps):
     return found
 
 
-def test_handshake_positions_do_not_count_other_peoples_messages():
-    with hostile_broker() as (b, g):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_handshake_positions_do_not_count_other_peoples_messages(engine):
+    with engine_broker(engine) as (b, g):
         tokens = [handshake_reply(b)["ext"]["position"]]
         for n, step in enumerate(STEPS):
             for i in range(step):
@@ -52,8 +81,9 @@ def test_handshake_positions_do_not_count_other_peoples_messages():
         g.assert_served()
 
 
-def test_resume_from_the_last_event_gets_exactly_the_missed_ones():
-    with hostile_broker() as (b, g):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_from_the_last_event_gets_exactly_the_missed_ones(engine):
+    with engine_broker(engine) as (b, g):
         cid = handshake(b)
         connect(b, cid, advice_timeout=0)
         subscribe(b, cid, "/room/*")
@@ -77,8 +107,9 @@ def test_resume_from_the_last_event_gets_exactly_the_missed_ones():
         g.assert_served()
 
 
-def test_resume_from_a_handshake_position_gets_what_was_published_since():
-    with hostile_broker() as (b, g):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_from_a_handshake_position_gets_what_was_published_since(engine):
+    with engine_broker(engine) as (b, g):
         token = handshake_reply(b)["ext"]["position"]
         for i in range(3):
             publish(b, "/since/x", i)

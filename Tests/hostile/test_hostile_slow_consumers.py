@@ -9,7 +9,9 @@ A subscriber that never reads (EventSource, WebSocket, long-poll) is sent events
 import json
 import socket
 import time
+import urllib.parse
 
+import pytest
 import requests
 import websocket
 
@@ -96,21 +98,26 @@ def test_websocket_that_never_reads_is_dropped_for_overflow():
         g.assert_fds_back(what="the WebSocket client went")
 
 
-def test_long_poll_client_that_never_reads_is_dropped_and_logged():
+@pytest.mark.parametrize("transport", ["long-polling", "callback-polling"])
+def test_long_poll_client_that_never_reads_is_dropped_and_logged(transport):
     with hostile_broker(SETTINGS, timeout=HOLD) as (b, g):
         cid = handshake(b)
         connect(b, cid, advice_timeout=0)
         subscribe(b, cid, "/lp")
         s = raw_socket(b, rcvbuf=4096)
         try:
-            body = json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling"}])
-            s.sendall((f"POST /faye HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            body = json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": transport}])
+            if transport == "long-polling":
+                s.sendall((f"POST /faye HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            else:   # JSON-P
+                query = urllib.parse.urlencode({"message": body, "jsonp": "cb"})
+                s.sendall(f"GET /faye?{query} HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\n\r\n".encode())
             time.sleep(0.5)     # parked; it never reads the reply
             drops0 = metric_value(b, DROPS)
             published = flood(b, g, "/lp", drops0)
-            g.assert_served("while a long-poll subscriber never reads")
-            assert_dropped(b, g, cid, drops0, published, "long-poll")
+            g.assert_served(f"while a {transport} subscriber never reads")
+            assert_dropped(b, g, cid, drops0, published, transport)
         finally:
             s.close()
-        g.assert_fds_back(what="the long-poll client went")
+        g.assert_fds_back(what=f"the {transport} client went")
