@@ -87,10 +87,15 @@ extension Broker {
                 reply.mustHandshake(.clientUnknown(clientId))
                 return .reply(reply)
             case .overflowed:
-                // Dropped while no connection was attached (a poll that did not come back in time).
-                self.logger.debug(
-                    "dropped client told to handshake again",
-                    metadata: ["pubsub.client.id": "\(clientId)", "pubsub.transport": "\(context.connectionType.rawValue)"])
+                // A polling client dropped by the engine between two polls (its queue filled before it came back)
+                // learns it here, and this is the only place that sees it: logged as the other drops are. Drops of a
+                // WebSocket or EventSource are logged by their connection.
+                switch context.connectionType {
+                case .longPolling, .crossOriginLongPolling, .callbackPolling:
+                    self.logDropped(clientId, transport: context.connectionType)
+                case .websocket, .eventSource, .inProcess:
+                    break
+                }
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
