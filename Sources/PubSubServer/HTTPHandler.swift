@@ -241,7 +241,15 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         let broker = shared.broker
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
-                guard self.sink === sink else { return }
+                guard self.sink === sink else {
+                    // The connection closed while the broker worked: a connect that attached the sink lets go.
+                    if case .success(let outcomes) = result {
+                        for case .connect(let pending) in outcomes where pending.result.attached {
+                            broker.detach(pending.clientId, sink: sink, takeEvents: false)
+                        }
+                    }
+                    return
+                }
                 switch result {
                 case .failure(let error):
                     self.releaseSink()
