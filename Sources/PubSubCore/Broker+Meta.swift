@@ -88,14 +88,10 @@ extension Broker {
                 return .reply(reply)
             case .overflowed:
                 // A polling client dropped by the engine between two polls (its queue filled before it came back)
-                // learns it here, and this is the only place that sees it: logged as the other drops are. Drops of a
-                // WebSocket or EventSource are logged by their connection.
-                switch context.connectionType {
-                case .longPolling, .crossOriginLongPolling, .callbackPolling:
-                    self.logDropped(clientId, transport: context.connectionType)
-                case .websocket, .eventSource, .inProcess:
-                    break
-                }
+                // is seen here first; a client dropped by its connection was logged then ("slow consumer dropped").
+                self.logger.info(
+                    "dropped client told to handshake again",
+                    metadata: ["pubsub.client.id": "\(clientId)", "pubsub.transport": "\(context.connectionType.rawValue)"])
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
