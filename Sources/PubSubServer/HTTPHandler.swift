@@ -19,7 +19,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var body: ByteBuffer?
     private var rejected = false
     /// The Bayeux delivery of this connection: a parked connect, or an EventSource stream once one is opened.
-    var machine: ConnectionStateMachine
+    private var machine: ConnectionStateMachine
     /// The sink offered to the connect of the request being handled, parked, or of the stream.
     private var sink: ConnectionSink?
     /// How the parked connect or the stream came (counted as attached while it lasts).
