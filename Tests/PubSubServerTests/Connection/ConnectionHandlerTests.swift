@@ -182,6 +182,29 @@ import Testing
         #expect(recorder.drops().isEmpty)
     }
 
+    @Test func quiescedWebSocketAnswersItsConnectSendsWhatWaitsAndCloses1001() throws {
+        let recorder = LogRecorder()
+        let (channel, _, shared, _) = try Self.webSocket(maxQueue: 10, recorder: recorder)
+        Self.setWritable(false, channel)
+        Self.publish(1, on: "/x", shared: shared, channel: channel)
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        channel.embeddedEventLoop.run()
+        let sent = try Self.frames(channel)
+        #expect(sent.count == 3)
+        #expect(sent.first?.arrayValue?.first?.objectValue?["id"] == .string("c2"))
+        #expect(sent.first?.arrayValue?.first?.objectValue?["successful"] == .bool(true))
+        #expect(sent.dropFirst().first?.arrayValue?.first?.objectValue?["data"] == JSONValue(1))
+        #expect(sent.last == .string("close:1001"))
+        #expect(!channel.isActive)
+    }
+
+    @Test func outboundBudgetSetsTheWaterMarks() {
+        let marks = ServerConfiguration(maxOutboundBytes: 65536).writeBufferWaterMark
+        #expect(marks.high == 65536)
+        #expect(marks.low == 32768)
+        #expect(ServerConfiguration().writeBufferWaterMark.high == 1 << 20)
+    }
+
     @Test func binaryFrameWithJSONIsAnsweredAndGarbageGetsAnErrorReply() throws {
         let recorder = LogRecorder()
         let shared = Self.makeShared(maxQueue: 10, recorder: recorder)
