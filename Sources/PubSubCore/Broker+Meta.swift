@@ -1,4 +1,5 @@
 import Bayeux
+import Logging
 import NIOCore
 
 extension Broker {
@@ -26,8 +27,8 @@ extension Broker {
             error = .parameterMissing("supportedConnectionTypes")
         }
         if message.error != nil || error != nil {
-            if let error { reply.fail(error) }
-            reply["advice"] = Advice.handshake
+            // A handshake echoes whatever clientId it was sent (as Faye does).
+            reply.mustHandshake(error, keepingClientId: true)
             return loop.makeSucceededFuture(.reply(reply))
         }
         return engine.createClient(now: now, on: loop).map { [reply] clientId in
@@ -48,9 +49,7 @@ extension Broker {
     ) -> EventLoopFuture<Outcome> {
         var reply = message.makeResponse()
         func failed(_ error: BayeuxError?) -> EventLoopFuture<Outcome> {
-            if let error { reply.fail(error) }
-            reply.clientId = nil
-            reply["advice"] = Advice.handshake
+            reply.mustHandshake(error)
             return loop.makeSucceededFuture(.reply(reply))
         }
         if message.error != nil { return failed(nil) }
@@ -85,14 +84,15 @@ extension Broker {
             var reply = reply
             switch result.status {
             case .unknownClient:
-                reply.fail(.clientUnknown(clientId))
-                reply.clientId = nil
-                reply["advice"] = Advice.handshake
+                reply.mustHandshake(.clientUnknown(clientId))
                 return .reply(reply)
             case .overflowed:
-                reply.fail(BayeuxError(.queueOverflow, clientId))
-                reply.clientId = nil
-                reply["advice"] = Advice.handshake
+                // A polling client dropped by the engine between two polls (its queue filled before it came back)
+                // is seen here first; a client dropped by its connection was logged then ("slow consumer dropped").
+                self.logger.info(
+                    "dropped client told to handshake again",
+                    metadata: ["pubsub.client.id": "\(clientId)", "pubsub.transport": "\(context.connectionType.rawValue)"])
+                reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
                 var result = result
@@ -158,8 +158,7 @@ extension Broker {
             switch result {
             case .unknownClient: reply.fail(.clientUnknown(clientId!))
             case .overflowed:
-                reply.fail(BayeuxError(.queueOverflow, clientId!))
-                reply["advice"] = Advice.handshake
+                reply.mustHandshake(BayeuxError(.queueOverflow, clientId!), keepingClientId: true)
             case .limitReached(let channel): reply.fail(BayeuxError(.subscriptionLimit, channel))
             case .ok: if let channelError { reply.fail(channelError) }
             }
@@ -213,6 +212,15 @@ extension Broker {
 }
 
 extension Message {
+    /// Makes this reply say that the session is gone and the client must handshake again: it fails with
+    /// `error` (when given), loses its `clientId` (unless kept, as a subscribe reply keeps it), and carries
+    /// `advice: {reconnect: "handshake"}`. Every such reply, of the broker and of the transports, is made here.
+    public mutating func mustHandshake(_ error: BayeuxError?, keepingClientId: Bool = false) {
+        if let error { fail(error) }
+        if !keepingClientId { clientId = nil }
+        self["advice"] = Advice.handshake
+    }
+
     /// The bytes every recipient gets: a one-element JSON array, so a single event is a whole frame as it is.
     public func encodedEvent() -> ByteBuffer {
         var buffer = ByteBufferAllocator().buffer(capacity: 128)

@@ -18,18 +18,24 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
     private var rejected = false
-    private var parked: LongPollSink? {
+    /// The Bayeux delivery of this connection: a parked connect, or an EventSource stream once one is opened.
+    private var machine: ConnectionStateMachine
+    /// The sink offered to the connect of the request being handled, parked, or of the stream.
+    private var sink: ConnectionSink?
+    /// How the parked connect or the stream came (counted as attached while it lasts).
+    private var attachedType: ConnectionType? {
         didSet {
-            if let oldValue, oldValue !== parked { counters?.detached(oldValue.connectionType) }
-            if let parked, parked !== oldValue { counters?.attached(parked.connectionType) }
+            if let oldValue, oldValue != attachedType { counters?.detached(oldValue) }
+            if let attachedType, attachedType != oldValue { counters?.attached(attachedType) }
         }
     }
-    private var stream: EventSourceSink? {
-        didSet {
-            if oldValue != nil, stream == nil { counters?.detached(.eventSource) }
-            if oldValue == nil, stream != nil { counters?.attached(.eventSource) }
-        }
-    }
+    /// The JSON-P callback of the request whose connect is parked.
+    private var parkedJSONP: String?
+    /// The request context of the parked connect (for the outgoing extensions of its reply).
+    private var pollContext: RequestContext?
+    private var holdTimer: Scheduled<Void>?
+    private var heartbeat: Scheduled<Void>?
+    private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
     private var counters: LoopCounters?
     /// The `X-RateLimit-*` headers of the publish request being answered.
@@ -38,6 +44,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     init(shared: ServerShared, makeUpgradeHandler: @escaping () -> HTTPServerUpgradeHandler) {
         self.shared = shared
         self.makeUpgradeHandler = makeUpgradeHandler
+        self.machine = ConnectionStateMachine(transport: .polling, maxQueue: shared.configuration.broker.maxQueue)
     }
 
     /// Puts an upgrade handler back in front of this one, so the next request may be a WebSocket upgrade.
@@ -50,6 +57,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
+        if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -60,11 +68,16 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
     func channelInactive(context: ChannelHandlerContext) {
-        if let parked { parked.connectionClosed() }
-        if let stream { stream.connectionClosed() }
-        parked = nil
-        stream = nil
+        perform(machine.closed(), context: context)
+        releaseSink()
+        heartbeat?.cancel()
+        heartbeat = nil
         context.fireChannelInactive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        perform(machine.writabilityChanged(isWritable: context.channel.isWritable), context: context)
+        context.fireChannelWritabilityChanged()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -221,35 +234,51 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
             connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress)
-        let sink = LongPollSink(handler: NIOLoopBound(self, eventLoop: context.eventLoop), jsonp: jsonp,
-            context: requestContext, broker: shared.broker)
+        let sink = ConnectionSink(owner: self, isPersistent: false, eventLoop: context.eventLoop)
+        releaseSink()
+        self.sink = sink
+        machine.requestStarted()
         let broker = shared.broker
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
+                guard self.sink === sink else {
+                    // The connection closed while the broker worked: a connect that attached the sink lets go.
+                    if case .success(let outcomes) = result {
+                        for case .connect(let pending) in outcomes where pending.result.attached {
+                            broker.detach(pending.clientId, sink: sink, takeEvents: false)
+                        }
+                    }
+                    return
+                }
                 switch result {
                 case .failure(let error):
+                    self.releaseSink()
                     self.shared.operations.metrics.error(.serverError)
                     self.shared.logger.error("request failed", metadata: ["pubsub.error": "\(error)"])
                     self.respond(status: .internalServerError, text: "Internal server error\n")
                 case .success(let outcomes):
                     let (replies, events, pending) = broker.split(outcomes, context: requestContext)
-                    if let pending, pending.result.attached {
-                        self.parked = sink
-                        sink.park(pending, replies: replies)
+                    self.parkedJSONP = jsonp
+                    self.pollContext = requestContext
+                    if pending?.result.attached == true { self.attachedType = connectionType }
+                    self.perform(
+                        self.machine.messagesHandled(replies: replies, events: events, pending: pending),
+                        context: context)
+                    if self.machine.isHolding {
                         // Draining: nothing is held, the client is told to retry (elsewhere).
-                        if self.shared.operations.isDraining { sink.release() }
-                    } else {
-                        self.respondBayeux(replies: replies, events: events, jsonp: jsonp)
+                        if self.shared.operations.isDraining { self.perform(self.machine.quiesce(), context: context) }
+                    } else if self.sink === sink {
+                        self.releaseSink()
                     }
                 }
             }
     }
 
-    /// Called by the parked sink when its connect is answered.
-    func answerParked(_ sink: LongPollSink, replies: [Message], events: CircularBuffer<ByteBuffer>) {
-        guard parked === sink else { return }
-        parked = nil
-        respondBayeux(replies: replies, events: events, jsonp: sink.jsonp)
+    /// Lets go of the current sink: its calls are no longer wanted (answered, rebound, closed).
+    private func releaseSink() {
+        sink?.closed = true
+        sink = nil
+        attachedType = nil
     }
 
     private func respondBayeux(replies: [Message], events: CircularBuffer<ByteBuffer>, jsonp: String?) {
@@ -296,31 +325,130 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             promise: nil)
         context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "retry: 5000\r\n\r\n")))),
             promise: nil)
-        let sink = EventSourceSink(handler: NIOLoopBound(self, eventLoop: context.eventLoop), clientId: clientId,
-            engine: shared.broker.engine)
-        stream = sink
-        shared.broker.engine.attach(clientId, sink: sink, on: context.eventLoop).assumeIsolated().whenSuccess { attached in
-            if !attached { self.endStream(sink) }
+        releaseSink()
+        let sink = ConnectionSink(owner: self, isPersistent: true, eventLoop: context.eventLoop)
+        self.sink = sink
+        attachedType = .eventSource
+        machine.streamOpened(clientId: clientId)
+        scheduleHeartbeat(context: context)
+        shared.broker.attach(clientId, sink: sink, on: context.eventLoop).assumeIsolated().whenSuccess { attached in
+            if !attached, self.sink === sink { self.endStream(context: context) }
         }
     }
 
-    func writeStream(_ sink: EventSourceSink, events: CircularBuffer<ByteBuffer>) {
-        guard stream === sink, let context else { return }
+    /// The next heartbeat of the stream, every `pingInterval`.
+    private func scheduleHeartbeat(context: ChannelHandlerContext) {
+        let interval = shared.configuration.pingInterval
+        guard interval > .zero else { return }
+        heartbeat = context.eventLoop.assumeIsolated().scheduleTask(in: interval) { [weak self] in
+            guard let self, let context = self.context, !self.streamEnded else { return }
+            self.perform(self.machine.heartbeatDue(), context: context)
+            self.scheduleHeartbeat(context: context)
+        }
+    }
+
+    private static let dataPrefix = ByteBuffer(string: "data: ")
+    private static let eventEnd = ByteBuffer(string: "\r\n\r\n")
+    private static let heartbeatLine = ByteBuffer(string: ":\n\n")
+
+    private func writeStream(_ events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
         var bytes = 0
         for event in events { bytes += event.readableBytes + 10 }
         counters?.bytesOut &+= UInt64(bytes)
         for event in events {
-            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "data: ")))), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(Self.dataPrefix))), promise: nil)
             context.write(wrapOutboundOut(.body(.byteBuffer(event))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "\r\n\r\n")))), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(Self.eventEnd))), promise: nil)
         }
         context.flush()
     }
 
-    func endStream(_ sink: EventSourceSink) {
-        guard stream === sink, let context else { return }
-        stream = nil
+    private func endStream(context: ChannelHandlerContext) {
+        guard !streamEnded else { return }
+        streamEnded = true
+        releaseSink()
+        heartbeat?.cancel()
+        heartbeat = nil
+        machine.closing()
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+    }
+
+    // MARK: Delivery
+
+    func deliver(_ sink: ConnectionSink, events: CircularBuffer<ByteBuffer>) {
+        guard sink === self.sink, let context else { return }
+        switch machine.eventsDelivered(events) {
+        case .none: break
+        case .write(let events): perform([.write(replies: [], events: events)], context: context)
+        case .answer(let answer): self.answer(answer, context: context)
+        case .drop(let clientId): perform([.drop(clientId: clientId)], context: context)
+        }
+    }
+
+    func detached(_ sink: ConnectionSink, reason: DetachReason) {
+        guard sink === self.sink, let context else { return }
+        if reason == .overflow {
+            let clientId = machine.clientId ?? machine.heldClientId
+            if let clientId { shared.broker.logDropped(clientId, transport: attachedType ?? .longPolling) }
+        }
+        if machine.transport == .eventSource { releaseSink() }
+        perform(machine.detached(reason), context: context)
+    }
+
+    private func perform(_ actions: [ConnectionStateMachine.Action], context: ChannelHandlerContext) {
+        for action in actions {
+            switch action {
+            case .write(let replies, let events):
+                if machine.transport == .eventSource {
+                    writeStream(events, context: context)
+                } else {
+                    respondBayeux(replies: replies, events: events, jsonp: parkedJSONP)
+                }
+            case .answer(let answer):
+                self.answer(answer, context: context)
+            case .armHoldTimer(let hold):
+                holdTimer?.cancel()
+                holdTimer = context.eventLoop.assumeIsolated().scheduleTask(in: hold) { [weak self] in
+                    guard let self, let context = self.context else { return }
+                    self.holdTimer = nil
+                    self.perform(self.machine.holdTimerFired(), context: context)
+                }
+            case .cancelHoldTimer:
+                holdTimer?.cancel()
+                holdTimer = nil
+            case .resumeReading:
+                context.read()
+            case .detach(let clientId):
+                if let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
+                releaseSink()
+            case .drop(let clientId):
+                releaseSink()
+                shared.broker.drop(clientId, transport: .eventSource, on: context.eventLoop)
+                endStream(context: context)
+            case .close:
+                endStream(context: context)
+            case .heartbeat:
+                counters?.bytesOut &+= UInt64(Self.heartbeatLine.readableBytes)
+                context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(Self.heartbeatLine))), promise: nil)
+            }
+        }
+    }
+
+    /// Answers the parked connect: its hold ended, a delivery or a detach came, or the server drains.
+    private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
+        holdTimer?.cancel()
+        holdTimer = nil
+        var events = answer.events
+        if answer.takeEvents, let sink {
+            events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))
+        }
+        releaseSink()
+        var reply = answer.connect.reply
+        if let failure = answer.failure { reply.mustHandshake(failure) }
+        var replies = answer.replies
+        let requestContext = pollContext ?? RequestContext(connectionType: .longPolling, remoteAddress: nil)
+        if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
+        respondBayeux(replies: replies, events: events, jsonp: parkedJSONP)
     }
 
     // MARK: Plain responses
@@ -375,120 +503,11 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 }
 
-/// A parked long-poll `/meta/connect`: answered by the first delivery, the end of its hold, or a detach.
-final class LongPollSink: DeliverySink, @unchecked Sendable {
-    // All state is touched on `eventLoop` only.
-    private let handler: NIOLoopBound<HTTPHandler>
-    let jsonp: String?
-    private let context: RequestContext
-    private let broker: Broker
-    private var pending: PendingConnect?
-    private var replies: [Message] = []
-    private var timer: Scheduled<Void>?
-    private var answered = false
-    private var early = CircularBuffer<ByteBuffer>()
-    private var earlyDetach: DetachReason?
+/// Reading waits while writes drain (the connection's outbound bytes are over `maxOutboundBytes`).
+extension HTTPHandler: ChannelOutboundHandler, ConnectionSinkOwner {
+    typealias OutboundIn = HTTPServerResponsePart
 
-    var eventLoop: any EventLoop { handler.eventLoop }
-    var isPersistent: Bool { false }
-    var connectionType: ConnectionType { context.connectionType }
-
-    init(handler: NIOLoopBound<HTTPHandler>, jsonp: String?, context: RequestContext, broker: Broker) {
-        self.handler = handler
-        self.jsonp = jsonp
-        self.context = context
-        self.broker = broker
-    }
-
-    func park(_ pending: PendingConnect, replies: [Message]) {
-        self.pending = pending
-        self.replies = replies
-        if !early.isEmpty || earlyDetach != nil {
-            answer(events: early, reason: earlyDetach)
-            return
-        }
-        timer = eventLoop.scheduleTask(in: pending.hold) { [self] in
-            let events = broker.engine.detach(pending.clientId, sink: self, takeEvents: true)
-            answer(events: events, reason: nil)
-        }
-    }
-
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        guard pending != nil else {
-            early.append(contentsOf: events)
-            return
-        }
-        answer(events: events, reason: nil)
-    }
-
-    func detached(_ reason: DetachReason) {
-        guard pending != nil else {
-            earlyDetach = reason
-            return
-        }
-        answer(events: [], reason: reason)
-    }
-
-    /// Answers now with whatever is queued, as when the hold ends (a draining server holds nothing).
-    func release() {
-        guard !answered, let pending else { return }
-        let events = broker.engine.detach(pending.clientId, sink: self, takeEvents: true)
-        answer(events: events, reason: .shutdown)
-    }
-
-    func connectionClosed() {
-        timer?.cancel()
-        guard !answered, let pending else { return }
-        answered = true
-        _ = broker.engine.detach(pending.clientId, sink: self, takeEvents: false)
-    }
-
-    private func answer(events: CircularBuffer<ByteBuffer>, reason: DetachReason?) {
-        guard !answered, let pending else { return }
-        answered = true
-        timer?.cancel()
-        var reply = pending.reply
-        if reason == .overflow {
-            reply.fail(BayeuxError(.queueOverflow, pending.clientId))
-            reply.clientId = nil
-            reply["advice"] = Advice.handshake
-        }
-        var all = replies
-        if let finished = broker.finish(reply, context: context) { all.append(finished) }
-        handler.value.answerParked(self, replies: all, events: events)
-    }
-}
-
-/// An EventSource stream: each event is written as `data: [<message>]` and a blank line.
-final class EventSourceSink: DeliverySink, @unchecked Sendable {
-    private let handler: NIOLoopBound<HTTPHandler>
-    let clientId: String
-    private let engine: any Engine
-    private var open = true
-
-    var eventLoop: any EventLoop { handler.eventLoop }
-    var isPersistent: Bool { true }
-
-    init(handler: NIOLoopBound<HTTPHandler>, clientId: String, engine: any Engine) {
-        self.handler = handler
-        self.clientId = clientId
-        self.engine = engine
-    }
-
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        guard open else { return }
-        handler.value.writeStream(self, events: events)
-    }
-
-    func detached(_ reason: DetachReason) {
-        guard open else { return }
-        open = false
-        handler.value.endStream(self)
-    }
-
-    func connectionClosed() {
-        guard open else { return }
-        open = false
-        _ = engine.detach(clientId, sink: self, takeEvents: false)
+    func read(context: ChannelHandlerContext) {
+        if machine.readRequested() == .read { context.read() }
     }
 }

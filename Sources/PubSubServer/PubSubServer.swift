@@ -83,6 +83,9 @@ public final class PubSubServer: Sendable {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 16)
+            // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait
+            // in its backlog (`ConnectionStateMachine`).
+            .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
             // Idle connections keep their receive buffer: start it small (it doubles on a full read).
             .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in

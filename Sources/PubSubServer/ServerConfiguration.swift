@@ -1,3 +1,4 @@
+import NIOCore
 import PubSubCore
 
 /// Settings of the network server.
@@ -12,6 +13,12 @@ public struct ServerConfiguration: Sendable {
     public var maxFrameBytes: Int
     /// Deepest JSON nesting accepted (HTTP 400, or an error reply on WebSocket, beyond it).
     public var maxJSONDepth: Int
+    /// Bytes a connection may have waiting to be written: its write buffer's high water mark (the low one is
+    /// half). Past it the connection stops being read and delivered events wait in its backlog, up to
+    /// `broker.maxQueue` events, then the client is dropped.
+    public var maxOutboundBytes: Int
+    /// How often an EventSource stream gets a heartbeat (a comment line), so a peer that is gone is noticed.
+    public var pingInterval: TimeAmount
     public var broker: BrokerConfiguration
     public var extensions: ExtensionPipeline
     /// Event-loop threads; 0 means one per core.
@@ -26,6 +33,8 @@ public struct ServerConfiguration: Sendable {
         maxRequestBytes: Int = 1 << 20,
         maxFrameBytes: Int = 1 << 20,
         maxJSONDepth: Int = 64,
+        maxOutboundBytes: Int = 1 << 20,
+        pingInterval: TimeAmount = .seconds(30),
         broker: BrokerConfiguration = .init(),
         extensions: ExtensionPipeline = .init(),
         threads: Int = 0,
@@ -37,10 +46,18 @@ public struct ServerConfiguration: Sendable {
         self.maxRequestBytes = maxRequestBytes
         self.maxFrameBytes = maxFrameBytes
         self.maxJSONDepth = maxJSONDepth
+        self.maxOutboundBytes = maxOutboundBytes
+        self.pingInterval = pingInterval
         self.broker = broker
         self.extensions = extensions
         self.threads = threads
         self.operations = operations
+    }
+
+    /// Every connection's write buffer water marks: high at `maxOutboundBytes`, low at half of it.
+    var writeBufferWaterMark: ChannelOptions.Types.WriteBufferWaterMark {
+        let high = max(maxOutboundBytes, 2)
+        return .init(low: high / 2, high: high)
     }
 
     /// The mount without a trailing slash ("" for "/").

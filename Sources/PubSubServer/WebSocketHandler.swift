@@ -6,17 +6,23 @@ import PubSubCore
 
 /// Bayeux over one WebSocket. Each text frame holds one message or an array; the replies to a frame go out as
 /// one frame, at once, except a held `/meta/connect`, whose reply follows when its hold ends or a newer connect
-/// supersedes it. Events are pushed as they arrive: everything pending for the socket in one frame.
-final class WebSocketHandler: ChannelInboundHandler {
+/// supersedes it. Events are pushed as they arrive: everything pending for the socket in one frame. A binary
+/// frame is read as UTF-8 JSON like a text frame (as Faye's Node server does; iOS and Java clients send them).
+///
+/// What to send when is the `ConnectionStateMachine`'s: this handler decodes frames, feeds the machine and
+/// performs its actions. While the socket is not writable (`maxOutboundBytes` waiting) it is not read, and
+/// delivered events wait in the machine, up to `maxQueue`, past which the client is dropped.
+final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     typealias InboundIn = WebSocketFrame
+    typealias OutboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame
 
     let shared: ServerShared
     private var context: ChannelHandlerContext?
-    private var sink: WebSocketSink?
-    private var held: (connect: PendingConnect, timer: Scheduled<Void>)?
-    /// Events waiting while the socket is not writable; bounded by the per-client queue limit.
-    private var backlog = CircularBuffer<ByteBuffer>(initialCapacity: 1)
+    private var machine: ConnectionStateMachine
+    /// The sink of the bound client, if any.
+    private var sink: ConnectionSink?
+    private var holdTimer: Scheduled<Void>?
     private var closing = false
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
@@ -24,6 +30,7 @@ final class WebSocketHandler: ChannelInboundHandler {
 
     init(shared: ServerShared, remoteAddress: String?) {
         self.shared = shared
+        self.machine = ConnectionStateMachine(transport: .webSocket, maxQueue: shared.configuration.broker.maxQueue)
         self.requestContext = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress)
     }
 
@@ -31,6 +38,7 @@ final class WebSocketHandler: ChannelInboundHandler {
         self.context = context
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         counters?.attached(.websocket)
+        if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
     }
 
     /// The server is draining: answer a held connect, send what is waiting, close with 1001.
@@ -39,25 +47,14 @@ final class WebSocketHandler: ChannelInboundHandler {
             context.fireUserInboundEventTriggered(event)
             return
         }
-        answerHeld(context: context)
-        if !backlog.isEmpty {
-            let events = backlog
-            backlog = []
-            let payload = ReplyEncoder.encode(replies: [], events: events, allocator: context.channel.allocator)
-            context.write(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
-        }
-        close(code: .goingAway, context: context)
+        perform(machine.quiesce(), context: context)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
         counters?.detached(.websocket)
         counters = nil
-        held?.timer.cancel()
-        held = nil
-        if let sink {
-            sink.closed = true
-            _ = shared.broker.engine.detach(sink.clientId, sink: sink, takeEvents: false)
-        }
+        perform(machine.closed(), context: context)
+        sink?.closed = true
         sink = nil
         context.fireChannelInactive()
     }
@@ -67,10 +64,10 @@ final class WebSocketHandler: ChannelInboundHandler {
         switch frame.opcode {
         case .text:
             guard !closing else { return }
-            handleMessage(frame.unmaskedData, context: context)
+            handleMessage(frame.unmaskedData, binary: false, context: context)
         case .binary:
-            // Bayeux travels in text frames; a binary frame is refused as RFC 6455 says (1003).
-            close(code: .unacceptableData, context: context)
+            guard !closing else { return }
+            handleMessage(frame.unmaskedData, binary: true, context: context)
         case .ping:
             let pong = WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)
             context.writeAndFlush(wrapOutboundOut(pong), promise: nil)
@@ -99,30 +96,32 @@ final class WebSocketHandler: ChannelInboundHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable, !backlog.isEmpty {
-            let events = backlog
-            backlog = []
-            send(replies: [], events: events, context: context)
-        }
+        perform(machine.writabilityChanged(isWritable: context.channel.isWritable), context: context)
         context.fireChannelWritabilityChanged()
     }
 
-    private func handleMessage(_ payload: ByteBuffer, context: ChannelHandlerContext) {
+    /// Reading waits while writes drain.
+    func read(context: ChannelHandlerContext) {
+        if machine.readRequested() == .read { context.read() }
+    }
+
+    private func handleMessage(_ payload: ByteBuffer, binary: Bool, context: ChannelHandlerContext) {
         let value: JSONValue
         do {
             value = try JSONParser(maxDepth: shared.configuration.maxJSONDepth).parse(payload)
         } catch {
             shared.logger.debug("invalid JSON on websocket", metadata: ["pubsub.error": "\(error)"])
-            if !Self.isValidUTF8(payload) {
+            if !binary, !Self.isValidUTF8(payload) {
                 // A text frame that is not UTF-8 fails the WebSocket connection (RFC 6455: 1007).
                 close(code: .dataInconsistentWithMessage, context: context)
                 return
             }
-            send(replies: [Self.badRequestReply], events: [], context: context)
+            // Garbage in a binary frame is answered as garbage in a text frame: the session goes on.
+            write(replies: [Self.badRequestReply], events: [], context: context)
             return
         }
         guard let elements = MessageBatch.elements(of: value) else {
-            send(replies: [Self.badRequestReply], events: [], context: context)
+            write(replies: [Self.badRequestReply], events: [], context: context)
             return
         }
         if elements.isEmpty {
@@ -135,28 +134,22 @@ final class WebSocketHandler: ChannelInboundHandler {
             guard case .message(let message) = element, message.channel == Channel.connect,
                 let clientId = message.clientId
             else { continue }
-            if sink?.clientId != clientId { bind(clientId, context: context) }
+            if machine.clientId != clientId {
+                perform(machine.bind(clientId: clientId), context: context)
+                sink = ConnectionSink(owner: self, isPersistent: true, eventLoop: context.eventLoop)
+            }
             break
         }
         let broker = shared.broker
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
                 guard case .success(let outcomes) = result else {
-                    self.send(replies: [Self.serverErrorReply], events: [], context: context)
+                    self.write(replies: [Self.serverErrorReply], events: [], context: context)
                     return
                 }
                 let (replies, events, pending) = broker.split(outcomes, context: self.requestContext)
-                if let pending {
-                    self.answerHeld(context: context)
-                    let timer = context.eventLoop.assumeIsolated().scheduleTask(in: pending.hold) { [weak self] in
-                        guard let self else { return }
-                        self.answerHeld(context: context)
-                    }
-                    self.held = (pending, timer)
-                }
-                if !replies.isEmpty || !events.isEmpty {
-                    self.send(replies: replies, events: events, context: context)
-                }
+                self.perform(
+                    self.machine.messagesHandled(replies: replies, events: events, pending: pending), context: context)
             }
     }
 
@@ -176,71 +169,94 @@ final class WebSocketHandler: ChannelInboundHandler {
         return m
     }()
 
-    private func bind(_ clientId: String, context: ChannelHandlerContext) {
-        if let old = sink {
-            old.closed = true
-            _ = shared.broker.engine.detach(old.clientId, sink: old, takeEvents: false)
-            answerHeld(context: context)
-        }
-        sink = WebSocketSink(handler: NIOLoopBound(self, eventLoop: context.eventLoop), clientId: clientId)
-    }
+    // MARK: The sink
 
-    /// Sends the reply of the held connect, if any (its hold ended, or it was superseded or released).
-    private func answerHeld(context: ChannelHandlerContext, failure: BayeuxError? = nil) {
-        guard let (connect, timer) = held else { return }
-        held = nil
-        timer.cancel()
-        var reply = connect.reply
-        if let failure {
-            reply.fail(failure)
-            reply.clientId = nil
-            reply["advice"] = Advice.handshake
-        }
-        if let finished = shared.broker.finish(reply, context: requestContext) {
-            send(replies: [finished], events: [], context: context)
-        }
-    }
-
-    func deliver(_ sink: WebSocketSink, events: CircularBuffer<ByteBuffer>) {
+    func deliver(_ sink: ConnectionSink, events: CircularBuffer<ByteBuffer>) {
         guard sink === self.sink, let context else { return }
-        send(replies: [], events: events, context: context)
+        switch machine.eventsDelivered(events) {
+        case .none: break
+        case .write(let events): write(replies: [], events: events, context: context)
+        case .answer(let answer): self.answer(answer, context: context)
+        case .drop(let clientId): drop(clientId, context: context)
+        }
     }
 
-    func detached(_ sink: WebSocketSink, reason: DetachReason) {
+    func detached(_ sink: ConnectionSink, reason: DetachReason) {
         guard sink === self.sink, let context else { return }
+        sink.closed = true
         self.sink = nil
-        switch reason {
-        case .superseded:
-            answerHeld(context: context)
-        case .overflow:
-            answerHeld(context: context, failure: BayeuxError(.queueOverflow, sink.clientId))
-        case .disconnected, .expired:
-            answerHeld(context: context)
-            close(code: .normalClosure, context: context)
-        case .shutdown:
-            answerHeld(context: context)
-            close(code: .goingAway, context: context)
+        if reason == .overflow, let clientId = machine.clientId {
+            shared.broker.logDropped(clientId, transport: .websocket)
+        }
+        perform(machine.detached(reason), context: context)
+    }
+
+    // MARK: Actions
+
+    private func perform(_ actions: [ConnectionStateMachine.Action], context: ChannelHandlerContext) {
+        for action in actions {
+            switch action {
+            case .write(let replies, let events):
+                write(replies: replies, events: events, context: context)
+            case .answer(let answer):
+                self.answer(answer, context: context)
+            case .armHoldTimer(let hold):
+                holdTimer?.cancel()
+                holdTimer = context.eventLoop.assumeIsolated().scheduleTask(in: hold) { [weak self] in
+                    guard let self, let context = self.context else { return }
+                    self.holdTimer = nil
+                    self.perform(self.machine.holdTimerFired(), context: context)
+                }
+            case .cancelHoldTimer:
+                holdTimer?.cancel()
+                holdTimer = nil
+            case .resumeReading:
+                context.read()
+            case .detach(let clientId):
+                if let sink {
+                    sink.closed = true
+                    self.sink = nil
+                    shared.broker.detach(clientId, sink: sink, takeEvents: false)
+                }
+            case .drop(let clientId):
+                drop(clientId, context: context)
+            case .close(let reason):
+                switch reason {
+                case .normal: close(code: .normalClosure, context: context)
+                case .goingAway: close(code: .goingAway, context: context)
+                case .overflow: close(code: .policyViolation, context: context)
+                }
+            case .heartbeat:
+                break
+            }
         }
     }
 
-    private func send(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
+    /// Sends the reply of the held connect (its hold ended, or it was superseded or released).
+    private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
+        holdTimer?.cancel()
+        holdTimer = nil
+        var reply = answer.connect.reply
+        if let failure = answer.failure { reply.mustHandshake(failure) }
+        var replies = answer.replies
+        if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
+        if !replies.isEmpty || !answer.events.isEmpty {
+            write(replies: replies, events: answer.events, context: context)
+        }
+    }
+
+    /// A slow consumer: more than `maxQueue` events wait on a socket that is not writable.
+    private func drop(_ clientId: String, context: ChannelHandlerContext) {
+        if let sink {
+            sink.closed = true
+            self.sink = nil
+        }
+        shared.broker.drop(clientId, transport: .websocket, on: context.eventLoop)
+        close(code: .policyViolation, context: context)
+    }
+
+    private func write(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
         guard !closing else { return }
-        if replies.isEmpty, !context.channel.isWritable {
-            backlog.append(contentsOf: events)
-            if backlog.count > shared.configuration.broker.maxQueue, let sink {
-                shared.logger.info("slow websocket consumer dropped", metadata: ["pubsub.client.id": "\(sink.clientId)"])
-                backlog = []
-                _ = shared.broker.engine.destroyClient(sink.clientId, reason: .overflow, on: context.eventLoop)
-                close(code: .policyViolation, context: context)
-            }
-            return
-        }
-        var events = events
-        if !backlog.isEmpty {
-            backlog.append(contentsOf: events)
-            events = backlog
-            backlog = []
-        }
         let payload = ReplyEncoder.encode(replies: replies, events: events, allocator: context.channel.allocator)
         counters?.bytesOut &+= UInt64(payload.readableBytes)
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
@@ -249,35 +265,10 @@ final class WebSocketHandler: ChannelInboundHandler {
     private func close(code: WebSocketErrorCode?, context: ChannelHandlerContext) {
         guard !closing else { return }
         closing = true
+        machine.closing()
         var data = context.channel.allocator.buffer(capacity: 2)
         if let code { data.write(webSocketErrorCode: code) }
         let frame = WebSocketFrame(fin: true, opcode: .connectionClose, data: data)
         context.writeAndFlush(wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
-    }
-}
-
-/// The delivery sink of a WebSocket bound to one client.
-final class WebSocketSink: DeliverySink, @unchecked Sendable {
-    private let handler: NIOLoopBound<WebSocketHandler>
-    let clientId: String
-    /// Set on the event loop once the socket is gone or rebound.
-    var closed = false
-
-    var eventLoop: any EventLoop { handler.eventLoop }
-    var isPersistent: Bool { true }
-
-    init(handler: NIOLoopBound<WebSocketHandler>, clientId: String) {
-        self.handler = handler
-        self.clientId = clientId
-    }
-
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        guard !closed else { return }
-        handler.value.deliver(self, events: events)
-    }
-
-    func detached(_ reason: DetachReason) {
-        guard !closed else { return }
-        handler.value.detached(self, reason: reason)
     }
 }

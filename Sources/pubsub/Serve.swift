@@ -36,6 +36,8 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Largest WebSocket message in bytes; larger closes with 1009 (PUBSUB_MAX_FRAME_BYTES).")
     var maxFrameBytes: Int?
     @Option(help: "Events queued per client before it is dropped (PUBSUB_MAX_QUEUE).") var maxQueue: Int?
+    @Option(help: "Bytes waiting to be written to one connection before it stops being read and its events queue (PUBSUB_MAX_OUTBOUND_BYTES).")
+    var maxOutboundBytes: Int?
     @Option(help: "Messages in one request or frame (PUBSUB_MAX_MESSAGES_PER_REQUEST).")
     var maxMessagesPerRequest: Int?
     @Option(help: "Subscriptions per client (PUBSUB_MAX_SUBSCRIPTIONS).") var maxSubscriptions: Int?
@@ -101,6 +103,8 @@ struct Serve: AsyncParsableCommand {
             maxRequestBytes: try positive(pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", 1 << 20), "max-request-bytes"),
             maxFrameBytes: try positive(pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", 1 << 20), "max-frame-bytes"),
             maxJSONDepth: maxDepth,
+            maxOutboundBytes: try positive(
+                pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", 1 << 20), "max-outbound-bytes"),
             broker: broker,
             extensions: ExtensionPipeline(extensions),
             threads: try pick(threads, "PUBSUB_THREADS", 0),

@@ -1,0 +1,355 @@
+import Bayeux
+import NIOCore
+import Testing
+
+@testable import PubSubCore
+@testable import PubSubServer
+
+/// Drives `ConnectionStateMachine` through every path, without sockets: actions are compared as short strings.
+@Suite struct ConnectionStateMachineTests {
+    typealias Machine = ConnectionStateMachine
+
+    static func event(_ n: Int) -> ByteBuffer { ByteBuffer(string: "[{\"channel\":\"/c\",\"data\":\(n)}]") }
+
+    static func events(_ range: ClosedRange<Int>) -> CircularBuffer<ByteBuffer> {
+        CircularBuffer(range.map(event))
+    }
+
+    static func connect(_ clientId: String, id: String = "c", hold: TimeAmount = .seconds(45), attached: Bool = true)
+        -> PendingConnect
+    {
+        var reply = Message()
+        reply.channel = Channel.connect
+        reply.clientId = clientId
+        reply["id"] = .string(id)
+        reply["successful"] = true
+        return PendingConnect(
+            reply: reply, clientId: clientId,
+            result: ConnectResult(status: .ok, attached: attached, answerNow: false), hold: hold)
+    }
+
+    static func reply(_ id: String) -> Message {
+        var m = Message()
+        m["id"] = .string(id)
+        m["successful"] = true
+        return m
+    }
+
+    /// The data numbers of encoded test events.
+    static func numbers(_ events: CircularBuffer<ByteBuffer>) -> String {
+        events.map { e in
+            String(String(buffer: e).drop(while: { $0 != ":" }).dropFirst().split(separator: ":").last!.dropLast(2))
+        }.joined(separator: ",")
+    }
+
+    static func describe(_ answer: Machine.Answer) -> String {
+        var s = "answer(\(answer.connect.reply["id"]?.stringValue ?? "?")"
+        if !answer.replies.isEmpty { s += " replies=\(answer.replies.compactMap { $0["id"]?.stringValue }.joined(separator: ","))" }
+        if !answer.events.isEmpty { s += " events=\(numbers(answer.events))" }
+        if let failure = answer.failure { s += " fail=\(failure)" }
+        if answer.takeEvents { s += " take" }
+        return s + ")"
+    }
+
+    static func describe(_ actions: [Machine.Action]) -> [String] {
+        actions.map { action in
+            switch action {
+            case .write(let replies, let events):
+                "write(\(replies.compactMap { $0["id"]?.stringValue ?? $0.error }.joined(separator: ","))|\(numbers(events)))"
+            case .answer(let answer): describe(answer)
+            case .armHoldTimer(let t): "arm(\(t.nanoseconds / 1_000_000)ms)"
+            case .cancelHoldTimer: "cancelTimer"
+            case .resumeReading: "resumeReading"
+            case .drop(let id): "drop(\(id))"
+            case .detach(let id): "detach(\(id))"
+            case .close(let reason): "close(\(reason))"
+            case .heartbeat: "heartbeat"
+            }
+        }
+    }
+
+    static func describe(_ action: Machine.DeliverAction) -> String {
+        switch action {
+        case .none: "none"
+        case .write(let events): "write(\(numbers(events)))"
+        case .answer(let answer): describe(answer)
+        case .drop(let id): "drop(\(id))"
+        }
+    }
+
+    // MARK: WebSocket
+
+    @Test func webSocketHoldsTheConnectUntilItsTimerFires() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        #expect(Self.describe(m.bind(clientId: "a")) == [])
+        let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", hold: .seconds(3)))
+        #expect(Self.describe(actions) == ["arm(3000ms)"])
+        #expect(m.isHolding)
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...2))) == "write(1,2)")
+        #expect(m.isHolding, "a WebSocket connect is not answered by a delivery")
+        #expect(Self.describe(m.holdTimerFired()) == ["answer(c)"])
+        #expect(!m.isHolding)
+        #expect(Self.describe(m.holdTimerFired()) == [], "a timer of an answered connect does nothing")
+    }
+
+    @Test func webSocketNewerConnectSupersedesTheHeldOne() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c1"))
+        let actions = m.messagesHandled(
+            replies: [Self.reply("s")], events: Self.events(1...1), pending: Self.connect("a", id: "c2", hold: .seconds(1)))
+        #expect(Self.describe(actions) == ["answer(c1)", "arm(1000ms)", "write(s|1)"])
+    }
+
+    @Test func webSocketRebindDetachesTheOldClientAndAnswersItsConnect() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.bind(clientId: "b")) == ["detach(a)", "answer(c)"])
+        #expect(m.clientId == "b")
+        #expect(Self.describe(m.bind(clientId: "b")) == [])
+    }
+
+    @Test func unwritableSocketBacklogsEventsWithholdsReadsAndFlushesWhenWritable() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        #expect(m.readRequested() == .read)
+        #expect(Self.describe(m.writabilityChanged(isWritable: false)) == [])
+        #expect(m.readRequested() == .withhold)
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...2))) == "none")
+        #expect(Self.describe(m.eventsDelivered(Self.events(3...3))) == "none")
+        #expect(m.backlog.count == 3)
+        // Replies still go, with what waits, in order.
+        let actions = m.messagesHandled(replies: [Self.reply("p")], events: Self.events(4...4), pending: nil)
+        #expect(Self.describe(actions) == ["write(p|1,2,3,4)"])
+        #expect(Self.describe(m.eventsDelivered(Self.events(5...5))) == "none")
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["write(|5)", "resumeReading"])
+        #expect(m.backlog.isEmpty)
+        #expect(m.readRequested() == .read)
+        // Writable again without a withheld read: nothing to resume.
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
+    }
+
+    @Test func eventsOnlyFrameWhileUnwritableWaitsInTheBacklog() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.messagesHandled(replies: [], events: Self.events(1...2), pending: nil)) == [])
+        #expect(m.backlog.count == 2)
+    }
+
+    @Test func slowConsumerIsDroppedPastMaxQueue() {
+        var m = Machine(transport: .webSocket, maxQueue: 3)
+        _ = m.bind(clientId: "a")
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...3))) == "none")
+        #expect(Self.describe(m.eventsDelivered(Self.events(4...4))) == "drop(a)")
+        #expect(m.backlog.isEmpty)
+        #expect(!m.isOpen)
+        #expect(Self.describe(m.eventsDelivered(Self.events(5...5))) == "none")
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
+        // The dropped session's sink is gone with it: nothing to detach when the socket closes.
+        #expect(Self.describe(m.closed()) == [])
+    }
+
+    @Test func dropFromAFrameOfEvents() {
+        var m = Machine(transport: .webSocket, maxQueue: 1)
+        _ = m.bind(clientId: "a")
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.messagesHandled(replies: [], events: Self.events(1...2), pending: nil)) == ["drop(a)"])
+    }
+
+    @Test func webSocketDetachReasons() {
+        func held() -> Machine {
+            var m = Machine(transport: .webSocket, maxQueue: 10)
+            _ = m.bind(clientId: "a")
+            _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+            return m
+        }
+        var m = held()
+        #expect(Self.describe(m.detached(.superseded)) == ["answer(c)"])
+        #expect(m.isOpen && m.clientId == nil)
+        m = held()
+        #expect(Self.describe(m.detached(.overflow)) == ["answer(c fail=409:a:Queue overflow)"])
+        #expect(m.isOpen, "the socket stays: the client handshakes again on it")
+        m = held()
+        #expect(Self.describe(m.detached(.disconnected)) == ["answer(c)", "close(normal)"])
+        #expect(Self.describe(m.messagesHandled(replies: [Self.reply("x")], events: [], pending: nil)) == [])
+        m = held()
+        #expect(Self.describe(m.detached(.expired)) == ["answer(c)", "close(normal)"])
+        m = held()
+        _ = m.writabilityChanged(isWritable: false)
+        _ = m.eventsDelivered(Self.events(1...1))
+        #expect(Self.describe(m.detached(.shutdown)) == ["answer(c)", "write(|1)", "close(goingAway)"])
+    }
+
+    @Test func webSocketQuiesceAnswersSendsWhatWaitsAndCloses() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        _ = m.writabilityChanged(isWritable: false)
+        _ = m.eventsDelivered(Self.events(1...2))
+        #expect(Self.describe(m.quiesce()) == ["answer(c)", "write(|1,2)", "close(goingAway)"])
+        #expect(Self.describe(m.quiesce()) == [])
+        #expect(Self.describe(m.detached(.shutdown)) == [])
+        #expect(Self.describe(m.closed()) == ["detach(a)"])
+        #expect(Self.describe(m.closed()) == [])
+    }
+
+    @Test func closedSocketCancelsTheTimerAndDetaches() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.closed()) == ["cancelTimer", "detach(a)"])
+        #expect(Self.describe(m.holdTimerFired()) == [])
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
+    }
+
+    @Test func closingStopsWrites() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        m.closing()
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
+        #expect(Self.describe(m.messagesHandled(replies: [Self.reply("x")], events: [], pending: nil)) == [])
+    }
+
+    // MARK: Polling
+
+    @Test func pollingAnswersWithTheFirstDelivery() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", hold: .seconds(2)))
+        #expect(Self.describe(actions) == ["arm(2000ms)"])
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...2))) == "answer(c events=1,2)")
+        #expect(!m.isHolding)
+        #expect(Self.describe(m.holdTimerFired()) == [])
+        #expect(Self.describe(m.eventsDelivered(Self.events(3...3))) == "none", "a stale delivery is ignored")
+    }
+
+    @Test func pollingHoldEndTakesWhatTheSessionHolds() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.holdTimerFired()) == ["answer(c take)"])
+    }
+
+    @Test func pollingWithoutHeldConnectWritesAtOnce() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        let actions = m.messagesHandled(replies: [Self.reply("h")], events: Self.events(1...1), pending: nil)
+        #expect(Self.describe(actions) == ["write(h|1)"])
+        #expect(!m.isHolding)
+        // A connect that was not attached is not held either.
+        m.requestStarted()
+        let unattached = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", attached: false))
+        #expect(Self.describe(unattached) == ["write(|)"])
+    }
+
+    @Test func pollingDeliveryBeforeParkingAnswersAtOnce() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
+        let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(actions) == ["answer(c events=1)"])
+    }
+
+    @Test func pollingDetachBeforeParkingAnswersAtOnce() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        #expect(Self.describe(m.detached(.overflow)) == [])
+        let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(actions) == ["answer(c fail=409:a:Queue overflow)"])
+        // The next request starts clean.
+        m.requestStarted()
+        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
+    }
+
+    @Test func pollingDetachReasons() {
+        for (reason, expected) in [
+            (DetachReason.overflow, "answer(c fail=409:a:Queue overflow)"), (.superseded, "answer(c)"),
+            (.shutdown, "answer(c)"), (.disconnected, "answer(c)"), (.expired, "answer(c)"),
+        ] {
+            var m = Machine(transport: .polling, maxQueue: 10)
+            m.requestStarted()
+            _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+            #expect(Self.describe(m.detached(reason)) == [expected], "\(reason)")
+            #expect(m.isOpen, "a polling connection goes on after its answer")
+        }
+    }
+
+    @Test func pollingQuiesceReleasesTheParkedConnectAndAnyLaterOne() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.quiesce()) == ["answer(c take)"])
+        m.requestStarted()
+        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2")))
+            == ["answer(c2 take)"])
+    }
+
+    @Test func pollingClosedWhileParkedDetaches() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.closed()) == ["cancelTimer", "detach(a)"])
+    }
+
+    @Test func pollingNeverBacklogsOrDropsWhileUnwritable() {
+        var m = Machine(transport: .polling, maxQueue: 1)
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(m.readRequested() == .withhold)
+        m.requestStarted()
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...5))) == "answer(c events=1,2,3,4,5)")
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["resumeReading"])
+    }
+
+    // MARK: EventSource
+
+    @Test func eventSourceWritesHeartbeatsOnlyWhileStreamingAndWritable() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        #expect(Self.describe(m.heartbeatDue()) == [])
+        m.streamOpened(clientId: "a")
+        #expect(Self.describe(m.heartbeatDue()) == ["heartbeat"])
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.heartbeatDue()) == [])
+        _ = m.writabilityChanged(isWritable: true)
+        #expect(Self.describe(m.heartbeatDue()) == ["heartbeat"])
+        _ = m.detached(.disconnected)
+        #expect(Self.describe(m.heartbeatDue()) == [])
+    }
+
+    @Test func eventSourceBacklogsAndDropsLikeAWebSocket() {
+        var m = Machine(transport: .polling, maxQueue: 2)
+        m.streamOpened(clientId: "a")
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "write(1)")
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.eventsDelivered(Self.events(2...3))) == "none")
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["write(|2,3)"])
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.eventsDelivered(Self.events(4...6))) == "drop(a)")
+        #expect(Self.describe(m.heartbeatDue()) == [])
+    }
+
+    @Test func eventSourceEndsOnAnyDetach() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.streamOpened(clientId: "a")
+        #expect(Self.describe(m.detached(.superseded)) == ["close(normal)"])
+        m = Machine(transport: .polling, maxQueue: 10)
+        m.streamOpened(clientId: "a")
+        _ = m.writabilityChanged(isWritable: false)
+        _ = m.eventsDelivered(Self.events(1...1))
+        #expect(Self.describe(m.detached(.shutdown)) == ["write(|1)", "close(goingAway)"])
+        #expect(Self.describe(m.closed()) == [])
+    }
+
+    @Test func eventSourceQuiesceAndClose() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.streamOpened(clientId: "a")
+        #expect(Self.describe(m.quiesce()) == ["close(goingAway)"])
+        var n = Machine(transport: .polling, maxQueue: 10)
+        n.streamOpened(clientId: "a")
+        #expect(Self.describe(n.closed()) == ["detach(a)"])
+    }
+}
