@@ -189,11 +189,13 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
             response.assumeIsolated().whenSuccess { status, headers, body in
                 var headers = headers
                 headers.add(name: "Content-Length", value: String(body.readableBytes))
+                headers.add(name: "X-Content-Type-Options", value: "nosniff")
                 if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
                 context.write(
                     self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
                     promise: nil)
-                context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+                // A HEAD gets the length of the body, not the body.
+                if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
                 let done = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
                 if !head.isKeepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
             }
