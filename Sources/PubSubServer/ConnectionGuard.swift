@@ -24,6 +24,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         case requestEnd
         case responseEnd
         case upgraded
+        /// Close now, without lingering: the end of a drain.
+        case abort
     }
 
     /// Fired inbound when a WebSocket has been silent for the ping interval: `WebSocketPingHandler` sends a ping.
@@ -112,6 +114,11 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         case .requestEnd: state.requestEnd(now: now)
         case .responseEnd: state.responseEnd(now: now)
         case .upgraded: state.upgraded(now: now)
+        case .abort:
+            state.closed()
+            cancelTimer()
+            context.close(mode: .all, promise: promise)
+            return
         }
         rearm(context: context)
         promise?.succeed(())

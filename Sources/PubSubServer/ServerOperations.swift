@@ -175,9 +175,12 @@ final class ServerOperations: Sendable {
         }
     }
 
-    /// Closes whatever is still open.
+    /// Closes whatever is still open, at once: no lingering over a request half read.
     func closeConnections() {
-        for channel in connections.withLockedValue({ Array($0.values) }) { channel.close(promise: nil) }
+        for channel in connections.withLockedValue({ Array($0.values) }) {
+            channel.triggerUserOutboundEvent(ConnectionGuard.Event.abort, promise: nil)
+            channel.close(promise: nil)
+        }
     }
 
     /// Logs refused connections and rate-limited publishes at most once every 10 seconds, with a count.

@@ -236,6 +236,15 @@ struct WireResponse {
         #expect(!p.channel.isActive)
     }
 
+    @Test func theEndOfADrainClosesAHalfReadRequestWithoutLingering() throws {
+        let p = try HTTPPipeline()
+        try p.send("POST /faye HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        p.channel.triggerUserOutboundEvent(ConnectionGuard.Event.abort, promise: nil)
+        p.channel.close(promise: nil)
+        #expect(!p.channel.isActive)
+        #expect(p.recorder.outputClosed == 0)
+    }
+
     @Test func closeAfterACompleteRequestDoesNotLinger() throws {
         let p = try HTTPPipeline()
         try p.send("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
