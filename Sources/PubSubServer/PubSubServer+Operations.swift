@@ -71,7 +71,10 @@ extension PubSubServer {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    // Timed like the broker port: a scraper that connects and sends nothing does not stay.
+                    try channel.pipeline.syncOperations.addHandler(shared.makeConnectionGuard())
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(HTTPExchangeProbe())
                     try channel.pipeline.syncOperations.addHandler(OperationsHTTPHandler(shared: shared))
                 }
             }
