@@ -73,6 +73,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         let count = unwrapInboundIn(data).readableBytes
         switch state.bytesReceived(count, now: context.eventLoop.now) {
         case .forward:
+            // The first byte of a later request brings its header deadline before the idle one.
+            rearm(context: context)
             context.fireChannelRead(data)
         case .discard:
             break

@@ -299,6 +299,18 @@ struct WireResponse {
         #expect(!output.contains("200 OK"))
     }
 
+    @Test func laterHalfSentHeadIsClosedAtTheHeaderTimeoutNotTheIdleOne() throws {
+        let p = try HTTPPipeline()
+        try p.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(WireResponse.parse(try p.output()).first?.body == "ok\n")
+        p.loop.advanceTime(by: .seconds(1))
+        try p.send("GET /hea")
+        p.loop.advanceTime(by: .milliseconds(9999))
+        #expect(p.channel.isActive)
+        p.loop.advanceTime(by: .milliseconds(1))
+        #expect(!p.channel.isActive)
+    }
+
     @Test func idleKeepAliveConnectionIsClosedAtTheIdleTimeout() throws {
         let p = try HTTPPipeline()
         try p.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
