@@ -1,6 +1,5 @@
 import Logging
 import NIOCore
-import NIOHTTP1
 
 /// Drives a `ConnectionGuardState` for one connection: first in the pipeline after TLS, it sees every byte
 /// read, writability changes and every close asked for. It performs the machine's actions: closes, asks the
@@ -22,6 +21,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     enum Event: Sendable, Equatable {
         case requestHead
         case requestEnd
+        /// The response's end has been sent (its write completed), with no newer request in flight.
         case responseEnd
         case upgraded
         /// Close now, without lingering: the end of a drain.
@@ -205,32 +205,5 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
                 "pubsub.remote": "\(context.channel.remoteAddress?.description ?? "?")",
             ])
         context.close(mode: .all, promise: nil)
-    }
-}
-
-/// Tells the `ConnectionGuard` in front when a request head and end are read and when a response ends. Sits
-/// after the HTTP decoder and pipelining handler, before the upgrade handler; an upgrade removes it with them.
-final class HTTPExchangeProbe: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias InboundOut = HTTPServerRequestPart
-    typealias OutboundIn = HTTPServerResponsePart
-    typealias OutboundOut = HTTPServerResponsePart
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch unwrapInboundIn(data) {
-        case .head: context.triggerUserOutboundEvent(ConnectionGuard.Event.requestHead, promise: nil)
-        case .body: break
-        case .end: context.triggerUserOutboundEvent(ConnectionGuard.Event.requestEnd, promise: nil)
-        }
-        context.fireChannelRead(data)
-    }
-
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        // Before the write: the pipelining handler hands the next request on from inside it, and that
-        // request's head must come after this response's end.
-        if case .end = unwrapOutboundIn(data) {
-            context.triggerUserOutboundEvent(ConnectionGuard.Event.responseEnd, promise: nil)
-        }
-        context.write(data, promise: promise)
     }
 }

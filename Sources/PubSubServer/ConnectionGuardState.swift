@@ -143,7 +143,7 @@ struct ConnectionGuardState {
         phase = responded ? Self.idle(now: now, timeouts) : .request(bodyComplete: true, responded: false, lastRead: lastRead)
     }
 
-    /// The response's end has been written.
+    /// The response's end has been sent (its write completed): the connection is idle from now on.
     mutating func responseEnd(now: NIODeadline) {
         guard case .request(let bodyComplete, _, let lastRead) = phase else { return }
         phase = bodyComplete ? Self.idle(now: now, timeouts) : .request(bodyComplete: false, responded: true, lastRead: lastRead)

@@ -11,11 +11,33 @@ import Testing
 @testable import PubSubServer
 
 /// Stands in front of the pipeline as the socket would, recording half-closures: `EmbeddedChannel` closes
-/// everything on any close, which would hide whether the guard closed the output only.
+/// everything on any close, which would hide whether the guard closed the output only. With `holdWrites`, writes
+/// wait (as they do for a slow reader) until `releaseWrites()`.
 final class HalfCloseRecorder: ChannelOutboundHandler {
     typealias OutboundIn = NIOAny
     var outputClosed = 0
     var fullCloses = 0
+    var holdWrites = false
+    private var held: [(NIOAny, EventLoopPromise<Void>?)] = []
+    private var context: ChannelHandlerContext?
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if holdWrites { held.append((data, promise)) } else { context.write(data, promise: promise) }
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        if !holdWrites { context.flush() }
+    }
+
+    func releaseWrites() {
+        holdWrites = false
+        guard let context else { return }
+        for (data, promise) in held { context.write(data, promise: promise) }
+        held = []
+        context.flush()
+    }
 
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         if mode == .output {
@@ -308,6 +330,33 @@ struct WireResponse {
         p.loop.advanceTime(by: .milliseconds(9999))
         #expect(p.channel.isActive)
         p.loop.advanceTime(by: .milliseconds(1))
+        #expect(!p.channel.isActive)
+    }
+
+    @Test func idleTimeoutCountsFromWhenTheResponseIsSentNotWritten() throws {
+        let p = try HTTPPipeline()
+        p.recorder.holdWrites = true
+        try p.send("GET /faye/client.js HTTP/1.1\r\nHost: x\r\n\r\n")
+        // A slow reader: the response takes a minute to go out.
+        p.loop.advanceTime(by: .seconds(60))
+        #expect(p.channel.isActive, "a response still going out is not an idle connection")
+        p.recorder.releaseWrites()
+        #expect(WireResponse.parse(try p.output()).first?.body.utf8.count == BrowserClient.source.utf8.count)
+        p.loop.advanceTime(by: .seconds(29))
+        #expect(p.channel.isActive)
+        p.loop.advanceTime(by: .seconds(1))
+        #expect(!p.channel.isActive)
+    }
+
+    @Test func pipelinedRequestsKeepTheConnectionBusyUntilTheLastIsSent() throws {
+        let p = try HTTPPipeline()
+        p.recorder.holdWrites = true
+        try p.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        p.recorder.releaseWrites()
+        #expect(WireResponse.parse(try p.output()).count == 2)
+        p.loop.advanceTime(by: .seconds(29))
+        #expect(p.channel.isActive)
+        p.loop.advanceTime(by: .seconds(1))
         #expect(!p.channel.isActive)
     }
 
