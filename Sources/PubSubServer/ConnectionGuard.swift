@@ -21,7 +21,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     enum Event: Sendable, Equatable {
         case requestHead
         case requestEnd
-        /// The response's end has been sent (its write completed), with no newer request in flight.
+        /// The response's end has been written.
         case responseEnd
         case upgraded
         /// Close now, without lingering: the end of a drain.
@@ -94,7 +94,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        state.writabilityChanged(isWritable: context.channel.isWritable, now: context.eventLoop.now)
+        state.writabilityChanged(
+            isWritable: context.channel.isWritable, unsentBytes: unsentBytes(context), now: context.eventLoop.now)
         rearm(context: context)
         context.fireChannelWritabilityChanged()
     }
@@ -184,7 +185,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func timerFired() {
         guard let context else { return }
-        switch state.timerFired(now: context.eventLoop.now) {
+        switch state.timerFired(now: context.eventLoop.now, unsentBytes: unsentBytes(context)) {
         case .none:
             break
         case .ping:
@@ -194,6 +195,12 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
             return
         }
         rearm(context: context)
+    }
+
+    /// Bytes written to the channel and not yet taken by the socket: whether a response is still going out, and
+    /// whether a blocked connection makes progress. Read on timers and writability changes only.
+    private func unsentBytes(_ context: ChannelHandlerContext) -> Int {
+        (try? context.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
     }
 
     private func close(context: ChannelHandlerContext, reason: ConnectionGuardState.CloseReason) {

@@ -8,7 +8,7 @@ import NIOCore
 /// The phases of a connection:
 /// - `waiting`: no request in flight and no byte of the next one. Closed at the deadline: the connection's
 ///   start plus the header timeout for the first request, the end of the last response plus the idle timeout
-///   afterwards.
+///   afterwards; unless bytes of that response are still unsent and draining, then a send timeout later.
 /// - `readingHead`: bytes of a request head are arriving; closed at the header deadline unless the head
 ///   completes first.
 /// - `request`: a request is in flight (its response may be parked for a long time: a held `/meta/connect`, an
@@ -17,10 +17,11 @@ import NIOCore
 ///   twice that: closed.
 /// - `lingering`: a response was sent and the connection asked to close before the request was read; the
 ///   output is closed, input is read and dropped within bounds (time in all, time between reads, bytes).
-/// In every phase but lingering, writes blocked (channel not writable) for the send timeout close it.
+/// In every phase but lingering, writes blocked (channel not writable, nothing of what waits in it gone out) for
+/// the send timeout close it.
 struct ConnectionGuardState {
     enum Phase: Equatable {
-        case waiting(deadline: NIODeadline, firstRequest: Bool)
+        case waiting(deadline: NIODeadline, firstRequest: Bool, unsent: Int? = nil)
         case readingHead(deadline: NIODeadline)
         case request(bodyComplete: Bool, responded: Bool, lastRead: NIODeadline)
         case webSocket(lastReceived: NIODeadline, pinged: Bool)
@@ -64,8 +65,10 @@ struct ConnectionGuardState {
     let timeouts: ConnectionTimeouts
     let pingInterval: TimeAmount
     private(set) var phase: Phase
-    /// Since when the channel has not been writable, if it is not.
+    /// Since when the channel has not been writable (or last drained some while not writable), if it is not.
     private(set) var blockedSince: NIODeadline?
+    /// The bytes waiting in the channel at `blockedSince`: fewer later is progress, a slow reader, not a gone one.
+    private var blockedUnsent = 0
 
     init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, now: NIODeadline) {
         self.timeouts = timeouts
@@ -77,7 +80,7 @@ struct ConnectionGuardState {
     var deadline: NIODeadline? {
         var phaseDeadline: NIODeadline?
         switch phase {
-        case .waiting(let deadline, _), .readingHead(let deadline):
+        case .waiting(let deadline, _, _), .readingHead(let deadline):
             phaseDeadline = deadline
         case .request(let bodyComplete, _, let lastRead):
             phaseDeadline = bodyComplete ? nil : lastRead + timeouts.idle
@@ -102,7 +105,7 @@ struct ConnectionGuardState {
 
     mutating func bytesReceived(_ count: Int, now: NIODeadline) -> ReadAction {
         switch phase {
-        case .waiting(let deadline, let firstRequest):
+        case .waiting(let deadline, let firstRequest, _):
             // The first request's head is timed from the connection's start, a later one from its first byte.
             phase = .readingHead(deadline: firstRequest ? deadline : now + timeouts.header)
             return .forward
@@ -157,11 +160,13 @@ struct ConnectionGuardState {
         }
     }
 
-    mutating func writabilityChanged(isWritable: Bool, now: NIODeadline) {
+    /// `unsentBytes`: what the channel holds, not yet taken by the socket.
+    mutating func writabilityChanged(isWritable: Bool, unsentBytes: Int = 0, now: NIODeadline) {
         if isWritable {
             blockedSince = nil
         } else if blockedSince == nil {
             blockedSince = now
+            blockedUnsent = unsentBytes
         }
     }
 
@@ -186,20 +191,32 @@ struct ConnectionGuardState {
         blockedSince = nil
     }
 
-    mutating func timerFired(now: NIODeadline) -> TimerAction {
+    /// `unsentBytes`: what the channel still holds of responses written (not yet taken by the socket).
+    mutating func timerFired(now: NIODeadline, unsentBytes: Int = 0) -> TimerAction {
         if let blockedSince, now >= blockedSince + timeouts.send {
             switch phase {
-            case .lingering, .closed: break
+            case .lingering, .closed:
+                break
             default:
-                phase = .closed
-                return .close(.sendTimeout)
+                // Not writable all along, but some went out: a slow reader gets another send timeout.
+                guard unsentBytes < blockedUnsent else {
+                    phase = .closed
+                    return .close(.sendTimeout)
+                }
+                self.blockedSince = now
+                blockedUnsent = unsentBytes
             }
         }
         switch phase {
-        case .waiting(let deadline, let firstRequest):
+        case .waiting(let deadline, let firstRequest, let unsent):
             guard now >= deadline else { return .none }
+            // A response still going out: wait a send timeout more each time some of it has gone.
+            if unsentBytes > 0, unsent.map({ unsentBytes < $0 }) ?? true {
+                phase = .waiting(deadline: now + timeouts.send, firstRequest: firstRequest, unsent: unsentBytes)
+                return .none
+            }
             phase = .closed
-            return .close(firstRequest ? .headerTimeout : .idleTimeout)
+            return .close(unsentBytes > 0 ? .sendTimeout : firstRequest ? .headerTimeout : .idleTimeout)
         case .readingHead(let deadline):
             guard now >= deadline else { return .none }
             phase = .closed

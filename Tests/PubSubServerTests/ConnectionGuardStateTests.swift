@@ -122,6 +122,29 @@ import Testing
         #expect(m.timerFired(now: at(50)) == .close(.bodyTimeout))
     }
 
+    @Test func responseStillGoingOutToASlowReaderIsNotIdle() {
+        var m = machine()
+        m.requestHead(now: at(0))
+        m.requestEnd(now: at(0))
+        m.responseEnd(now: at(0))
+        // 3 MB written, going out slowly but steadily.
+        #expect(m.timerFired(now: at(30), unsentBytes: 3_000_000) == .none)
+        #expect(m.deadline == at(60))
+        #expect(m.timerFired(now: at(60), unsentBytes: 1_000_000) == .none)
+        #expect(m.deadline == at(90))
+        // All sent: idle from here it is (its idle time was spent already).
+        #expect(m.timerFired(now: at(90), unsentBytes: 0) == .close(.idleTimeout))
+    }
+
+    @Test func responseThatStopsGoingOutIsClosedAtTheSendTimeout() {
+        var m = machine()
+        m.requestHead(now: at(0))
+        m.requestEnd(now: at(0))
+        m.responseEnd(now: at(0))
+        #expect(m.timerFired(now: at(30), unsentBytes: 40_000) == .none)
+        #expect(m.timerFired(now: at(60), unsentBytes: 40_000) == .close(.sendTimeout))
+    }
+
     // MARK: Send timeout
 
     @Test func writesBlockedForTheSendTimeoutClose() {
@@ -144,6 +167,18 @@ import Testing
         #expect(m.timerFired(now: at(31)) == .none)
         #expect(m.deadline == at(55))
         #expect(m.timerFired(now: at(55)) == .close(.sendTimeout))
+    }
+
+    @Test func slowButSteadyReaderIsNotCutBySendTimeout() {
+        var m = machine()
+        m.requestHead(now: at(0))
+        m.requestEnd(now: at(0))
+        m.writabilityChanged(isWritable: false, unsentBytes: 2_000_000, now: at(0))
+        #expect(m.timerFired(now: at(30), unsentBytes: 1_200_000) == .none)
+        #expect(m.deadline == at(60))
+        #expect(m.timerFired(now: at(60), unsentBytes: 400_000) == .none)
+        // Then it stops reading.
+        #expect(m.timerFired(now: at(90), unsentBytes: 400_000) == .close(.sendTimeout))
     }
 
     @Test func sendTimeoutAppliesToWebSocketsToo() {
