@@ -138,10 +138,17 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             if let file = StaticFiles.response(name: name, method: head.method, requestHeaders: head.headers) {
                 respond(status: file.status, headers: file.headers, body: file.body)
             } else {
-                respond(status: .notFound, text: "No such file: \(name)\n")
+                // Not the name asked for: request input is never echoed.
+                respond(status: .notFound, text: "Not found\n")
             }
         case .bayeux, .bayeuxWithSuffix:
-            if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
+            if head.method == .HEAD {
+                // A HEAD carries no message to run and opens no stream; saying so is the honest answer.
+                var headers = HTTPHeaders()
+                headers.add(name: "Allow", value: "GET, POST, OPTIONS")
+                headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+                respond(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
+            } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
                 preflight(head)
             } else if head.method == .GET,
                 head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") })
@@ -490,15 +497,20 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             headers.add(name: "Access-Control-Allow-Origin", value: origin)
             headers.add(name: "Access-Control-Allow-Credentials", value: "true")
         }
+        // The length a GET would have, on a HEAD too, whose body is not sent.
         headers.add(name: "Content-Length", value: String(body.readableBytes))
+        if !headers.contains(name: "x-content-type-options") { headers.add(name: "X-Content-Type-Options", value: "nosniff") }
         let keepAlive = head.isKeepAlive && !close && !shared.operations.isDraining
-        counters?.bytesOut &+= UInt64(body.readableBytes)
+        let sendsBody = body.readableBytes > 0 && head.method != .HEAD
+        if sendsBody { counters?.bytesOut &+= UInt64(body.readableBytes) }
         if !keepAlive { headers.add(name: "Connection", value: "close") }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
-        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
+        if sendsBody { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         if keepAlive { rearmUpgrade(context: context) }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        // A close with the request half read (a 413) lingers in the connection guard: the client reads the
+        // status instead of a reset.
         if !keepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
     }
 }

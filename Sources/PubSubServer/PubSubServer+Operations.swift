@@ -71,7 +71,10 @@ extension PubSubServer {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    // Timed like the broker port: a scraper that connects and sends nothing does not stay.
+                    try channel.pipeline.syncOperations.addHandler(shared.makeConnectionGuard())
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(HTTPExchangeProbe())
                     try channel.pipeline.syncOperations.addHandler(OperationsHTTPHandler(shared: shared))
                 }
             }
@@ -189,11 +192,13 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
             response.assumeIsolated().whenSuccess { status, headers, body in
                 var headers = headers
                 headers.add(name: "Content-Length", value: String(body.readableBytes))
+                headers.add(name: "X-Content-Type-Options", value: "nosniff")
                 if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
                 context.write(
                     self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
                     promise: nil)
-                context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+                // A HEAD gets the length of the body, not the body.
+                if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
                 let done = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
                 if !head.isKeepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
             }

@@ -22,6 +22,12 @@ final class ServerShared: Sendable {
         self.mount = configuration.normalizedMount
         self.operations = operations
     }
+
+    /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket
+    /// pings, lingering close.
+    func makeConnectionGuard() -> ConnectionGuard {
+        ConnectionGuard(timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
+    }
 }
 
 /// The broker on the network: HTTP/1.1 and WebSocket on one port, under one mount path.
@@ -70,6 +76,8 @@ public final class PubSubServer: Sendable {
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
+                    // First: it tells the connection guard this is a WebSocket now and sends its pings.
+                    try sync.addHandler(WebSocketPingHandler())
                     try sync.addHandler(
                         NIOWebSocketFrameAggregator(
                             minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
@@ -90,7 +98,7 @@ public final class PubSubServer: Sendable {
             .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    guard try shared.operations.prepare(channel) else { return }
+                    guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
                     try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
                 }
             }
@@ -119,13 +127,16 @@ public final class PubSubServer: Sendable {
         let decoder = ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes))
         let pipelining = HTTPServerPipelineHandler()
         let errors = HTTPServerProtocolErrorHandler()
-        try sync.addHandlers([encoder, decoder, pipelining, errors])
+        let probe = HTTPExchangeProbe()
+        // The guard stays after an upgrade (timing the WebSocket); the probe leaves with the HTTP handlers.
+        try sync.addHandler(shared.makeConnectionGuard())
+        try sync.addHandlers([encoder, decoder, pipelining, errors, probe])
         // Weak: the handler keeps `makeUpgradeHandler`, whose upgrade handlers capture this variable; a strong
         // reference would make a cycle that keeps every connection's HTTPHandler alive for ever.
         weak var httpHandler: HTTPHandler?
         let makeUpgradeHandler = { () -> HTTPServerUpgradeHandler in
             HTTPServerUpgradeHandler(
-                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors],
+                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors, probe],
                 upgradeCompletionHandler: { context in
                     if let httpHandler { context.pipeline.syncOperations.removeHandler(httpHandler, promise: nil) }
                 })

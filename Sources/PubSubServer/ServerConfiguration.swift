@@ -25,6 +25,10 @@ public struct ServerConfiguration: Sendable {
     public var threads: Int
     /// TLS, systemd, metrics, connection and publish limits, drain.
     public var operations: OperationsConfiguration
+    /// Header, idle and send timeouts, and the bounds of a lingering close.
+    public var timeouts: ConnectionTimeouts
+    /// A WebSocket silent for this long gets a ping; one silent for twice this is closed.
+    public var pingInterval: TimeAmount
 
     public init(
         host: String = "127.0.0.1",
@@ -38,7 +42,9 @@ public struct ServerConfiguration: Sendable {
         broker: BrokerConfiguration = .init(),
         extensions: ExtensionPipeline = .init(),
         threads: Int = 0,
-        operations: OperationsConfiguration = .init()
+        operations: OperationsConfiguration = .init(),
+        timeouts: ConnectionTimeouts = .init(),
+        pingInterval: TimeAmount = .seconds(30)
     ) {
         self.host = host
         self.port = port
@@ -52,6 +58,8 @@ public struct ServerConfiguration: Sendable {
         self.extensions = extensions
         self.threads = threads
         self.operations = operations
+        self.timeouts = timeouts
+        self.pingInterval = pingInterval
     }
 
     /// Every connection's write buffer water marks: high at `maxOutboundBytes`, low at half of it.

@@ -131,7 +131,9 @@ final class ServerOperations: Sendable {
 
     /// Sets up the start of a new connection's pipeline: TLS when configured, and the 503 answer when the
     /// connection limit is reached. Returns false when the connection was refused (its pipeline is complete).
-    func prepare(_ channel: any Channel) throws -> Bool {
+    /// A refused connection is guarded too (`makeGuard`): its header timeout closes a client that sends no
+    /// request, and a request body still arriving after the 503 is drained (lingering close), not reset.
+    func prepare(_ channel: any Channel, makeGuard: () -> ConnectionGuard) throws -> Bool {
         let sync = channel.pipeline.syncOperations
         if let tls {
             try sync.addHandler(NIOSSLServerHandler(context: tls.context))
@@ -146,9 +148,9 @@ final class ServerOperations: Sendable {
         guard admitted else {
             metrics.connectionsRefused.increment()
             noteRefusal(connection: true)
-            // A refused client that sends no request is not kept waiting.
-            channel.eventLoop.scheduleTask(in: .seconds(10)) { channel.close(promise: nil) }
+            try sync.addHandler(makeGuard())
             try sync.configureHTTPServerPipeline(withErrorHandling: true)
+            try sync.addHandler(HTTPExchangeProbe())
             try sync.addHandler(
                 RefusingHandler(
                     status: .serviceUnavailable, retryAfter: configuration.connectionRetryAfter,
@@ -173,9 +175,12 @@ final class ServerOperations: Sendable {
         }
     }
 
-    /// Closes whatever is still open.
+    /// Closes whatever is still open, at once: no lingering over a request half read.
     func closeConnections() {
-        for channel in connections.withLockedValue({ Array($0.values) }) { channel.close(promise: nil) }
+        for channel in connections.withLockedValue({ Array($0.values) }) {
+            channel.triggerUserOutboundEvent(ConnectionGuard.Event.abort, promise: nil)
+            channel.close(promise: nil)
+        }
     }
 
     /// Logs refused connections and rate-limited publishes at most once every 10 seconds, with a count.
@@ -272,6 +277,7 @@ final class RefusingHandler: ChannelInboundHandler {
     let status: HTTPResponseStatus
     let retryAfter: Int
     let text: String
+    private var answered = false
 
     init(status: HTTPResponseStatus, retryAfter: Int, text: String) {
         self.status = status
@@ -280,15 +286,20 @@ final class RefusingHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head(let head) = unwrapInboundIn(data) else { return }
+        guard case .head(let head) = unwrapInboundIn(data), !answered else { return }
+        answered = true
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+        headers.add(name: "X-Content-Type-Options", value: "nosniff")
         headers.add(name: "Retry-After", value: String(retryAfter))
         headers.add(name: "Content-Length", value: String(text.utf8.count))
         headers.add(name: "Connection", value: "close")
         context.write(
             wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
+        if head.method != .HEAD {
+            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
+        }
+        // Sent before the request's body is read: the connection guard lingers over what is still coming.
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
         }

@@ -34,7 +34,8 @@ enum StaticFiles {
         }
         headers.add(name: "Content-Type", value: "text/javascript; charset=utf-8")
         headers.add(name: "X-Content-Type-Options", value: "nosniff")
-        return Response(status: .ok, headers: headers, body: method == .HEAD ? ByteBuffer() : clientBody)
+        // The body of a GET, on a HEAD too: the responder sends its length and leaves it out.
+        return Response(status: .ok, headers: headers, body: clientBody)
     }
 
     /// `If-None-Match` decides when present (weak comparison, `*` matches); otherwise `If-Modified-Since`.

@@ -47,6 +47,14 @@ struct Serve: AsyncParsableCommand {
     var historySize: Int?
     @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
     var historyTtl: Double?
+    @Option(help: "Seconds a request head may take, from its first byte (from the connection's start for the first); then the connection is closed (PUBSUB_HEADER_TIMEOUT).")
+    var headerTimeout: Double?
+    @Option(help: "Seconds a keep-alive connection may wait for its next request; a parked long-poll or an open stream is never idle (PUBSUB_IDLE_TIMEOUT).")
+    var idleTimeout: Double?
+    @Option(help: "Seconds a connection's writes may stay blocked by a client that does not read before it is closed; its session survives (PUBSUB_SEND_TIMEOUT).")
+    var sendTimeout: Double?
+    @Option(help: "Seconds of WebSocket silence before a ping; silent for twice this, the socket is closed (PUBSUB_PING_INTERVAL).")
+    var pingInterval: Double?
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
@@ -94,6 +102,18 @@ struct Serve: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: levelName) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
+        func seconds(_ flag: Double?, _ env: String, _ fallback: Double, _ name: String) throws -> TimeAmount {
+            let value = try pick(flag, env, fallback)
+            guard value > 0, value <= 3600 else {
+                throw ValidationError("--\(name) must be above 0 and at most 3600 seconds")
+            }
+            return .nanoseconds(Int64(value * 1e9))
+        }
+        var timeouts = ConnectionTimeouts()
+        timeouts.header = try seconds(headerTimeout, "PUBSUB_HEADER_TIMEOUT", 10, "header-timeout")
+        timeouts.idle = try seconds(idleTimeout, "PUBSUB_IDLE_TIMEOUT", 30, "idle-timeout")
+        timeouts.send = try seconds(sendTimeout, "PUBSUB_SEND_TIMEOUT", 30, "send-timeout")
+        let pingInterval = try seconds(self.pingInterval, "PUBSUB_PING_INTERVAL", 30, "ping-interval")
         let maxDepth = try positive(pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", 64), "max-json-depth")
         guard maxDepth <= 512 else { throw ValidationError("--max-json-depth must be at most 512") }
         let configuration = ServerConfiguration(
@@ -108,7 +128,9 @@ struct Serve: AsyncParsableCommand {
             broker: broker,
             extensions: ExtensionPipeline(extensions),
             threads: try pick(threads, "PUBSUB_THREADS", 0),
-            operations: try operations.resolve()
+            operations: try operations.resolve(),
+            timeouts: timeouts,
+            pingInterval: pingInterval
         )
         return (configuration, level)
     }
