@@ -17,8 +17,6 @@ public struct ServerConfiguration: Sendable {
     /// half). Past it the connection stops being read and delivered events wait in its backlog, up to
     /// `broker.maxQueue` events, then the client is dropped.
     public var maxOutboundBytes: Int
-    /// How often an EventSource stream gets a heartbeat (a comment line), so a peer that is gone is noticed.
-    public var pingInterval: TimeAmount
     public var broker: BrokerConfiguration
     public var extensions: ExtensionPipeline
     /// Event-loop threads; 0 means one per core.
@@ -27,7 +25,8 @@ public struct ServerConfiguration: Sendable {
     public var operations: OperationsConfiguration
     /// Header, idle and send timeouts, and the bounds of a lingering close.
     public var timeouts: ConnectionTimeouts
-    /// A WebSocket silent for this long gets a ping; one silent for twice this is closed.
+    /// A WebSocket silent for this long gets a ping (one silent for twice this is closed), and an EventSource
+    /// stream a heartbeat (a comment line), so a peer that is gone is noticed.
     public var pingInterval: TimeAmount
 
     public init(
@@ -38,7 +37,6 @@ public struct ServerConfiguration: Sendable {
         maxFrameBytes: Int = 1 << 20,
         maxJSONDepth: Int = 64,
         maxOutboundBytes: Int = 1 << 20,
-        pingInterval: TimeAmount = .seconds(30),
         broker: BrokerConfiguration = .init(),
         extensions: ExtensionPipeline = .init(),
         threads: Int = 0,
@@ -53,7 +51,6 @@ public struct ServerConfiguration: Sendable {
         self.maxFrameBytes = maxFrameBytes
         self.maxJSONDepth = maxJSONDepth
         self.maxOutboundBytes = maxOutboundBytes
-        self.pingInterval = pingInterval
         self.broker = broker
         self.extensions = extensions
         self.threads = threads

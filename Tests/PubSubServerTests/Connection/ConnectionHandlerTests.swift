@@ -57,7 +57,7 @@ import Testing
 
     static func makeShared(maxQueue: Int, pingInterval: TimeAmount = .seconds(30), recorder: LogRecorder) -> ServerShared {
         let configuration = ServerConfiguration(
-            pingInterval: pingInterval, broker: BrokerConfiguration(maxQueue: maxQueue, historySize: 0))
+            broker: BrokerConfiguration(maxQueue: maxQueue, historySize: 0), pingInterval: pingInterval)
         let operations = ServerOperations(
             configuration: configuration.operations, loops: [], registry: PrometheusCollectorRegistry(),
             logger: recorder.logger)
