@@ -44,7 +44,8 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     public init(configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52))) {
         self.configuration = configuration
-        self.history = History(capacity: configuration.historySize, maxAge: configuration.historyTTL)
+        self.history = History(
+            capacity: configuration.historySize, maxBytes: configuration.historyBytes, maxAge: configuration.historyTTL)
         self.epoch = epoch
     }
 

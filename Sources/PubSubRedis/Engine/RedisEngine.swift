@@ -525,7 +525,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             head = message.encodedEvent()
         }
         var arguments: [RESPArgument] = [
-            .string(String(epochCandidate)), .integer(Int64(configuration.historySize)), .string(channel),
+            .string(String(epochCandidate)), .integer(Int64(configuration.historySize)),
+            .integer(Int64(configuration.historyBytes)), .string(channel),
             .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
         ]
         arguments += keys.map { .string($0) }

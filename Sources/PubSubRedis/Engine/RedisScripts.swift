@@ -12,7 +12,8 @@ import NIOCore
 /// - `P i:<channel>` hash: node → how many of its sessions subscribe to `<channel>` (the routing table)
 /// - `P ni:<node>` set: the channels a node has interest in (to repair the routing table after an outage)
 /// - `P d:<id>`: the client was dropped for overflow (expires with the session lifetime)
-/// - `P seq`, `P epoch`: the position counter and the history's epoch; `P history`: capped list of events
+/// - `P seq`, `P epoch`: the position counter and the history's epoch; `P history`: capped list of events,
+///   `P hbytes`: the bytes it holds
 /// - `P gc`: the expiry sweep lock; `P alive:<node>`: a node's heartbeat (for operators: `KEYS pubsub:alive:*`)
 /// Notification channel of a node: `C n:<node>` (C adds the database, as pub/sub ignores it).
 enum RedisScripts {
@@ -245,7 +246,10 @@ enum RedisScripts {
 
     /// Publishes one event: takes the next position, appends it to the history, and sends one `E` notification
     /// to each node with a subscriber. The event's bytes are `head .. position .. tail` (just `head` without
-    /// history). ARGV: epoch candidate, history size, channel, head, tail, now ms, n, key × n.
+    /// history). The history is trimmed from its oldest end while it holds more than `size` entries or more than
+    /// `maxBytes` bytes (0: no byte bound); `P hbytes` keeps its byte total (summed when missing, as after an
+    /// upgrade). An entry over `maxBytes` on its own is not kept, and nothing older is either.
+    /// ARGV: epoch candidate, history size, max bytes, channel, head, tail, now ms, n, key × n.
     /// Returns {sequence, epoch}.
     static let publish = Script("""
         local function b36(n)
@@ -260,17 +264,36 @@ enum RedisScripts {
         redis.call('SET', P .. 'epoch', ARGV[3], 'NX')
         local epochText = redis.call('GET', P .. 'epoch')
         local epoch = tonumber(epochText)
-        local size, channel = tonumber(ARGV[4]), ARGV[5]
+        local size, maxBytes, channel = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
         local seq = redis.call('INCR', P .. 'seq')
-        local event = ARGV[6]
+        local event = ARGV[7]
         if size > 0 then
-          event = ARGV[6] .. '1.' .. b36(epoch) .. '.' .. b36(seq) .. ARGV[7]
-          redis.call('RPUSH', P .. 'history', f(seq) .. f(ARGV[8]) .. f(channel) .. event)
-          redis.call('LTRIM', P .. 'history', -size, -1)
+          event = ARGV[7] .. '1.' .. b36(epoch) .. '.' .. b36(seq) .. ARGV[8]
+          local hk, bk = P .. 'history', P .. 'hbytes'
+          local entry = f(seq) .. f(ARGV[9]) .. f(channel) .. event
+          local bytes = redis.call('GET', bk)
+          if bytes then
+            bytes = tonumber(bytes)
+          else
+            bytes = 0
+            for _, e in ipairs(redis.call('LRANGE', hk, 0, -1)) do bytes = bytes + #e end
+          end
+          if maxBytes > 0 and #entry > maxBytes then
+            redis.call('DEL', hk)
+            bytes = 0
+          else
+            local n = redis.call('RPUSH', hk, entry)
+            bytes = bytes + #entry
+            while n > size or (maxBytes > 0 and bytes > maxBytes) do
+              bytes = bytes - #redis.call('LPOP', hk)
+              n = n - 1
+            end
+          end
+          redis.call('SET', bk, bytes)
         end
         local nodes, msg = {}, nil
-        for i = 1, tonumber(ARGV[9]) do
-          for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[9 + i])) do
+        for i = 1, tonumber(ARGV[10]) do
+          for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[10 + i])) do
             if not nodes[node] then
               nodes[node] = true
               msg = msg or ('E' .. f(seq) .. f(channel) .. f(event))
