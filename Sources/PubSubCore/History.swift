@@ -1,32 +1,5 @@
 import NIOCore
 
-/// An opaque delivery position: a format version, the history epoch and a sequence number.
-/// The epoch changes whenever the history may have lost messages (a restart of the memory engine),
-/// so a token from before it can never be mistaken for a position in the new history.
-public struct Position: Sendable, Hashable, CustomStringConvertible {
-    public var epoch: UInt64
-    public var sequence: UInt64
-
-    public init(epoch: UInt64, sequence: UInt64) {
-        self.epoch = epoch
-        self.sequence = sequence
-    }
-
-    /// `1.<epoch base 36>.<sequence base 36>`; clients store and return it, never parse it.
-    public var description: String {
-        "1." + String(epoch, radix: 36) + "." + String(sequence, radix: 36)
-    }
-
-    /// Parses a token; anything malformed or of another format version is nil.
-    public init?(token: String) {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0] == "1", parts[1].count <= 13, parts[2].count <= 13,
-            let epoch = UInt64(parts[1], radix: 36), let sequence = UInt64(parts[2], radix: 36)
-        else { return nil }
-        self.init(epoch: epoch, sequence: sequence)
-    }
-}
-
 /// The bounded history of published events, shared by every subscriber: each event is stored once, as the
 /// same encoded bytes its live recipients got. Bounded by count, by bytes and, optionally, by age; whatever
 /// bound is hit, the oldest entries go first, so what is held is always a contiguous run of sequences.

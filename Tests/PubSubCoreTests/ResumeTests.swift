@@ -34,8 +34,9 @@ struct ResumingClient {
 }
 
 @Suite struct ResumeTests {
-    @Test func handshakeAndEventsCarryIncreasingPositions() {
+    @Test func handshakeAndEventsCarryOpaquePositionsOfIncreasingSequences() {
         let h = Harness()
+        let engine = h.broker.engine as! MemoryEngine
         var (client, _) = ResumingClient.start(h, channel: "/a")
         _ = h.publish("/a", "1")
         _ = h.publish("/a", "2")
@@ -45,9 +46,27 @@ struct ResumingClient {
         }
         #expect(positions.count == 2)
         #expect(Set(positions + [client.lastPosition]).count == 3)
-        #expect(positions.allSatisfy { Position(token: $0) != nil })
+        #expect(positions.allSatisfy { $0.hasPrefix("2.") && Position.parse($0) != nil })
+        // Inside, they are the sequences 0 (the handshake's), 1 and 2; on the wire, nothing says so.
+        let sequences = ([client.lastPosition] + positions).map {
+            Position(token: $0, key: engine.positionKey)!.sequence
+        }
+        #expect(sequences == [0, 1, 2])
         client.lastPosition = positions[1]
-        #expect(Position(token: positions[0])!.sequence < Position(token: positions[1])!.sequence)
+    }
+
+    @Test func theHandshakePositionDoesNotCountOtherChannelsTraffic() {
+        // Two brokers with the same epoch and key: one saw no publish, the other 1000 on a channel nobody reads.
+        let key = PositionKey(text: "00112233445566778899aabbccddeeff")!
+        let quiet = Harness(engine: MemoryEngine(configuration: .init(), epoch: 7, positionKey: key))
+        let busy = Harness(engine: MemoryEngine(configuration: .init(), epoch: 7, positionKey: key))
+        for _ in 1...1000 { _ = busy.publish("/secret") }
+        let a = try! #require(Position.parse(quiet.broker.engine.position!)).permuted
+        let b = try! #require(Position.parse(busy.broker.engine.position!)).permuted
+        #expect(a != b)
+        // The plain format would have said 0 and 1000 (`1.7.0`, `1.7.rs`); these are 64-bit pseudo-random values.
+        #expect(a > 1 << 32 || b > 1 << 32)
+        #expect(Position(token: busy.broker.engine.position!, key: key)?.sequence == 1000)
     }
 
     @Test func resumeDeliversExactlyTheMissedMatchingMessagesThenLiveOnes() {
@@ -92,12 +111,30 @@ struct ResumingClient {
         #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":3}}"#))
     }
 
-    @Test(arguments: ["garbage", "", "1.zz.1", "2.1.1", "1.1.1.1", "1.-1.2", "1.\(String(repeating: "z", count: 40)).1"])
+    @Test(arguments: [
+        "garbage", "", "1.zz.1", "2.1.1", "1.1.1.1", "1.-1.2", "1.\(String(repeating: "z", count: 40)).1", "2.1.-1",
+        "2..1", "2.1.", "2.A.1", "2.1.+1", "2.1.\(String(repeating: "z", count: 14))", "2.1.1.1", "3.1.1",
+    ])
     func garbageTokensAreAnsweredNotRefused(_ token: String) {
         let h = Harness()
         let (_, reply) = ResumingClient.start(h, channel: "/a", resume: token)
         #expect(reply["successful"] == true)
         #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":0}}"#))
+    }
+
+    @Test func aTokenOfTheFirstFormatIsForeign() {
+        // `1.<epoch>.<sequence>` was the plain format: a client that forges one from this epoch gets nothing.
+        let engine = MemoryEngine(configuration: .init(), epoch: 12345)
+        let h = Harness(engine: engine)
+        let (_, _) = ResumingClient.start(h, channel: "/a")
+        _ = h.publish("/a")
+        let plain = "1." + String(UInt64(12345), radix: 36) + ".0"
+        let (_, reply) = ResumingClient.start(h, channel: "/a", resume: plain)
+        #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":0}}"#))
+        // A well-formed token of the right epoch that this broker never issued is not recovered either.
+        let forged = "2." + String(UInt64(12345), radix: 36) + ".1"
+        let (_, again) = ResumingClient.start(h, channel: "/a", resume: forged)
+        #expect(again["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == false)
     }
 
     @Test func aNewEpochInvalidatesOldTokens() {

@@ -179,6 +179,33 @@ import Testing
         }
     }
 
+    /// The handshake's position is made on the node (Swift), an event's in the engine (Lua for Redis): the same
+    /// sequence must give the same token, and a resume from it must be exact.
+    @Test(arguments: EngineKind.allCases)
+    func theHandshakePositionIsTheLastEventsPosition(_ kind: EngineKind) async throws {
+        try await withCluster(kind) { cluster in
+            let h = cluster.first
+            let cid = try await h.handshake()
+            _ = try await h.connect(cid)
+            _ = try await h.subscribe(cid, "/p")
+            for i in 1...3 { _ = try await h.publish("/p", "\(i)") }
+            try await h.settle()
+            let events = try #require(try await h.connect(cid)).result.events.map {
+                try JSONParser().parse($0).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+            }
+            #expect(events.count == 3)
+            #expect(events.allSatisfy { $0.hasPrefix("2.") })
+            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            #expect(handshake["ext"]?.objectValue?["position"]?.stringValue == events.last)
+            let other = try await h.handshake()
+            _ = try await h.connect(other)
+            let reply = try await h.subscribe(other, "/p", ext: #"{"resume":"\#(events[0])"}"#)
+            #expect(reply["ext"] == json(#"{"resume":{"recovered":true,"missed":2}}"#))
+            try await h.settle()
+            #expect(try await h.receive(other) == [2, 3])
+        }
+    }
+
     /// Events of about 1 KB against a 3,500-byte bound: three are held, whatever the count bound says.
     @Test(arguments: EngineKind.allCases)
     func theHistoryIsBoundedByBytesAsWellAsByCount(_ kind: EngineKind) async throws {
