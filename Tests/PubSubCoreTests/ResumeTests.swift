@@ -172,8 +172,18 @@ struct ResumingClient {
     /// Random schedules of publishes, drains, disconnects and resumes: a client either gets every matching
     /// message exactly once and in order, or is told `recovered: false` (and then starts over from "now").
     @Test func resumeIsExactOrHonest() async {
+        await Self.checkExactOrHonest(BrokerConfiguration(historySize: 6), padding: { _ in 0 })
+    }
+
+    /// The same with the history bounded by bytes: events of random sizes, some larger than the bound alone.
+    @Test func resumeIsExactOrHonestWhenTheHistoryIsBoundedByBytes() async {
+        await Self.checkExactOrHonest(
+            BrokerConfiguration(historySize: 1000, historyBytes: 1200), padding: { ($0 * 7919) % 1500 })
+    }
+
+    static func checkExactOrHonest(_ configuration: BrokerConfiguration, padding: @escaping @Sendable (Int) -> Int) async {
         await propertyCheck(count: 300, input: Gen.int(in: 0...5).array(of: 1...60)) { schedule in
-            let h = Harness(configuration: BrokerConfiguration(historySize: 6))
+            let h = Harness(configuration: configuration)
             var client: ResumingClient? = ResumingClient.start(h, channel: "/a/*").0
             var token = client!.lastPosition
             var expected: [JSONValue] = []
@@ -183,13 +193,14 @@ struct ResumingClient {
                 switch op {
                 case 0, 1:
                     counter += 1
-                    _ = h.publish("/a/x", "\(counter)")
+                    let pad = String(repeating: "p", count: padding(counter))
+                    _ = h.publish("/a/x", #"{"n":\#(counter),"pad":"\#(pad)"}"#)
                     expected.append(JSONValue(counter))
                 case 2:
                     _ = h.publish("/b", "0")
                 case 3:
                     if var c = client {
-                        received += c.receive(h)
+                        received += c.receive(h).map { $0.objectValue!["n"]! }
                         client = c
                         token = c.lastPosition
                     }
@@ -213,14 +224,14 @@ struct ResumingClient {
                     }
                 }
             }
-            if var c = client { received += c.receive(h) } else {
+            if var c = client { received += c.receive(h).map { $0.objectValue!["n"]! } } else {
                 let (c0, reply) = ResumingClient.start(h, channel: "/a/*", resume: token)
                 var c = c0
                 if reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == .bool(false) {
                     expected = []
                     received = []
                 }
-                received += c.receive(h)
+                received += c.receive(h).map { $0.objectValue!["n"]! }
             }
             #expect(received == expected)
         }
