@@ -224,6 +224,19 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         }
     }
 
+    /// What a script said of the positions in Redis: the latest sequence (of `epoch`), and the position key.
+    func learn(sequence: UInt64?, epoch: UInt64?, key: PositionKey?) {
+        state.withLockedValue { s in
+            if let key { s.positionKey = key }
+            guard let sequence else { return }
+            if let epoch, epoch != s.epoch {
+                s.epoch = epoch
+                s.lastSequence = sequence
+            }
+            s.lastSequence = max(s.lastSequence, sequence)
+        }
+    }
+
     func milliseconds(_ deadline: NIODeadline) -> Int64 {
         Int64(deadline.uptimeNanoseconds / 1_000_000) + wallOffsetMilliseconds
     }
@@ -257,9 +270,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             return loop.makeSucceededFuture(id)
         }
         return eval(RedisScripts.create, [.string(id), .string(node), expiry(now)]).flatMap { reply in
-            if reply.int == 0 {
+            let values = reply.array ?? []
+            if values.first?.int != 1 {
                 self.local.evict(id, reason: .superseded)
                 return self.createClient(now: now, on: loop)
+            }
+            if values.count > 3 {
+                self.learn(
+                    sequence: values[1].string.flatMap { UInt64($0) }, epoch: values[2].string.flatMap { UInt64($0) },
+                    key: values[3].string.flatMap { PositionKey(text: $0) })
             }
             return loop.makeSucceededFuture(id)
         }.recover { _ in id }.hop(to: loop)
@@ -542,15 +561,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
             let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
-            self.state.withLockedValue { s in
-                s.published += 1
-                if let key { s.positionKey = key }
-                if let epoch, epoch != s.epoch {
-                    s.epoch = epoch
-                    s.lastSequence = sequence
-                }
-                s.lastSequence = max(s.lastSequence, sequence)
-            }
+            self.state.withLockedValue { $0.published += 1 }
+            self.learn(sequence: sequence, epoch: epoch, key: key)
         }.flatMapErrorThrowing { error in
             if let e = error as? RedisError, e.code == .notConnected {
                 // Never sent: the connection went down just before.

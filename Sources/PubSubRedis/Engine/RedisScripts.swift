@@ -53,12 +53,14 @@ enum RedisScripts {
 
         """
 
-    /// ARGV: id, node, expiry. 1 created, 0 id taken.
+    /// ARGV: id, node, expiry. {1, last sequence, epoch, position key} created (the handshake's position is
+    /// then the cluster's latest, not this node's view of it, which may lag); {0} id taken.
     static let create = Script("""
         local id, node = ARGV[3], ARGV[4]
-        if redis.call('ZADD', P .. 'clients', 'NX', ARGV[5], id) == 0 then return 0 end
+        if redis.call('ZADD', P .. 'clients', 'NX', ARGV[5], id) == 0 then return {0} end
         redis.call('HSET', P .. 'c:' .. id, 'home', node, 'connected', '0')
-        return 1
+        return {1, redis.call('GET', P .. 'seq') or '0', redis.call('GET', P .. 'epoch') or '',
+          redis.call('GET', P .. 'pkey') or ''}
         """)
 
     /// A connect or attach on the session's home node. ARGV: id, node, expiry, refresh (1 for a connect).
