@@ -211,15 +211,21 @@ enum RedisScripts {
             tokenSeq = hi * 4294967296 + lo
           end
           if epoch == tokenEpoch and tokenSeq <= last then
-            local entries = redis.call('LRANGE', P .. 'history', 0, -1)
-            local first = last - #entries + 1
+            -- The history holds the sequences first..last in order: read only what comes after the token.
+            -- Recovered only if every sequence after it is there (`prev` walks them), so a list with a hole
+            -- (nodes configured differently) is answered honestly too.
+            local first = last - redis.call('LLEN', P .. 'history') + 1
             local complete = tokenSeq + 1 >= first
+            local entries = redis.call('LRANGE', P .. 'history', math.max(0, tokenSeq + 1 - first), -1)
+            local prev = tokenSeq
             for _, entry in ipairs(entries) do
               local seq, i = field(entry, 1)
               seq = tonumber(seq)
               local ts, j = field(entry, i)
               local channel, k = field(entry, j)
               if seq > tokenSeq then
+                if seq ~= prev + 1 then complete = false end
+                prev = seq
                 if ttl > 0 and tonumber(ts) + ttl <= now then
                   complete = false
                 else
@@ -232,6 +238,7 @@ enum RedisScripts {
                 end
               end
             end
+            if prev ~= last then complete = false end
             missed = #events
             if complete and #events <= maxQueue then recovered = 1 else events = {} end
           end
