@@ -44,6 +44,12 @@ public final class Broker: Sendable {
 
     /// Handles the messages of one request or frame, in order. `sink` is offered to the first `/meta/connect`
     /// (a one-shot sink is only used when the connect is the sole message, so other replies are never held).
+    ///
+    /// A request of more than `maxMessagesPerRequest` elements is refused whole: none of it is handled and it
+    /// gets one reply, `413:<limit>:Too many messages in one request`. Answering each element past the limit
+    /// (as before) turned a 1 MB body of 500,000 `1`s into 24 MB of replies. So the replies of one request are
+    /// at most `maxMessagesPerRequest`, each the size of what its message echoes (`id`, `channel`,
+    /// `subscription`, all within the request's own bytes) plus a bounded constant.
     public func handle(
         _ elements: [MessageBatch.Element],
         context: RequestContext,
@@ -51,25 +57,16 @@ public final class Broker: Sendable {
         now: NIODeadline,
         on loop: any EventLoop
     ) -> EventLoopFuture<[Outcome]> {
+        if elements.count > configuration.maxMessagesPerRequest {
+            let outcome = finish(tooManyMessagesReply, context: context).map(Outcome.reply) ?? .none
+            return loop.makeSucceededFuture([outcome])
+        }
         // Filled in order, by one chain of futures on `loop`.
         let outcomes = OutcomeList(capacity: elements.count)
         var offer = sink
         if let s = sink, !s.isPersistent, elements.count != 1 { offer = nil }
         var future = loop.makeSucceededFuture(())
-        for (position, element) in elements.enumerated() {
-            if position >= configuration.maxMessagesPerRequest {
-                // Appended in turn, after the replies of the messages before it (an engine may answer later).
-                let outcome: Outcome
-                if case .message(let message) = element {
-                    var reply = message.makeResponse()
-                    reply.fail(BayeuxError(.tooManyMessages))
-                    outcome = finish(reply, context: context).map(Outcome.reply) ?? .none
-                } else {
-                    outcome = .reply(Self.invalidElementReply)
-                }
-                future = future.map { outcomes.append(outcome) }
-                continue
-            }
+        for element in elements {
             switch element {
             case .invalid:
                 future = future.map { outcomes.append(.reply(Self.invalidElementReply)) }
@@ -85,6 +82,14 @@ public final class Broker: Sendable {
             }
         }
         return future.map { outcomes.values }
+    }
+
+    /// The one reply to a request over `maxMessagesPerRequest`: no `id` or `channel`, as it answers no single
+    /// message; the limit is its argument, so a client knows how to split.
+    var tooManyMessagesReply: Message {
+        var reply = Message()
+        reply.fail(BayeuxError(.tooManyMessages, String(configuration.maxMessagesPerRequest)))
+        return reply
     }
 
     /// The outcomes of one request, appended by the steps of a single future chain (never concurrently).

@@ -15,6 +15,12 @@ public struct BrokerConfiguration: Sendable {
     public var historySize: Int
     /// How long an event stays in the history; nil: until the size limit pushes it out.
     public var historyTTL: TimeAmount?
+    /// Bytes the history may hold (each event's encoded bytes plus its channel name, summed); the oldest go
+    /// first. 0: bounded by `historySize` only. An event larger than this alone is delivered but not kept.
+    public var historyBytes: Int
+
+    /// 64 MiB: 1000 events of 64 KiB, or 64 of 1 MiB.
+    public static let defaultHistoryBytes = 64 << 20
 
     public init(
         timeout: TimeAmount = .seconds(45),
@@ -24,7 +30,8 @@ public struct BrokerConfiguration: Sendable {
         maxChannelLength: Int = 256,
         maxMessagesPerRequest: Int = 1000,
         historySize: Int = 1000,
-        historyTTL: TimeAmount? = nil
+        historyTTL: TimeAmount? = nil,
+        historyBytes: Int = BrokerConfiguration.defaultHistoryBytes
     ) {
         self.timeout = timeout
         self.interval = interval
@@ -34,6 +41,7 @@ public struct BrokerConfiguration: Sendable {
         self.maxMessagesPerRequest = maxMessagesPerRequest
         self.historySize = historySize
         self.historyTTL = historyTTL
+        self.historyBytes = historyBytes
     }
 
     var timeoutMilliseconds: Int64 { timeout.nanoseconds / 1_000_000 }

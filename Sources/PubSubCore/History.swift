@@ -1,51 +1,40 @@
 import NIOCore
 
-/// An opaque delivery position: a format version, the history epoch and a sequence number.
-/// The epoch changes whenever the history may have lost messages (a restart of the memory engine),
-/// so a token from before it can never be mistaken for a position in the new history.
-public struct Position: Sendable, Hashable, CustomStringConvertible {
-    public var epoch: UInt64
-    public var sequence: UInt64
-
-    public init(epoch: UInt64, sequence: UInt64) {
-        self.epoch = epoch
-        self.sequence = sequence
-    }
-
-    /// `1.<epoch base 36>.<sequence base 36>`; clients store and return it, never parse it.
-    public var description: String {
-        "1." + String(epoch, radix: 36) + "." + String(sequence, radix: 36)
-    }
-
-    /// Parses a token; anything malformed or of another format version is nil.
-    public init?(token: String) {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0] == "1", parts[1].count <= 13, parts[2].count <= 13,
-            let epoch = UInt64(parts[1], radix: 36), let sequence = UInt64(parts[2], radix: 36)
-        else { return nil }
-        self.init(epoch: epoch, sequence: sequence)
-    }
-}
-
 /// The bounded history of published events, shared by every subscriber: each event is stored once, as the
-/// same encoded bytes its live recipients got. Bounded by count and, optionally, by age.
+/// same encoded bytes its live recipients got. Bounded by count, by bytes and, optionally, by age; whatever
+/// bound is hit, the oldest entries go first, so what is held is always a contiguous run of sequences.
 public struct History: Sendable {
     public struct Entry: Sendable {
         public var sequence: UInt64
         public var channel: String
         public var event: ByteBuffer
         public var publishedAt: NIODeadline
+
+        public init(sequence: UInt64, channel: String, event: ByteBuffer, publishedAt: NIODeadline) {
+            self.sequence = sequence
+            self.channel = channel
+            self.event = event
+            self.publishedAt = publishedAt
+        }
+
+        /// What the entry counts against the byte bound: its event's bytes and its channel name.
+        public var cost: Int { event.readableBytes + channel.utf8.count }
     }
 
     public let capacity: Int
+    /// The most bytes (summed `Entry.cost`) held; 0: no byte bound.
+    public let maxBytes: Int
     /// Entries older than this are dropped; nil keeps them until the capacity pushes them out.
     public let maxAge: TimeAmount?
     public private(set) var entries = CircularBuffer<Entry>()
+    /// The summed `cost` of `entries`.
+    public private(set) var bytes = 0
     /// The sequence of the newest event ever appended (0 before the first).
     public private(set) var lastSequence: UInt64 = 0
 
-    public init(capacity: Int, maxAge: TimeAmount?) {
+    public init(capacity: Int, maxBytes: Int = 0, maxAge: TimeAmount?) {
         self.capacity = capacity
+        self.maxBytes = maxBytes
         self.maxAge = maxAge
         entries.reserveCapacity(min(capacity, 4096))
     }
@@ -58,15 +47,31 @@ public struct History: Sendable {
         return lastSequence
     }
 
+    /// Appends an entry, dropping the oldest while over a bound. An entry over the byte bound on its own is not
+    /// kept, and nothing older is either (a resume from before it can then only be `recovered: false`).
     public mutating func append(_ entry: Entry) {
         guard capacity > 0 else { return }
-        if entries.count >= capacity { entries.removeFirst() }
+        if entries.count >= capacity { dropFirst() }
+        let cost = entry.cost
+        if maxBytes > 0 {
+            guard cost <= maxBytes else {
+                entries.removeAll(keepingCapacity: true)
+                bytes = 0
+                return
+            }
+            while bytes + cost > maxBytes { dropFirst() }
+        }
         entries.append(entry)
+        bytes += cost
+    }
+
+    private mutating func dropFirst() {
+        bytes -= entries.removeFirst().cost
     }
 
     public mutating func prune(now: NIODeadline) {
         guard let maxAge else { return }
-        while let first = entries.first, first.publishedAt + maxAge <= now { entries.removeFirst() }
+        while let first = entries.first, first.publishedAt + maxAge <= now { dropFirst() }
     }
 
     /// The entries after `sequence`, if none of them has been dropped.

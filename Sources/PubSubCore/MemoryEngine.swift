@@ -38,19 +38,26 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     private var history: History
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
     public let epoch: UInt64
+    /// The secret that makes positions opaque (`PositionCipher`); new at every start, like the epoch.
+    public let positionKey: PositionKey
 
     public let configuration: BrokerConfiguration
     private var lifetime: TimeAmount { configuration.timeout * 2 }
 
-    public init(configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52))) {
+    public init(
+        configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52)),
+        positionKey: PositionKey = .random()
+    ) {
         self.configuration = configuration
-        self.history = History(capacity: configuration.historySize, maxAge: configuration.historyTTL)
+        self.history = History(
+            capacity: configuration.historySize, maxBytes: configuration.historyBytes, maxAge: configuration.historyTTL)
         self.epoch = epoch
+        self.positionKey = positionKey
     }
 
     public var position: String? {
         lock.withLock {
-            history.isEnabled ? Position(epoch: epoch, sequence: history.lastSequence).description : nil
+            history.isEnabled ? Position(epoch: epoch, sequence: history.lastSequence).token(key: positionKey) : nil
         }
     }
 
@@ -196,7 +203,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         func matches(_ channel: String) -> Bool {
             patterns.contains { Channel.matches(pattern: $0, name: channel) }
         }
-        guard history.isEnabled, let position = Position(token: token), position.epoch == epoch else {
+        guard history.isEnabled, let position = Position(token: token, key: positionKey), position.epoch == epoch else {
             return ResumeResult(recovered: false, missed: 0)
         }
         guard let entries = history.entries(after: position.sequence) else {
@@ -280,7 +287,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             if history.isEnabled {
                 let sequence = history.nextSequence()
                 var positioned = message
-                positioned.setPosition(Position(epoch: epoch, sequence: sequence).description)
+                positioned.setPosition(Position(epoch: epoch, sequence: sequence).token(key: positionKey))
                 event = positioned.encodedEvent()
                 history.prune(now: now)
                 history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))

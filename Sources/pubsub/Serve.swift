@@ -47,6 +47,8 @@ struct Serve: AsyncParsableCommand {
     var historySize: Int?
     @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
     var historyTtl: Double?
+    @Option(help: "Bytes the history may hold (the stored events, summed); the oldest go first; 0: bounded by --history-size only (PUBSUB_HISTORY_BYTES).")
+    var historyBytes: Int?
     @Option(help: "Seconds a request head may take, from its first byte (from the connection's start for the first); then the connection is closed (PUBSUB_HEADER_TIMEOUT).")
     var headerTimeout: Double?
     @Option(help: "Seconds a keep-alive connection may wait for its next request; a parked long-poll or an open stream is never idle (PUBSUB_IDLE_TIMEOUT).")
@@ -83,6 +85,8 @@ struct Serve: AsyncParsableCommand {
         guard historySize >= 0 else { throw ValidationError("--history-size must not be negative") }
         let historyTTL = try pick(self.historyTtl, "PUBSUB_HISTORY_TTL", 0.0)
         guard historyTTL >= 0 else { throw ValidationError("--history-ttl must not be negative") }
+        let historyBytes = try pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", BrokerConfiguration.defaultHistoryBytes)
+        guard historyBytes >= 0 else { throw ValidationError("--history-bytes must not be negative") }
         let broker = BrokerConfiguration(
             timeout: .nanoseconds(Int64(timeout * 1e9)),
             interval: .nanoseconds(Int64(interval * 1e9)),
@@ -94,7 +98,8 @@ struct Serve: AsyncParsableCommand {
             maxMessagesPerRequest: try positive(
                 pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", 1000), "max-messages-per-request"),
             historySize: historySize,
-            historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil
+            historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
+            historyBytes: historyBytes
         )
         var extensions: [any BayeuxExtension] = []
         if let auth = try auth.resolve().extension { extensions.append(auth) }

@@ -220,12 +220,41 @@ import Testing
         #expect(c.result.events.count == 1)
     }
 
-    @Test func tooManyMessagesAreEachAnswered() {
+    @Test func aRequestOverTheMessageLimitIsRefusedWholeWithOneReply() {
         let h = Harness(configuration: BrokerConfiguration(maxMessagesPerRequest: 2))
-        let replies = h.replies(#"[{"channel":"/a","data":1,"id":"1"},{"channel":"/a","data":1,"id":"2"},{"channel":"/a","data":1,"id":"3"}]"#)
-        #expect(replies.count == 3)
-        #expect(replies[2].objectValue?["error"] == "413::Too many messages in one request")
-        #expect(replies[2].objectValue?["id"] == "3")
+        let cid = h.handshake()
+        _ = h.connect(cid)
+        _ = h.subscribe(cid, "/a")
+        let replies = h.replies(#"[{"channel":"/a","data":1,"id":"1"},{"channel":"/a","data":2,"id":"2"},{"channel":"/a","data":3,"id":"3"}]"#)
+        #expect(replies == [json(#"{"error":"413:2:Too many messages in one request","successful":false}"#)])
+        // Nothing of it was handled: not even the messages within the limit were published.
+        guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
+        #expect(c.result.events.isEmpty)
+        // At the limit, every message is handled and answered.
+        let atLimit = h.replies(#"[{"channel":"/a","data":4,"id":"4"},{"channel":"/a","data":5,"id":"5"}]"#)
+        #expect(atLimit.map { $0.objectValue?["successful"] } == [true, true])
+        guard case .connect(let c2) = h.connect(cid) else { Issue.record("no connect"); return }
+        #expect(c2.result.events.count == 2)
+    }
+
+    @Test func aHugeBodyOfNonObjectsGetsOneReply() {
+        let h = Harness()
+        let body = "[" + Array(repeating: "1", count: 500_000).joined(separator: ",") + "]"
+        let replies = h.replies(body)
+        #expect(replies == [json(#"{"error":"413:1000:Too many messages in one request","successful":false}"#)])
+    }
+
+    @Test func theRefusalGoesThroughTheOutgoingExtensions() {
+        struct Stamp: BayeuxExtension {
+            func outgoing(_ reply: inout Message, context: RequestContext) -> Bool {
+                reply.fields["ext"] = .object(["stamped": .bool(true)])
+                return true
+            }
+        }
+        let h = Harness(configuration: BrokerConfiguration(maxMessagesPerRequest: 1), extensions: [Stamp()])
+        let replies = h.replies(#"[{"channel":"/a","data":1},{"channel":"/a","data":2}]"#)
+        #expect(replies.count == 1)
+        #expect(replies[0].objectValue?["ext"] == json(#"{"stamped":true}"#))
     }
 
     @Test func nonObjectElementsGetAnErrorReply() {

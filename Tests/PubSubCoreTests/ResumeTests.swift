@@ -34,8 +34,9 @@ struct ResumingClient {
 }
 
 @Suite struct ResumeTests {
-    @Test func handshakeAndEventsCarryIncreasingPositions() {
+    @Test func handshakeAndEventsCarryOpaquePositionsOfIncreasingSequences() {
         let h = Harness()
+        let engine = h.broker.engine as! MemoryEngine
         var (client, _) = ResumingClient.start(h, channel: "/a")
         _ = h.publish("/a", "1")
         _ = h.publish("/a", "2")
@@ -45,9 +46,27 @@ struct ResumingClient {
         }
         #expect(positions.count == 2)
         #expect(Set(positions + [client.lastPosition]).count == 3)
-        #expect(positions.allSatisfy { Position(token: $0) != nil })
+        #expect(positions.allSatisfy { $0.hasPrefix("2.") && Position.parse($0) != nil })
+        // Inside, they are the sequences 0 (the handshake's), 1 and 2; on the wire, nothing says so.
+        let sequences = ([client.lastPosition] + positions).map {
+            Position(token: $0, key: engine.positionKey)!.sequence
+        }
+        #expect(sequences == [0, 1, 2])
         client.lastPosition = positions[1]
-        #expect(Position(token: positions[0])!.sequence < Position(token: positions[1])!.sequence)
+    }
+
+    @Test func theHandshakePositionDoesNotCountOtherChannelsTraffic() {
+        // Two brokers with the same epoch and key: one saw no publish, the other 1000 on a channel nobody reads.
+        let key = PositionKey(text: "00112233445566778899aabbccddeeff")!
+        let quiet = Harness(engine: MemoryEngine(configuration: .init(), epoch: 7, positionKey: key))
+        let busy = Harness(engine: MemoryEngine(configuration: .init(), epoch: 7, positionKey: key))
+        for _ in 1...1000 { _ = busy.publish("/secret") }
+        let a = try! #require(Position.parse(quiet.broker.engine.position!)).permuted
+        let b = try! #require(Position.parse(busy.broker.engine.position!)).permuted
+        #expect(a != b)
+        // The plain format would have said 0 and 1000 (`1.7.0`, `1.7.rs`); these are 64-bit pseudo-random values.
+        #expect(a > 1 << 32 || b > 1 << 32)
+        #expect(Position(token: busy.broker.engine.position!, key: key)?.sequence == 1000)
     }
 
     @Test func resumeDeliversExactlyTheMissedMatchingMessagesThenLiveOnes() {
@@ -92,12 +111,30 @@ struct ResumingClient {
         #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":3}}"#))
     }
 
-    @Test(arguments: ["garbage", "", "1.zz.1", "2.1.1", "1.1.1.1", "1.-1.2", "1.\(String(repeating: "z", count: 40)).1"])
+    @Test(arguments: [
+        "garbage", "", "1.zz.1", "2.1.1", "1.1.1.1", "1.-1.2", "1.\(String(repeating: "z", count: 40)).1", "2.1.-1",
+        "2..1", "2.1.", "2.A.1", "2.1.+1", "2.1.\(String(repeating: "z", count: 14))", "2.1.1.1", "3.1.1",
+    ])
     func garbageTokensAreAnsweredNotRefused(_ token: String) {
         let h = Harness()
         let (_, reply) = ResumingClient.start(h, channel: "/a", resume: token)
         #expect(reply["successful"] == true)
         #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":0}}"#))
+    }
+
+    @Test func aTokenOfTheFirstFormatIsForeign() {
+        // `1.<epoch>.<sequence>` was the plain format: a client that forges one from this epoch gets nothing.
+        let engine = MemoryEngine(configuration: .init(), epoch: 12345)
+        let h = Harness(engine: engine)
+        let (_, _) = ResumingClient.start(h, channel: "/a")
+        _ = h.publish("/a")
+        let plain = "1." + String(UInt64(12345), radix: 36) + ".0"
+        let (_, reply) = ResumingClient.start(h, channel: "/a", resume: plain)
+        #expect(reply["ext"] == json(#"{"resume":{"recovered":false,"missed":0}}"#))
+        // A well-formed token of the right epoch that this broker never issued is not recovered either.
+        let forged = "2." + String(UInt64(12345), radix: 36) + ".1"
+        let (_, again) = ResumingClient.start(h, channel: "/a", resume: forged)
+        #expect(again["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == false)
     }
 
     @Test func aNewEpochInvalidatesOldTokens() {
@@ -135,8 +172,18 @@ struct ResumingClient {
     /// Random schedules of publishes, drains, disconnects and resumes: a client either gets every matching
     /// message exactly once and in order, or is told `recovered: false` (and then starts over from "now").
     @Test func resumeIsExactOrHonest() async {
+        await Self.checkExactOrHonest(BrokerConfiguration(historySize: 6), padding: { _ in 0 })
+    }
+
+    /// The same with the history bounded by bytes: events of random sizes, some larger than the bound alone.
+    @Test func resumeIsExactOrHonestWhenTheHistoryIsBoundedByBytes() async {
+        await Self.checkExactOrHonest(
+            BrokerConfiguration(historySize: 1000, historyBytes: 1200), padding: { ($0 * 7919) % 1500 })
+    }
+
+    static func checkExactOrHonest(_ configuration: BrokerConfiguration, padding: @escaping @Sendable (Int) -> Int) async {
         await propertyCheck(count: 300, input: Gen.int(in: 0...5).array(of: 1...60)) { schedule in
-            let h = Harness(configuration: BrokerConfiguration(historySize: 6))
+            let h = Harness(configuration: configuration)
             var client: ResumingClient? = ResumingClient.start(h, channel: "/a/*").0
             var token = client!.lastPosition
             var expected: [JSONValue] = []
@@ -146,13 +193,14 @@ struct ResumingClient {
                 switch op {
                 case 0, 1:
                     counter += 1
-                    _ = h.publish("/a/x", "\(counter)")
+                    let pad = String(repeating: "p", count: padding(counter))
+                    _ = h.publish("/a/x", #"{"n":\#(counter),"pad":"\#(pad)"}"#)
                     expected.append(JSONValue(counter))
                 case 2:
                     _ = h.publish("/b", "0")
                 case 3:
                     if var c = client {
-                        received += c.receive(h)
+                        received += c.receive(h).map { $0.objectValue!["n"]! }
                         client = c
                         token = c.lastPosition
                     }
@@ -176,14 +224,14 @@ struct ResumingClient {
                     }
                 }
             }
-            if var c = client { received += c.receive(h) } else {
+            if var c = client { received += c.receive(h).map { $0.objectValue!["n"]! } } else {
                 let (c0, reply) = ResumingClient.start(h, channel: "/a/*", resume: token)
                 var c = c0
                 if reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == .bool(false) {
                     expected = []
                     received = []
                 }
-                received += c.receive(h)
+                received += c.receive(h).map { $0.objectValue!["n"]! }
             }
             #expect(received == expected)
         }

@@ -39,6 +39,10 @@ struct Harness {
         broker = Broker(configuration: configuration, extensions: ExtensionPipeline(extensions))
     }
 
+    init(engine: MemoryEngine) {
+        broker = Broker(configuration: engine.configuration, engine: engine)
+    }
+
     func send(_ json: String, sink: (any DeliverySink)? = nil, type: ConnectionType = .longPolling) -> [Outcome] {
         let elements = MessageBatch.elements(of: try! JSONParser().parse(json))!
         let future = broker.handle(

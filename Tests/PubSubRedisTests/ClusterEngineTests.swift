@@ -151,6 +151,35 @@ import Testing
         }
     }
 
+    /// A node run without history (against the advice to configure every node alike) takes positions but keeps
+    /// no events: a resume across the hole it leaves is `recovered: false`, never a silent gap.
+    @Test func aHoleInTheHistoryIsNotRecovered() async throws {
+        try await withCluster(.redis, nodes: 1) { cluster in
+            let a = cluster.first
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)
+            _ = try await a.subscribe(cid, "/h")
+            _ = try await a.publish("/h", "1")
+            try await a.settle()
+            let first = try #require(try await a.connect(cid)?.result.events.first)
+            let token = try #require(
+                try JSONParser().parse(first).arrayValue?[0].objectValue?["ext"]?.objectValue?["position"]?.stringValue)
+            var noHistory = cluster.configuration
+            noHistory.historySize = 0
+            let engine = RedisEngine(
+                configuration: noHistory, settings: RedisEngineConfiguration(redis: try RedisConfiguration(url: cluster.server!.url)))
+            try await engine.start(timeout: .seconds(10)).get()
+            let other = Node(broker: Broker(configuration: noHistory, engine: engine), redis: engine, loop: a.loop)
+            _ = try await other.publish("/h", "2")
+            _ = try await a.publish("/h", "3")
+            let again = try await a.handshake()
+            _ = try await a.connect(again)
+            let reply = try await a.subscribe(again, "/h", ext: #"{"resume":"\#(token)"}"#)
+            #expect(reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == .bool(false))
+            await engine.close()
+        }
+    }
+
     @Test func eventsPublishedWhileANodesNotificationsAreCutComeFromTheHistory() async throws {
         try await withCluster(.redis, nodes: 2) { cluster in
             let (a, b) = (cluster.nodes[0], cluster.nodes[1])

@@ -179,6 +179,91 @@ import Testing
         }
     }
 
+    /// The handshake's position is made on the node (Swift), an event's in the engine (Lua for Redis): the same
+    /// sequence must give the same token, and a resume from it must be exact.
+    @Test(arguments: EngineKind.allCases)
+    func theHandshakePositionIsTheLastEventsPosition(_ kind: EngineKind) async throws {
+        try await withCluster(kind) { cluster in
+            let h = cluster.first
+            let cid = try await h.handshake()
+            _ = try await h.connect(cid)
+            _ = try await h.subscribe(cid, "/p")
+            for i in 1...3 { _ = try await h.publish("/p", "\(i)") }
+            try await h.settle()
+            let events = try #require(try await h.connect(cid)).result.events.map {
+                try JSONParser().parse($0).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+            }
+            #expect(events.count == 3)
+            #expect(events.allSatisfy { $0.hasPrefix("2.") })
+            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            #expect(handshake["ext"]?.objectValue?["position"]?.stringValue == events.last)
+            let other = try await h.handshake()
+            _ = try await h.connect(other)
+            let reply = try await h.subscribe(other, "/p", ext: #"{"resume":"\#(events[0])"}"#)
+            #expect(reply["ext"] == json(#"{"resume":{"recovered":true,"missed":2}}"#))
+            try await h.settle()
+            #expect(try await h.receive(other) == [2, 3])
+        }
+    }
+
+    /// Events of about 1 KB against a 3,500-byte bound: three are held, whatever the count bound says.
+    @Test(arguments: EngineKind.allCases)
+    func theHistoryIsBoundedByBytesAsWellAsByCount(_ kind: EngineKind) async throws {
+        try await withCluster(kind, configuration: BrokerConfiguration(historySize: 1000, historyBytes: 3500)) {
+            cluster in
+            let h = cluster.first
+            let pad = String(repeating: "x", count: 1000)
+            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let start = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
+            let cid = try await h.handshake()
+            _ = try await h.connect(cid)
+            _ = try await h.subscribe(cid, "/a")
+            for i in 1...5 { _ = try await h.publish("/a", #"{"n":\#(i),"pad":"\#(pad)"}"#) }
+            try await h.settle()
+            let events = try #require(try await h.connect(cid)).result.events.map {
+                try JSONParser().parse($0).arrayValue![0].objectValue!
+            }
+            #expect(events.map { $0["data"]?.objectValue?["n"] } == (1...5).map { JSONValue($0) })
+            let positions = events.map { $0["ext"]!.objectValue!["position"]!.stringValue! }
+            func resume(_ token: String) async throws -> (JSONValue?, [JSONValue]) {
+                let c = try await h.handshake()
+                _ = try await h.connect(c)
+                let reply = try await h.subscribe(c, "/a", ext: #"{"resume":"\#(token)"}"#)
+                try await h.settle()
+                let got = try await h.receive(c).map { $0.objectValue?["n"] ?? .null }
+                return (reply["ext"], got)
+            }
+            // From before the first: events 1 and 2 were pushed out by bytes (the count bound is 1000).
+            #expect(try await resume(start).0 == json(#"{"resume":{"recovered":false,"missed":3}}"#))
+            var (ext, got) = try await resume(positions[1])
+            #expect(ext == json(#"{"resume":{"recovered":true,"missed":3}}"#))
+            #expect(got == [3, 4, 5])
+            // An event larger than the bound on its own is delivered, not kept, and takes everything with it.
+            let huge = String(repeating: "y", count: 4000)
+            _ = try await h.publish("/a", #"{"n":6,"pad":"\#(huge)"}"#)
+            try await h.settle()
+            let sixth = try #require(try await h.connect(cid)).result.events.map {
+                try JSONParser().parse($0).arrayValue![0].objectValue!
+            }
+            #expect(sixth.map { $0["data"]?.objectValue?["n"] } == [6])
+            #expect(try await resume(positions[4]).0 == json(#"{"resume":{"recovered":false,"missed":0}}"#))
+            // What comes after it is kept again: a resume from the huge event's position is exact.
+            let hugePosition = try #require(sixth.first?["ext"]?.objectValue?["position"]?.stringValue)
+            _ = try await h.publish("/a", #"{"n":7}"#)
+            (ext, got) = try await resume(hugePosition)
+            #expect(ext == json(#"{"resume":{"recovered":true,"missed":1}}"#))
+            #expect(got == [7])
+            if let redis = h.redis {
+                // The byte total kept in Redis is the sum of what its history list holds.
+                let list = try await redis.commands.send(RESPCommand("LRANGE", "pubsub:history", "0", "-1")).get()
+                let total = try await redis.commands.send(RESPCommand("GET", "pubsub:hbytes")).get()
+                let sum = (list.array ?? []).reduce(0) { $0 + ($1.buffer?.readableBytes ?? 0) }
+                #expect(list.array?.count == 1)
+                #expect(total.string.flatMap { Int($0) } == sum)
+            }
+        }
+    }
+
     @Test(arguments: EngineKind.allCases)
     func persistentSinkGetsEveryEventInOrder(_ kind: EngineKind) async throws {
         try await withCluster(kind) { cluster in

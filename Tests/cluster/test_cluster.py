@@ -173,3 +173,53 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
         assert redis_metrics[name]["pubsub_redis_outages_total"] >= 1, text
     assert redis_metrics["b"]["pubsub_redis_events_received_total"] >= 20  # at least the tail came through Redis
     assert redis_metrics["a"]["pubsub_redis_local_only_publishes_total"] == local_only
+
+
+def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_server):
+    """Positions are made in Redis (opaque, `2.<epoch>.<permuted>`), so a token got through one node resumes on
+    another; a Redis that restarted empty has a new epoch and key, and says so (`recovered: false`)."""
+    from cluster_helpers import post
+
+    def resume(node, cid, channel, token):
+        return post(node, {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel,
+                           "ext": {"resume": token}})[0]
+
+    def poll_until(node, cid, count):
+        got, deadline = [], time.monotonic() + 10
+        while len(got) < count and time.monotonic() < deadline:
+            _, events = long_poll(node, cid)
+            got += events
+            time.sleep(0.05)
+        return got
+
+    a, b, c = nodes
+    cid = handshake(a)
+    subscribe(a, cid, "/res/*")
+    long_poll(a, cid)
+    for i in range(3):
+        assert publish(b, "/res/x", i)["successful"]
+    events = poll_until(a, cid, 3)
+    assert [e["data"] for e in events] == [0, 1, 2]
+    tokens = [e["ext"]["position"] for e in events]
+    assert all(re.fullmatch(r"2\.[0-9a-z]+\.[0-9a-z]+", t) for t in tokens), tokens
+    for i in range(3, 6):
+        assert publish(c, "/res/x", i)["successful"]
+    # Resumed on node C from the first token: exactly the five after it, wherever the session polls next.
+    other = handshake(c)
+    long_poll(c, other)
+    reply = resume(c, other, "/res/*", tokens[0])
+    assert reply["successful"] and reply["ext"] == {"resume": {"recovered": True, "missed": 5}}, reply
+    assert [e["data"] for e in poll_until(b, other, 5)] == [1, 2, 3, 4, 5]
+    # Redis restarts without its data: the old tokens are foreign now, on every node.
+    redis_server.kill()
+    time.sleep(0.5)
+    redis_server.start()
+    for node in nodes:
+        wait_ready(node)
+    deadline = time.monotonic() + 15
+    while not publish(a, "/res/x", "after").get("successful") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    fresh = handshake(b)
+    long_poll(b, fresh)
+    reply = resume(b, fresh, "/res/*", tokens[2])
+    assert reply["successful"] and reply["ext"] == {"resume": {"recovered": False, "missed": 0}}, reply

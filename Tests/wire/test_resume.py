@@ -150,3 +150,67 @@ def test_history_off_means_no_positions():
         subscribe(b, cid, "/n")
         publish(b, "/n", 1)
         assert connect(b, cid) == [{"channel": "/n", "data": 1}]
+
+
+def b36(n):
+    digits, s = "0123456789abcdefghijklmnopqrstuvwxyz", ""
+    while True:
+        n, d = divmod(n, 36)
+        s = digits[d] + s
+        if n == 0:
+            return s
+
+
+def test_positions_are_opaque():
+    """Positions come from one counter for every channel; on the wire they say nothing of it: the tokens of
+    consecutive events are not consecutive or ordered, and the handshake's does not count other channels' traffic.
+    Tokens next to a real one, and the plain format of before (`1.<epoch>.<sequence>`), are not positions."""
+    with Broker(timeout=T) as b:
+        cid, start = handshake(b)
+        connect(b, cid)
+        subscribe(b, cid, "/o")
+        for i in range(20):
+            publish(b, "/o", i)
+        events = connect(b, cid)
+        assert [e["data"] for e in events] == list(range(20))
+        tokens = [e["ext"]["position"] for e in events]
+        assert all(t.startswith("2.") for t in tokens + [start]), tokens
+        epochs = {t.split(".")[1] for t in tokens + [start]}
+        assert len(epochs) == 1
+        values = [int(t.split(".")[2], 36) for t in tokens]
+        steps = list(zip(values, values[1:]))
+        assert not any(abs(b_ - a) == 1 for a, b_ in steps), values
+        assert 3 <= sum(1 for a, b_ in steps if a < b_) <= 16, values
+        # 20 more on a channel nobody reads; then the handshake's position is the 40th, and looks no nearer.
+        for i in range(20):
+            publish(b, "/nobody", i)
+        _, now = handshake(b)
+        assert now not in tokens and now != start
+        epoch = epochs.pop()
+        other, _ = handshake(b)
+        connect(b, other)
+        for forged in [f"1.{epoch}.0", f"1.{epoch}.{b36(20)}", f"2.{epoch}.{b36(values[0] + 1)}",
+                       f"2.{epoch}.{b36(max(values[0] - 1, 0))}", f"2.{epoch}.0"]:
+            reply = subscribe(b, other, "/o", resume=forged)
+            assert reply["successful"] is True
+            assert reply["ext"]["resume"]["recovered"] is False, (forged, reply)
+        # the real one is exact
+        reply = subscribe(b, other, "/o", resume=tokens[17])
+        assert reply["ext"] == {"resume": {"recovered": True, "missed": 2}}
+        assert [e["data"] for e in connect(b, other)] == [18, 19]
+
+
+def test_history_bounded_by_bytes():
+    """--history-bytes: five events of about 1 KB against 3,500 bytes: the three newest are held."""
+    with Broker(timeout=T, extra_args=["--history-bytes", "3500"]) as b:
+        cid, start = handshake(b)
+        connect(b, cid)
+        subscribe(b, cid, "/big")
+        for i in range(5):
+            publish(b, "/big", {"n": i, "pad": "x" * 1000})
+        tokens = [e["ext"]["position"] for e in connect(b, cid)]
+        other, _ = handshake(b)
+        connect(b, other)
+        assert subscribe(b, other, "/big", resume=start)["ext"] == {"resume": {"recovered": False, "missed": 3}}
+        assert subscribe(b, other, "/big", resume=tokens[1])["ext"] == {"resume": {"recovered": True, "missed": 3}}
+        assert [e["data"]["n"] for e in connect(b, other)] == [2, 3, 4]

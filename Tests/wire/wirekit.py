@@ -59,7 +59,7 @@ def advice_ok(timeout_s, interval_s=0):
 
 ADVICE_HANDSHAKE = {"reconnect": "handshake"}
 
-POSITION_RE = re.compile(r"^1\.[0-9a-z]+\.[0-9a-z]+$")
+POSITION_RE = re.compile(r"^2\.[0-9a-z]+\.[0-9a-z]+$")
 
 
 def without_positions(value):

@@ -96,13 +96,18 @@ extension RedisEngine {
             return (s.delivered, s.deliveredEpoch ?? "")
         }
         guard let (after, afterEpoch) = position else { return }
-        let arguments: [RESPArgument] = [.integer(Int64(after)), .string(String(epochCandidate)), .string(afterEpoch)]
+        let arguments: [RESPArgument] = [
+            .integer(Int64(after)), .string(String(epochCandidate)), .string(afterEpoch), .string(positionKeyCandidate),
+        ]
         eval(RedisScripts.history, arguments).whenComplete { result in
             var recovered = 0
             var gap: UInt64 = 0
-            if case .success(let reply) = result, let values = reply.array, values.count >= 2,
+            if case .success(let reply) = result, let values = reply.array, values.count >= 3,
                 let epochText = values[0].string, let last = values[1].int.map({ UInt64(max(0, $0)) })
             {
+                if let key = values[2].string.flatMap({ PositionKey(text: $0) }) {
+                    self.state.withLockedValue { $0.positionKey = key }
+                }
                 let (known, sameEpoch, delivered) = self.state.withLockedValue { s in
                     (s.deliveredEpoch != nil, s.deliveredEpoch == epochText, s.delivered)
                 }
@@ -126,7 +131,7 @@ extension RedisEngine {
                         }
                     }
                     var firstHeld: UInt64?
-                    for entry in values.dropFirst(2) {
+                    for entry in values.dropFirst(3) {
                         guard let buffer = entry.buffer else { continue }
                         var reader = NodeMessage.Reader(buffer: buffer)
                         guard let sequence = reader.integer(), reader.field() != nil, let channel = reader.string()

@@ -91,9 +91,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     /// A new epoch, should Redis have none (first start, or it restarted without its data). Fresh at every
     /// call: a restarted Redis must never get the epoch it had before, or old positions would look valid.
     var epochCandidate: UInt64 { UInt64.random(in: 1...(1 << 52)) }
+    /// A new position key, made in Redis with the epoch when it has none (shared by every node from then on).
+    var positionKeyCandidate: String { PositionKey.random().text }
 
     struct State {
         var epoch: UInt64?
+        /// The key of the position permutation in Redis, learnt with the epoch (a publish, a history read).
+        var positionKey: PositionKey?
         var lastSequence: UInt64 = 0
         var published: UInt64 = 0
         /// Highest position delivered from notifications, in `deliveredEpoch`.
@@ -215,7 +219,21 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     public var position: String? {
         guard configuration.historySize > 0 else { return nil }
         return state.withLockedValue { s in
-            s.epoch.map { Position(epoch: $0, sequence: s.lastSequence).description }
+            guard let epoch = s.epoch, let key = s.positionKey else { return nil }
+            return Position(epoch: epoch, sequence: s.lastSequence).token(key: key)
+        }
+    }
+
+    /// What a script said of the positions in Redis: the latest sequence (of `epoch`), and the position key.
+    func learn(sequence: UInt64?, epoch: UInt64?, key: PositionKey?) {
+        state.withLockedValue { s in
+            if let key { s.positionKey = key }
+            guard let sequence else { return }
+            if let epoch, epoch != s.epoch {
+                s.epoch = epoch
+                s.lastSequence = sequence
+            }
+            s.lastSequence = max(s.lastSequence, sequence)
         }
     }
 
@@ -252,9 +270,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             return loop.makeSucceededFuture(id)
         }
         return eval(RedisScripts.create, [.string(id), .string(node), expiry(now)]).flatMap { reply in
-            if reply.int == 0 {
+            let values = reply.array ?? []
+            if values.first?.int != 1 {
                 self.local.evict(id, reason: .superseded)
                 return self.createClient(now: now, on: loop)
+            }
+            if values.count > 3 {
+                self.learn(
+                    sequence: values[1].string.flatMap { UInt64($0) }, epoch: values[2].string.flatMap { UInt64($0) },
+                    key: values[3].string.flatMap { PositionKey(text: $0) })
             }
             return loop.makeSucceededFuture(id)
         }.recover { _ in id }.hop(to: loop)
@@ -412,11 +436,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         ]
         arguments += channels.map { .string($0) }
         if let resume, historyOn {
-            let position = Position(token: resume)
+            // Redis holds the key: the node passes the token's parts, the script undoes the permutation.
+            let parsed = Position.parse(resume)
             arguments += [
                 "1",
-                .string(position.map { String($0.epoch) } ?? "-1"),
-                .string(position.map { String($0.sequence) } ?? "0"),
+                .string(parsed.map { String($0.epoch) } ?? "-1"),
+                .integer(Int64(parsed.map { $0.permuted >> 32 } ?? 0)),
+                .integer(Int64(parsed.map { $0.permuted & 0xffff_ffff } ?? 0)),
                 .integer(Int64(configuration.maxQueue)),
                 .integer(configuration.historyTTL.map { $0.nanoseconds / 1_000_000 } ?? 0),
                 .integer(milliseconds(now)),
@@ -525,7 +551,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             head = message.encodedEvent()
         }
         var arguments: [RESPArgument] = [
-            .string(String(epochCandidate)), .integer(Int64(configuration.historySize)), .string(channel),
+            .string(String(epochCandidate)), .string(positionKeyCandidate), .integer(Int64(configuration.historySize)),
+            .integer(Int64(configuration.historyBytes)), .string(channel),
             .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
         ]
         arguments += keys.map { .string($0) }
@@ -533,14 +560,9 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             let values = reply.array ?? []
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
-            self.state.withLockedValue { s in
-                s.published += 1
-                if let epoch, epoch != s.epoch {
-                    s.epoch = epoch
-                    s.lastSequence = sequence
-                }
-                s.lastSequence = max(s.lastSequence, sequence)
-            }
+            let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
+            self.state.withLockedValue { $0.published += 1 }
+            self.learn(sequence: sequence, epoch: epoch, key: key)
         }.flatMapErrorThrowing { error in
             if let e = error as? RedisError, e.code == .notConnected {
                 // Never sent: the connection went down just before.

@@ -1,5 +1,6 @@
 import Crypto
 import NIOCore
+import PubSubCore
 
 /// The Lua scripts of the Redis engine. Each runs atomically in Redis, so every change of shared state and the
 /// notifications it causes are ordered with every publish: a node that learns of a change through its
@@ -12,7 +13,9 @@ import NIOCore
 /// - `P i:<channel>` hash: node → how many of its sessions subscribe to `<channel>` (the routing table)
 /// - `P ni:<node>` set: the channels a node has interest in (to repair the routing table after an outage)
 /// - `P d:<id>`: the client was dropped for overflow (expires with the session lifetime)
-/// - `P seq`, `P epoch`: the position counter and the history's epoch; `P history`: capped list of events
+/// - `P seq`, `P epoch`, `P pkey`: the position counter, the history's epoch and the key of the position
+///   permutation (`PositionCipher`; made with the epoch); `P history`: capped list of events,
+///   `P hbytes`: the bytes it holds
 /// - `P gc`: the expiry sweep lock; `P alive:<node>`: a node's heartbeat (for operators: `KEYS pubsub:alive:*`)
 /// Notification channel of a node: `C n:<node>` (C adds the database, as pub/sub ignores it).
 enum RedisScripts {
@@ -50,12 +53,14 @@ enum RedisScripts {
 
         """
 
-    /// ARGV: id, node, expiry. 1 created, 0 id taken.
+    /// ARGV: id, node, expiry. {1, last sequence, epoch, position key} created (the handshake's position is
+    /// then the cluster's latest, not this node's view of it, which may lag); {0} id taken.
     static let create = Script("""
         local id, node = ARGV[3], ARGV[4]
-        if redis.call('ZADD', P .. 'clients', 'NX', ARGV[5], id) == 0 then return 0 end
+        if redis.call('ZADD', P .. 'clients', 'NX', ARGV[5], id) == 0 then return {0} end
         redis.call('HSET', P .. 'c:' .. id, 'home', node, 'connected', '0')
-        return 1
+        return {1, redis.call('GET', P .. 'seq') or '0', redis.call('GET', P .. 'epoch') or '',
+          redis.call('GET', P .. 'pkey') or ''}
         """)
 
     /// A connect or attach on the session's home node. ARGV: id, node, expiry, refresh (1 for a connect).
@@ -105,10 +110,50 @@ enum RedisScripts {
         return {1, old, alive}
         """)
 
-    /// ARGV: id, maxSubscriptions, n, channel × n, then resume (1 or 0), epoch, sequence, maxQueue, ttl ms, now ms.
+    /// `PositionCipher` in Lua: the same Feistel network over two 32-bit halves (Lua numbers are doubles, exact
+    /// below 2^53, so a 64-bit value is always handled as `hi, lo`), and base 36 of `hi * 2^32 + lo` by long
+    /// division. Golden-tested against the Swift implementation.
+    static let positionFunctions = """
+        local function prf(key, round, half)
+          return tonumber(string.sub(redis.sha1hex(key .. string.char(48 + round) .. string.format('%08x', half)), 1, 8), 16)
+        end
+        local function xor32(a, b)
+          local x = bit.bxor(a, b)
+          if x < 0 then x = x + 4294967296 end
+          return x
+        end
+        local function permute(key, hi, lo)
+          for round = 0, \(PositionCipher.rounds - 1) do hi, lo = lo, xor32(hi, prf(key, round, lo)) end
+          return hi, lo
+        end
+        local function unpermute(key, hi, lo)
+          for round = \(PositionCipher.rounds - 1), 0, -1 do hi, lo = xor32(lo, prf(key, round, hi)), hi end
+          return hi, lo
+        end
+        local function b36(hi, lo)
+          local digits, s = '0123456789abcdefghijklmnopqrstuvwxyz', ''
+          repeat
+            local r = hi % 36
+            hi = (hi - r) / 36
+            local v = r * 4294967296 + lo
+            local d = v % 36
+            lo = (v - d) / 36
+            s = string.sub(digits, d + 1, d + 1) .. s
+          until hi == 0 and lo == 0
+          return s
+        end
+        local function token(key, epoch, seq)
+          local lo = seq % 4294967296
+          return '\(Position.version).' .. b36(0, epoch) .. '.' .. b36(permute(key, (seq - lo) / 4294967296, lo))
+        end
+
+        """
+
+    /// ARGV: id, maxSubscriptions, n, channel × n, then resume (1 or 0), the token's epoch and permuted sequence
+    /// (as its 32-bit halves hi, lo: the key stays in Redis), maxQueue, ttl ms, now ms.
     /// The home node gets an `S` notification: the channels added, then the replayed events.
     /// {1, limitChannel or '', recovered, missed} or {0} / {2}.
-    static let subscribe = Script("""
+    static let subscribe = Script(positionFunctions + """
         local function matches(p, name)
           if p == name or p == '/**' then return true end
           if string.sub(p, -3) == '/**' then
@@ -155,20 +200,32 @@ enum RedisScripts {
         local r = 6 + n
         local recovered, missed, events = 0, 0, {}
         if ARGV[r] == '1' then
-          local tokenEpoch, tokenSeq = tonumber(ARGV[r + 1]), tonumber(ARGV[r + 2])
-          local maxQueue, ttl, now = tonumber(ARGV[r + 3]), tonumber(ARGV[r + 4]), tonumber(ARGV[r + 5])
+          local tokenEpoch = tonumber(ARGV[r + 1])
+          local maxQueue, ttl, now = tonumber(ARGV[r + 4]), tonumber(ARGV[r + 5]), tonumber(ARGV[r + 6])
           local epoch = tonumber(redis.call('GET', P .. 'epoch') or '-1')
+          local key = redis.call('GET', P .. 'pkey')
           local last = tonumber(redis.call('GET', P .. 'seq') or '0')
+          local tokenSeq = last + 1
+          if key and epoch == tokenEpoch then
+            local hi, lo = unpermute(key, tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]))
+            tokenSeq = hi * 4294967296 + lo
+          end
           if epoch == tokenEpoch and tokenSeq <= last then
-            local entries = redis.call('LRANGE', P .. 'history', 0, -1)
-            local first = last - #entries + 1
+            -- The history holds the sequences first..last in order: read only what comes after the token.
+            -- Recovered only if every sequence after it is there (`prev` walks them), so a list with a hole
+            -- (nodes configured differently) is answered honestly too.
+            local first = last - redis.call('LLEN', P .. 'history') + 1
             local complete = tokenSeq + 1 >= first
+            local entries = redis.call('LRANGE', P .. 'history', math.max(0, tokenSeq + 1 - first), -1)
+            local prev = tokenSeq
             for _, entry in ipairs(entries) do
               local seq, i = field(entry, 1)
               seq = tonumber(seq)
               local ts, j = field(entry, i)
               local channel, k = field(entry, j)
               if seq > tokenSeq then
+                if seq ~= prev + 1 then complete = false end
+                prev = seq
                 if ttl > 0 and tonumber(ts) + ttl <= now then
                   complete = false
                 else
@@ -181,6 +238,7 @@ enum RedisScripts {
                 end
               end
             end
+            if prev ~= last then complete = false end
             missed = #events
             if complete and #events <= maxQueue then recovered = 1 else events = {} end
           end
@@ -245,32 +303,47 @@ enum RedisScripts {
 
     /// Publishes one event: takes the next position, appends it to the history, and sends one `E` notification
     /// to each node with a subscriber. The event's bytes are `head .. position .. tail` (just `head` without
-    /// history). ARGV: epoch candidate, history size, channel, head, tail, now ms, n, key × n.
-    /// Returns {sequence, epoch}.
-    static let publish = Script("""
-        local function b36(n)
-          local digits, s = '0123456789abcdefghijklmnopqrstuvwxyz', ''
-          repeat
-            local d = n % 36
-            s = string.sub(digits, d + 1, d + 1) .. s
-            n = (n - d) / 36
-          until n == 0
-          return s
-        end
+    /// history). The history is trimmed from its oldest end while it holds more than `size` entries or more than
+    /// `maxBytes` bytes (0: no byte bound); `P hbytes` keeps its byte total (summed when missing, as after an
+    /// upgrade). An entry over `maxBytes` on its own is not kept, and nothing older is either.
+    /// The position key (`P pkey`) is made beside the epoch, from the candidate, when Redis has none.
+    /// ARGV: epoch candidate, key candidate, history size, max bytes, channel, head, tail, now ms, n, key × n.
+    /// Returns {sequence, epoch, position key}.
+    static let publish = Script(positionFunctions + """
         redis.call('SET', P .. 'epoch', ARGV[3], 'NX')
+        redis.call('SET', P .. 'pkey', ARGV[4], 'NX')
         local epochText = redis.call('GET', P .. 'epoch')
-        local epoch = tonumber(epochText)
-        local size, channel = tonumber(ARGV[4]), ARGV[5]
+        local key = redis.call('GET', P .. 'pkey')
+        local size, maxBytes, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
         local seq = redis.call('INCR', P .. 'seq')
-        local event = ARGV[6]
+        local event = ARGV[8]
         if size > 0 then
-          event = ARGV[6] .. '1.' .. b36(epoch) .. '.' .. b36(seq) .. ARGV[7]
-          redis.call('RPUSH', P .. 'history', f(seq) .. f(ARGV[8]) .. f(channel) .. event)
-          redis.call('LTRIM', P .. 'history', -size, -1)
+          event = ARGV[8] .. token(key, tonumber(epochText), seq) .. ARGV[9]
+          local hk, bk = P .. 'history', P .. 'hbytes'
+          local entry = f(seq) .. f(ARGV[10]) .. f(channel) .. event
+          local bytes = redis.call('GET', bk)
+          if bytes then
+            bytes = tonumber(bytes)
+          else
+            bytes = 0
+            for _, e in ipairs(redis.call('LRANGE', hk, 0, -1)) do bytes = bytes + #e end
+          end
+          if maxBytes > 0 and #entry > maxBytes then
+            redis.call('DEL', hk)
+            bytes = 0
+          else
+            local n = redis.call('RPUSH', hk, entry)
+            bytes = bytes + #entry
+            while n > size or (maxBytes > 0 and bytes > maxBytes) do
+              bytes = bytes - #redis.call('LPOP', hk)
+              n = n - 1
+            end
+          end
+          redis.call('SET', bk, bytes)
         end
         local nodes, msg = {}, nil
-        for i = 1, tonumber(ARGV[9]) do
-          for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[9 + i])) do
+        for i = 1, tonumber(ARGV[11]) do
+          for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[11 + i])) do
             if not nodes[node] then
               nodes[node] = true
               msg = msg or ('E' .. f(seq) .. f(channel) .. f(event))
@@ -278,21 +351,23 @@ enum RedisScripts {
             end
           end
         end
-        return {seq, epochText}
+        return {seq, epochText, key}
         """)
 
     /// Reads the history after a sequence, for a node whose notifications were cut.
-    /// ARGV: after, epoch candidate, the epoch `after` belongs to (another epoch: every entry is after it).
-    /// Returns {epoch, last sequence, entries...}.
+    /// ARGV: after, epoch candidate, the epoch `after` belongs to (another epoch: every entry is after it),
+    /// position key candidate. Returns {epoch, last sequence, position key, entries...}.
     static let history = Script("""
         redis.call('SET', P .. 'epoch', ARGV[4], 'NX')
+        redis.call('SET', P .. 'pkey', ARGV[6], 'NX')
         local epoch = redis.call('GET', P .. 'epoch')
+        local key = redis.call('GET', P .. 'pkey')
         local last = tonumber(redis.call('GET', P .. 'seq') or '0')
         local entries = redis.call('LRANGE', P .. 'history', 0, -1)
         local first = last - #entries + 1
         local after = tonumber(ARGV[3])
         if epoch ~= ARGV[5] then after = 0 end
-        local out = {epoch, last}
+        local out = {epoch, last, key}
         for i = math.max(1, after - first + 2), #entries do out[#out + 1] = entries[i] end
         return out
         """)
