@@ -128,7 +128,10 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
                 respond(status: .notFound, text: "No such file: \(name)\n")
             }
         case .bayeux, .bayeuxWithSuffix:
-            if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
+            if let refusal = browserAccessRefusal(head) {
+                respond(status: .forbidden, headers: ["Content-Type": "text/plain; charset=utf-8"],
+                    body: ByteBuffer(string: refusal), cors: false)
+            } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
                 preflight(head)
             } else if head.method == .GET,
                 head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") })
@@ -220,7 +223,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
-            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress)
+            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress,
+            headers: RequestContext.authorizationHeaders(head.headers))
         let sink = LongPollSink(handler: NIOLoopBound(self, eventLoop: context.eventLoop), jsonp: jsonp,
             context: requestContext, broker: shared.broker)
         let broker = shared.broker

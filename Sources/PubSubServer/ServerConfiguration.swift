@@ -18,6 +18,10 @@ public struct ServerConfiguration: Sendable {
     public var threads: Int
     /// TLS, systemd, metrics, connection and publish limits, drain.
     public var operations: OperationsConfiguration
+    /// Web origins allowed to use CORS and WebSocket (`--allowed-origins`); default any, as Faye.
+    public var origins = OriginPolicy()
+    /// JSON-P callback-polling, which origins cannot protect (`--disable-callback-polling` turns it off).
+    public var callbackPolling = true
 
     public init(
         host: String = "127.0.0.1",

@@ -1,6 +1,7 @@
 import Bayeux
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOWebSocket
 import PubSubCore
 
@@ -22,9 +23,11 @@ final class WebSocketHandler: ChannelInboundHandler {
     /// This loop's counters (bytes out, open WebSockets).
     private var counters: LoopCounters?
 
-    init(shared: ServerShared, remoteAddress: String?) {
+    init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
         self.shared = shared
-        self.requestContext = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress)
+        self.requestContext = RequestContext(
+            connectionType: .websocket, remoteAddress: remoteAddress,
+            headers: RequestContext.authorizationHeaders(upgradeHeaders))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {

@@ -1,0 +1,36 @@
+import Bayeux
+import NIOCore
+import Testing
+@testable import PubSubCore
+@testable import PubSubRedis
+
+/// The session's user (`setUser` / `user(of:)`), on every engine: set, read back from any node, gone with the session.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct EngineUserConformanceTests {
+    @Test(arguments: EngineKind.allCases)
+    func userIsStoredWithTheSessionAndGoesWithIt(_ kind: EngineKind) async throws {
+        try await withCluster(kind) { cluster in
+            let h = cluster.first
+            let cid = try await h.handshake()
+            #expect(try await h.engine.user(of: cid, on: h.loop).get() == nil)
+            try await h.engine.setUser(cid, user: "42", on: h.loop).get()
+            #expect(try await h.engine.user(of: cid, on: h.loop).get() == "42")
+            try await h.engine.setUser(cid, user: "user:é 43", on: h.loop).get()
+            #expect(try await h.engine.user(of: cid, on: h.loop).get() == "user:é 43")
+            #expect(try await h.engine.destroyClient(cid, reason: .disconnected, on: h.loop).get())
+            #expect(try await h.engine.user(of: cid, on: h.loop).get() == nil)
+            // An unknown client gets no user, and setting one does not create a session.
+            try await h.engine.setUser("nosuchclient", user: "7", on: h.loop).get()
+            #expect(try await h.engine.user(of: "nosuchclient", on: h.loop).get() == nil)
+            #expect(try await !h.engine.clientExists("nosuchclient", on: h.loop).get())
+        }
+    }
+
+    @Test func userSetOnOneNodeIsReadOnAnother() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await a.handshake()
+            try await a.engine.setUser(cid, user: "alice", on: a.loop).get()
+            #expect(try await b.engine.user(of: cid, on: b.loop).get() == "alice")
+        }
+    }
+}
