@@ -256,6 +256,7 @@ let package = Package(
             dependencies: [
                 "PubSubAuth",
                 "PubSubCore",
+                "PubSubServer",
                 "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

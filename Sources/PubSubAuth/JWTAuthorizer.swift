@@ -26,12 +26,12 @@ public struct JWTAuthorizer: Authorizer {
 
     public enum KeyError: Error, CustomStringConvertible {
         case notAPublicKey(String)
-        case emptySecret
+        case shortSecret
 
         public var description: String {
             switch self {
             case .notAPublicKey(let file): "\(file): not a PEM RSA or P-256 EC public key"
-            case .emptySecret: "the JWT secret must not be empty"
+            case .shortSecret: "the JWT secret must be at least 32 bytes (as long as SHA-256's output)"
             }
         }
     }
@@ -53,7 +53,8 @@ public struct JWTAuthorizer: Authorizer {
     ) async throws -> JWTAuthorizer {
         var keys: [Algorithm: JWTKeyCollection] = [:]
         if let hmacSecret {
-            guard !hmacSecret.isEmpty else { throw KeyError.emptySecret }
+            // RFC 7518 3.2: an HS256 key is at least as long as the hash; jwt-kit asserts it.
+            guard hmacSecret.utf8.count >= 32 else { throw KeyError.shortSecret }
             keys[.hs256] = await JWTKeyCollection().add(hmac: HMACKey(from: hmacSecret), digestAlgorithm: .sha256)
         }
         if let pem = publicKeyPEM {

@@ -56,7 +56,9 @@ struct AuthModeOptions: ParsableArguments {
 
     func resolve() throws -> Resolved {
         let jwtKey = self.jwtKey ?? Environment.string("PUBSUB_JWT_KEY")
-        if let jwtKey, jwtKey.isEmpty { throw ValidationError("--jwt-key must not be empty") }
+        if let jwtKey, jwtKey.utf8.count < 32 {
+            throw ValidationError("--jwt-key must be at least 32 bytes (RFC 7518: as long as SHA-256's output)")
+        }
         let keyFile = jwtPublicKey ?? Environment.string("PUBSUB_JWT_PUBLIC_KEY")
         var pem: String?
         if let keyFile {
@@ -138,8 +140,8 @@ extension AuthOptions {
                 jwt = try await JWTAuthorizer.make(
                     hmacSecret: modes.jwtKey, publicKeyPEM: modes.jwtPublicKeyPEM,
                     publicKeyName: modes.jwtPublicKeyFile ?? "public key")
-            } catch {
-                throw ValidationError("--jwt-public-key \(error)")
+            } catch let error as JWTAuthorizer.KeyError {
+                throw ValidationError(error.description)
             }
             authorizers.append(jwt)
             summary.append(
