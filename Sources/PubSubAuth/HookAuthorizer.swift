@@ -142,7 +142,8 @@ public final class HookAuthorizer: Authorizer {
         } catch {
             return loop.makeFailedFuture(Failure.unreachable)
         }
-        return client.execute(request: request, eventLoop: .delegate(on: loop), deadline: deadline)
+        // The client runs on its own loops (the server's loops are not its group); the answer hops back.
+        return client.execute(request: request, eventLoop: .indifferent, deadline: deadline).hop(to: loop)
             .flatMapErrorThrowing { error in
                 if let error = error as? HTTPClientError, error == .deadlineExceeded || error == .readTimeout
                     || error == .connectTimeout
