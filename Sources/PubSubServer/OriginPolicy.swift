@@ -36,9 +36,12 @@ public struct OriginPolicy: Sendable, Equatable {
 
     /// Whether a request or upgrade with these headers may proceed.
     public func allows(_ headers: HTTPHeaders) -> Bool {
-        guard patterns != nil, let origin = headers.first(name: "origin") else { return true }
-        if let host = headers.first(name: "host"), Self.authority(of: origin) == host.lowercased() { return true }
-        return allows(origin: origin)
+        guard patterns != nil else { return true }
+        // Every Origin header must pass (a browser sends one; a second one must not smuggle the first past).
+        let host = headers.first(name: "host")?.lowercased()
+        return headers["origin"].allSatisfy { origin in
+            (host != nil && Self.authority(of: origin) == host) || allows(origin: origin)
+        }
     }
 
     public func allows(origin: String) -> Bool {

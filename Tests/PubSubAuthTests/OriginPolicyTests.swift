@@ -31,6 +31,8 @@ import Testing
         #expect(Self.policy.allows(HTTPHeaders([("Host", "broker:9292"), ("Origin", "http://broker:9292")])))
         #expect(!Self.policy.allows(HTTPHeaders([("Host", "broker:9292"), ("Origin", "http://evil:9292")])))
         #expect(OriginPolicy().allows(HTTPHeaders([("Origin", "https://anything.test")])))
+        // Two Origin headers: both must pass.
+        #expect(!Self.policy.allows(HTTPHeaders([("Origin", "https://app.example.com"), ("Origin", "https://evil.com")])))
     }
 
     @Test(arguments: ["app.example.com", "ftp://x.com", "https://", "https://x.com/path", "*"])
