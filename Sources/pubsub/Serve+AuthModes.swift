@@ -141,7 +141,10 @@ extension AuthOptions {
                     hmacSecret: modes.jwtKey, publicKeyPEM: modes.jwtPublicKeyPEM,
                     publicKeyName: modes.jwtPublicKeyFile ?? "public key")
             } catch let error as JWTAuthorizer.KeyError {
-                throw ValidationError(error.description)
+                switch error {
+                case .notAPublicKey: throw ValidationError("--jwt-public-key \(error)")
+                case .shortSecret: throw ValidationError("--jwt-key: \(error)")
+                }
             }
             authorizers.append(jwt)
             summary.append(

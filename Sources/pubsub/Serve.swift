@@ -118,8 +118,6 @@ struct Serve: AsyncParsableCommand {
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let (resolvedConfiguration, level) = try resolved()
         var configuration = resolvedConfiguration
-        let authorization = try await auth.makeAuthorization()
-        configuration.extensions.authorization = authorization.pipeline
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -129,6 +127,9 @@ struct Serve: AsyncParsableCommand {
         // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        // After the bootstraps: the hook's logger and counters are made with it.
+        let authorization = try await auth.makeAuthorization()
+        configuration.extensions.authorization = authorization.pipeline
         var relayFile: RelayFile?
         if let path = relay ?? Environment.string("PUBSUB_RELAY") {
             do {

@@ -74,10 +74,16 @@ def test_refusals_deliver_nothing(broker, channel, error):
     assert_nothing_delivered(b, cid)
 
 
-def test_failures_are_logged(broker):
+def test_failures_are_logged_and_counted(broker):
+    import requests
     log = broker.log()
     for reason in ["timeout", "status", "unreadable"]:
         assert f"pubsub.auth.hook.failure={reason}" in log, log[-3000:]
+    metrics = requests.get(broker.url.replace("/faye", "/metrics"), timeout=10).text
+    for reason in ["timeout", "status", "unreadable"]:
+        assert f'pubsub_auth_hook_failures_total{{reason="{reason}"}} 1' in metrics, metrics
+    assert 'pubsub_auth_hook_answers_total{answer="deny"}' in metrics
+    assert 'pubsub_auth_hook_answers_total{answer="allow"}' in metrics
 
 
 def test_the_handshake_answer_names_the_user_and_the_app_uses_it(broker, hook):
