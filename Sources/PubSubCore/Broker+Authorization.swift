@@ -30,7 +30,7 @@ extension Broker {
             return authorization.decideHandshake(request, on: loop).flatMap { verdict in
                 switch verdict {
                 case .refused(let text):
-                    self.logRefusal(.handshake, channel: nil, clientId: nil, text: text, context: context)
+                    self.logRefusal(.handshake, channel: nil, clientId: nil, user: nil, text: text, context: context)
                     var refused = message
                     refused.error = text
                     return route(refused)
@@ -123,7 +123,8 @@ extension Broker {
                 context: context)
             return authorization.decide(request, channels: channels, on: loop).map { verdict in
                 guard case .refused(let text) = verdict else { return nil }
-                self.logRefusal(action, channel: channels.first, clientId: clientId, text: text, context: context)
+                self.logRefusal(
+                    action, channel: channels.first, clientId: clientId, user: user, text: text, context: context)
                 return text
             }
         }
@@ -152,11 +153,13 @@ extension Broker {
     }
 
     private func logRefusal(
-        _ action: AuthorizationAction, channel: String?, clientId: String?, text: String, context: RequestContext
+        _ action: AuthorizationAction, channel: String?, clientId: String?, user: String?, text: String,
+        context: RequestContext
     ) {
         var metadata: Logger.Metadata = ["pubsub.auth.action": "\(action.rawValue)", "pubsub.error": "\(text)"]
         if let channel { metadata["pubsub.channel"] = "\(channel)" }
         if let clientId { metadata["pubsub.client.id"] = "\(clientId)" }
+        if let user { metadata["pubsub.user"] = "\(user)" }
         if let address = context.remoteAddress { metadata["pubsub.remote"] = "\(address)" }
         logger.debug("refused", metadata: metadata)
     }
