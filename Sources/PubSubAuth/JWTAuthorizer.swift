@@ -42,6 +42,7 @@ public struct JWTAuthorizer: Authorizer {
     public var actions: Set<AuthorizationAction> { [.handshake, .subscribe, .publish] }
     /// A subscription token names a user that must be the session's, set by whichever mode set it.
     public var needsUser: Bool { true }
+    public var grantsSessions: Bool { true }
 
     /// The algorithms this authorizer accepts (one per configured key).
     public var algorithms: [Algorithm] { Algorithm.allCases.filter { keys[$0] != nil } }

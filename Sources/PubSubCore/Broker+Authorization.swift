@@ -42,19 +42,22 @@ extension Broker {
             }
 
         case Channel.connect?:
-            guard let clientId, let grant = authorization.grants[clientId], let expiresAt = grant.expiresAt,
-                authorization.wallClock() >= expiresAt
-            else { return route(message) }
-            // The connection token has expired: the session ends, and the reply (401, advice handshake) makes
-            // the client handshake again, with a fresh token.
-            authorization.grants.remove(clientId)
-            logger.debug(
-                "connection token expired",
-                metadata: ["pubsub.client.id": "\(clientId)", "pubsub.user": "\(grant.user)"])
-            return engine.destroyClient(clientId, reason: .expired, on: loop).flatMap { _ in
-                var refused = message
-                refused.error = BayeuxError(Self.tokenExpired, clientId).description
-                return route(refused)
+            guard let clientId, authorization.usesGrants else { return route(message) }
+            return sessionGrant(clientId, on: loop).flatMap { grant in
+                guard let grant, let expiresAt = grant.expiresAt, authorization.wallClock() >= expiresAt else {
+                    return route(message)
+                }
+                // The connection token has expired: the session ends, and the reply (401, advice handshake) makes
+                // the client handshake again, with a fresh token.
+                authorization.grants.remove(clientId)
+                self.logger.debug(
+                    "connection token expired",
+                    metadata: ["pubsub.client.id": "\(clientId)", "pubsub.user": "\(grant.user)"])
+                return self.engine.destroyClient(clientId, reason: .expired, on: loop).flatMap { _ in
+                    var refused = message
+                    refused.error = BayeuxError(Self.tokenExpired, clientId).description
+                    return route(refused)
+                }
             }
 
         case Channel.disconnect?:
@@ -108,16 +111,15 @@ extension Broker {
         on loop: any EventLoop
     ) -> EventLoopFuture<String?> {
         let authorization = extensions.authorization
-        let grant = clientId.flatMap { authorization.grants[$0] }
-        let user: EventLoopFuture<String?>
-        if let grant {
-            user = loop.makeSucceededFuture(grant.user)
-        } else if let clientId, authorization.needsUser(for: action) {
-            user = engine.user(of: clientId, on: loop).recover { _ in nil }
-        } else {
-            user = loop.makeSucceededFuture(nil)
-        }
-        return user.flatMap { user in
+        let grant: EventLoopFuture<SessionGrant?> =
+            clientId.map { sessionGrant($0, on: loop) } ?? loop.makeSucceededFuture(nil)
+        return grant.flatMap { grant -> EventLoopFuture<(SessionGrant?, String?)> in
+            if let grant { return loop.makeSucceededFuture((grant, grant.user)) }
+            guard let clientId, authorization.needsUser(for: action) else {
+                return loop.makeSucceededFuture((nil, nil))
+            }
+            return self.engine.user(of: clientId, on: loop).recover { _ in nil }.map { (nil, $0) }
+        }.flatMap { grant, user in
             let request = AuthorizationRequest(
                 action: action, clientId: clientId, channel: nil, message: message, user: user, grant: grant,
                 context: context)
@@ -137,9 +139,26 @@ extension Broker {
         guard case .reply(let reply) = outcome, reply["successful"] == .bool(true), let clientId = reply.clientId
         else { return loop.makeSucceededFuture(outcome) }
         let authorization = extensions.authorization
-        if let grant, let ids = authorization.grants.insert(grant, for: clientId) { pruneGrants(ids, on: loop) }
-        guard let user else { return loop.makeSucceededFuture(outcome) }
-        return engine.setUser(clientId, user: user, on: loop).map { outcome }.recover { _ in outcome }
+        if authorization.usesGrants, let ids = authorization.grants.insert(grant, for: clientId) {
+            pruneGrants(ids, on: loop)
+        }
+        let stored = grant.map { engine.setGrant(clientId, grant: $0.encoded, on: loop) } ?? loop.makeSucceededVoidFuture()
+        return stored.flatMap {
+            guard let user else { return loop.makeSucceededVoidFuture() }
+            return self.engine.setUser(clientId, user: user, on: loop)
+        }.map { outcome }.recover { _ in outcome }
+    }
+
+    /// The session's grant: this node's copy, else the engine's (read once per session and node).
+    private func sessionGrant(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<SessionGrant?> {
+        let authorization = extensions.authorization
+        if let known = authorization.grants.lookup(clientId) { return loop.makeSucceededFuture(known) }
+        guard authorization.usesGrants else { return loop.makeSucceededFuture(nil) }
+        return engine.grant(of: clientId, on: loop).map { text in
+            let grant = text.flatMap(SessionGrant.init(encoded:))
+            if let ids = authorization.grants.insert(grant, for: clientId) { self.pruneGrants(ids, on: loop) }
+            return grant
+        }.recover { _ in nil }
     }
 
     /// Drops the grants of sessions that ended without a disconnect (expired, overflowed).

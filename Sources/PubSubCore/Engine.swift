@@ -117,6 +117,11 @@ public protocol Engine: Sendable {
     func setUser(_ clientId: String, user: String, on loop: any EventLoop) -> EventLoopFuture<Void>
     /// The session's user; nil when none was established or the client is unknown.
     func user(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?>
+    /// Stores what an authorization mode granted the session at its handshake (a JWT's channels, publish
+    /// patterns and expiry, as `SessionGrant.encoded`), so every node enforces the same grant.
+    func setGrant(_ clientId: String, grant: String, on loop: any EventLoop) -> EventLoopFuture<Void>
+    /// The session's stored grant; nil when none was stored or the client is unknown.
+    func grant(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?>
     /// The position of the newest event, for a client that wants to start from "now"; nil without history.
     var position: String? { get }
     /// Removes sessions with no connect for `2 × timeout`.

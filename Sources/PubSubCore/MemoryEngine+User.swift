@@ -9,4 +9,13 @@ extension MemoryEngine {
     public func user(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
         loop.makeSucceededFuture(withSession(clientId) { $0.user } ?? nil)
     }
+
+    public func setGrant(_ clientId: String, grant: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        withSession(clientId) { $0.grant = grant }
+        return loop.makeSucceededVoidFuture()
+    }
+
+    public func grant(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        loop.makeSucceededFuture(withSession(clientId) { $0.grant } ?? nil)
+    }
 }

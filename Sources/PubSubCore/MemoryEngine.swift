@@ -20,6 +20,8 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var stamp: UInt64 = 0
         /// The user an authorization mode established (JWT `sub`, the hook's handshake answer); see `setUser`.
         var user: String?
+        /// What an authorization mode granted at the handshake (`SessionGrant.encoded`); see `setGrant`.
+        var grant: String?
 
         init(id: String, expiresAt: NIODeadline) {
             self.id = id

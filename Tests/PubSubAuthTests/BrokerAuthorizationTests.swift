@@ -19,11 +19,12 @@ import Testing
         func advance(_ by: Double) { seconds.withLockedValue { $0 += by } }
     }
 
-    func broker(clock: Clock) async throws -> Broker {
+    /// A broker with every mode but the hook; brokers given the same engine are nodes sharing their sessions.
+    func broker(clock: Clock, engine: (any Engine)? = nil) async throws -> Broker {
         let jwt = try await JWTAuthorizer.make(hmacSecret: Self.jwtSecret, publicKeyPEM: nil, now: { clock.now })
         let pipeline = AuthorizationPipeline(
             [PrivatePubAuth(secret: Self.secret), PublicChannels(["/news/**"]), jwt], wallClock: { clock.now })
-        return Broker(extensions: ExtensionPipeline([], authorization: pipeline))
+        return Broker(engine: engine, extensions: ExtensionPipeline([], authorization: pipeline))
     }
 
     func send(_ broker: Broker, _ json: String) async throws -> Message {
@@ -108,5 +109,30 @@ import Testing
         let anonymous = try await handshake(broker, token: nil)
         let cid = try #require(anonymous.clientId)
         #expect(try await broker.engine.user(of: cid, on: loop).get() == nil)
+    }
+
+    @Test func anotherNodeEnforcesTheGrantItReadsFromTheEngine() async throws {
+        let clock = Clock()
+        let a = try await broker(clock: clock)
+        let b = try await broker(clock: clock, engine: a.engine)
+        let connection = try await token(JWTClaims(sub: "42", exp: clock.now + 30, channels: ["/jobs/42"]))
+        let cid = try #require(try await handshake(a, token: connection).clientId)
+        #expect(b.extensions.authorization.grants.lookup(cid) == nil)  // b has not seen this session yet
+        #expect(try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/42"}"#)["successful"] == true)
+        #expect(try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/43"}"#)["successful"] == false)
+        clock.advance(31)
+        let connect = try await send(b, #"{"channel":"/meta/connect","clientId":"\#(cid)"}"#)
+        #expect(connect.error == "401:\(cid):Token expired")
+    }
+
+    @Test func grantsSurviveTheirEncoding() {
+        let grants = [
+            SessionGrant(user: "42", expiresAt: 1_700_000_000, channels: ["/jobs/42", "/users/42/**"], publish: ["/a"]),
+            SessionGrant(user: "ü \"quoted\"", expiresAt: 1_700_000_000.5),
+            SessionGrant(user: "x"),
+        ]
+        for grant in grants { #expect(SessionGrant(encoded: grant.encoded) == grant) }
+        #expect(SessionGrant(encoded: "garbage") == nil)
+        #expect(SessionGrant(encoded: #"{"exp":1}"#) == nil)
     }
 }

@@ -34,6 +34,9 @@ public struct AuthorizationPipeline: Sendable {
         authorizers.filter { $0.actions.contains(action) }
     }
 
+    /// Whether some mode grants sessions (so connects check expiry and subscribes read the grant).
+    public var usesGrants: Bool { authorizers.contains { $0.grantsSessions } }
+
     /// Whether some mode needs the session's user for `action`.
     public func needsUser(for action: AuthorizationAction) -> Bool {
         deciders(for: action).contains { $0.needsUser }

@@ -79,6 +79,8 @@ public protocol Authorizer: Sendable {
     var actions: Set<AuthorizationAction> { get }
     /// Whether it needs the session's user (read from the engine when no grant names it).
     var needsUser: Bool { get }
+    /// Whether its handshake acceptances carry a `SessionGrant` the broker must keep and enforce (JWT).
+    var grantsSessions: Bool { get }
     func authorize(_ request: AuthorizationRequest, on loop: any EventLoop) -> EventLoopFuture<AuthorizationDecision>
     /// Removes this mode's credentials from a message that is about to be published, so that subscribers never
     /// receive them (PrivatePub's publish token).
@@ -87,5 +89,6 @@ public protocol Authorizer: Sendable {
 
 extension Authorizer {
     public var needsUser: Bool { false }
+    public var grantsSessions: Bool { false }
     public func scrub(_ message: inout Message) {}
 }

@@ -1,13 +1,14 @@
 import NIOConcurrencyHelpers
 
-/// The grants of this node's sessions (a JWT connection token's user, expiry and channel claims), by clientId.
+/// This node's copy of its sessions' grants (a JWT connection token's user, expiry and channel claims), by
+/// clientId. The engine holds the grant of record (`Engine.setGrant`), so a session that moves to another node
+/// keeps it; a node reads it once per session and remembers it here, including that a session has none.
 ///
-/// Kept in memory on the node that took the handshake: the claims are not part of the shared session. An
-/// entry goes at `/meta/disconnect`, when its expiry is enforced at a connect, and when a prune finds its
+/// An entry goes at `/meta/disconnect`, when its expiry is enforced at a connect, and when a prune finds its
 /// session gone (prunes run when the table has doubled since the last one, so the cost is amortised).
 public final class SessionGrants: Sendable {
     private struct State {
-        var grants: [String: SessionGrant] = [:]
+        var grants: [String: SessionGrant?] = [:]
         var pruneAt = 1024
     }
 
@@ -15,17 +16,19 @@ public final class SessionGrants: Sendable {
 
     public init() {}
 
-    public subscript(clientId: String) -> SessionGrant? {
+    /// The known grant: `.some(nil)` when the session is known to have none, nil when this node has not looked.
+    public func lookup(_ clientId: String) -> SessionGrant?? {
         state.withLockedValue { $0.grants[clientId] }
     }
 
     public var count: Int { state.withLockedValue { $0.grants.count } }
 
-    /// Stores a grant; returns the ids to check for a prune when the table has grown enough to need one.
+    /// Remembers a session's grant (or that it has none); returns the ids to check for a prune when the table has
+    /// grown enough to need one.
     @discardableResult
-    public func insert(_ grant: SessionGrant, for clientId: String) -> [String]? {
+    public func insert(_ grant: SessionGrant?, for clientId: String) -> [String]? {
         state.withLockedValue { state in
-            state.grants[clientId] = grant
+            state.grants[clientId] = .some(grant)
             guard state.grants.count >= state.pruneAt else { return nil }
             state.pruneAt = state.grants.count * 2
             return Array(state.grants.keys)
