@@ -83,7 +83,9 @@ extension Broker {
                 }
 
         case let name? where !Channel.isMeta(name):
-            if authorization.deciders(for: .publish).isEmpty {
+            // The server's own publishes (`serve --relay`) come from its configuration, not from a client: no mode
+            // is asked (a relay beside a JWT-only broker has no PrivatePub token to show).
+            if authorization.deciders(for: .publish).isEmpty || context.connectionType == .inProcess {
                 var scrubbed = message
                 authorization.scrub(&scrubbed)
                 return route(scrubbed)

@@ -135,4 +135,19 @@ import Testing
         #expect(SessionGrant(encoded: "garbage") == nil)
         #expect(SessionGrant(encoded: #"{"exp":1}"#) == nil)
     }
+
+    @Test func theServersOwnPublishesAreNotAsked() async throws {
+        let broker = try await broker(clock: Clock())
+        var message = Message()
+        message.channel = "/jobs/1"
+        message["data"] = 1
+        message.ext = ["private_pub_token": "wrong"]
+        let outcomes = try await broker.handle(
+            [.message(message)], context: RequestContext(connectionType: .inProcess), sink: nil, now: .now(), on: loop
+        ).get()
+        guard case .reply(let reply)? = outcomes.first else { Issue.record("no reply"); return }
+        #expect(reply["successful"] == true)
+        // Over HTTP the same publish is refused.
+        #expect(try await send(broker, #"{"channel":"/jobs/1","data":1,"ext":{"private_pub_token":"wrong"}}"#).error == "Incorrect token.")
+    }
 }
