@@ -178,3 +178,29 @@ def test_bad_flags_are_one_line_errors(keys, tmp_path):
         assert p.returncode != 0, (args, p.stderr)
         assert text in p.stderr, (args, p.stderr)
         assert "Usage" not in p.stderr.splitlines()[0]
+
+
+def test_pubsub_publish_and_subscribe_take_a_token(hs_broker):
+    import subprocess
+    from authkit import pubsub_bin
+    b = hs_broker
+    sub = subprocess.Popen([pubsub_bin(), "subscribe", "--url", b.url, "--count", "1", "--timeout", "20",
+                            "--token", hs256(claims("42", channels=["/cli/42"])), "/cli/42"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)  # the subscriber handshakes with its token and subscribes
+        assert sub.poll() is None, sub.stderr.read()
+        refused = subprocess.run([pubsub_bin(), "publish", "--url", b.url, "--token",
+                                  hs256(claims("app", publish=["/other"])), "/cli/42", '"no"'],
+                                 capture_output=True, text=True, timeout=20)
+        assert refused.returncode != 0 and "No token grants this channel" in refused.stderr, refused.stderr
+        ok = subprocess.run([pubsub_bin(), "publish", "--url", b.url, "--token",
+                             hs256(claims("app", publish=["/cli/**"])), "/cli/42", '"yes"'],
+                            capture_output=True, text=True, timeout=20)
+        assert ok.returncode == 0, ok.stderr
+        out, err = sub.communicate(timeout=20)
+        assert sub.returncode == 0, err
+        assert out.strip() == '"yes"'
+    finally:
+        if sub.poll() is None:
+            sub.kill()
