@@ -61,4 +61,19 @@ import Testing
             #expect(try await b.engine.grant(of: cid, on: b.loop).get().flatMap(SessionGrant.init(encoded:)) == grant)
         }
     }
+
+    @Test func aNodeKeepsItsCopyWhenRedisLosesTheFields() async throws {
+        try await withCluster(.redis) { cluster in
+            let h = cluster.first
+            let engine = try #require(h.engine as? RedisEngine)
+            let cid = try await h.handshake()
+            try await engine.setUser(cid, user: "42", on: h.loop).get()
+            try await engine.setGrant(cid, grant: SessionGrant(user: "42").encoded, on: h.loop).get()
+            // As after a Redis restart that lost the data: the session is registered again without its fields.
+            _ = try await engine.commands.send(
+                RESPCommand("HDEL", .string(engine.keyPrefix + "c:" + cid), "user", "grant")).get()
+            #expect(try await engine.user(of: cid, on: h.loop).get() == "42")
+            #expect(try await engine.grant(of: cid, on: h.loop).get().flatMap(SessionGrant.init(encoded:))?.user == "42")
+        }
+    }
 }

@@ -21,8 +21,7 @@ extension RedisEngine {
 
     public func user(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
         guard isConnected else { return local.user(of: clientId, on: loop) }
-        return commands.send(RESPCommand("HGET", .string(keyPrefix + "c:" + clientId), "user"))
-            .map { $0.isNull ? nil : $0.string }.hop(to: loop)
+        return field("user", of: clientId, on: loop) { self.local.user(of: clientId, on: loop) }
     }
 
     public func setGrant(_ clientId: String, grant: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
@@ -33,7 +32,18 @@ extension RedisEngine {
 
     public func grant(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
         guard isConnected else { return local.grant(of: clientId, on: loop) }
-        return commands.send(RESPCommand("HGET", .string(keyPrefix + "c:" + clientId), "grant"))
-            .map { $0.isNull ? nil : $0.string }.hop(to: loop)
+        return field("grant", of: clientId, on: loop) { self.local.grant(of: clientId, on: loop) }
+    }
+
+    /// A field of the session's hash; when Redis has none (it lost its data in an outage and the session was
+    /// registered again without it) or cannot be asked, this node's copy, if the session lives here.
+    private func field(
+        _ name: String, of clientId: String, on loop: any EventLoop,
+        local: @escaping @Sendable () -> EventLoopFuture<String?>
+    ) -> EventLoopFuture<String?> {
+        commands.send(RESPCommand("HGET", .string(keyPrefix + "c:" + clientId), .string(name)))
+            .hop(to: loop)
+            .flatMap { value in value.isNull ? local() : loop.makeSucceededFuture(value.string) }
+            .flatMapError { _ in local() }
     }
 }
