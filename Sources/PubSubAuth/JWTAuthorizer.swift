@@ -37,6 +37,8 @@ public struct JWTAuthorizer: Authorizer {
     }
 
     let keys: [Algorithm: JWTKeyCollection]
+    /// The `aud` and `iss` every token must carry, when configured.
+    public var expecting = JWTExpectations()
     public var now: @Sendable () -> Double
     public var name: String { "jwt" }
     public var actions: Set<AuthorizationAction> { [.handshake, .subscribe, .publish] }
@@ -50,6 +52,7 @@ public struct JWTAuthorizer: Authorizer {
     /// `hmacSecret` enables HS256; `publicKeyPEM` enables RS256 (an RSA key) or ES256 (a P-256 key).
     public static func make(
         hmacSecret: String?, publicKeyPEM: String?, publicKeyName: String = "public key",
+        expecting: JWTExpectations = .init(),
         now: @escaping @Sendable () -> Double = AuthorizationPipeline.wallClockSeconds
     ) async throws -> JWTAuthorizer {
         var keys: [Algorithm: JWTKeyCollection] = [:]
@@ -67,7 +70,7 @@ public struct JWTAuthorizer: Authorizer {
                 throw KeyError.notAPublicKey(publicKeyName)
             }
         }
-        return JWTAuthorizer(keys: keys, now: now)
+        return JWTAuthorizer(keys: keys, expecting: expecting, now: now)
     }
 
     /// Verifies a token's signature with the key of the algorithm its header names; nil when anything is wrong.
@@ -88,12 +91,13 @@ public struct JWTAuthorizer: Authorizer {
             return BayeuxError(BayeuxError.Code(code, refusal.rawValue), args: [channel]).description
         }
         let now = self.now()
+        let expecting = self.expecting
         switch request.action {
         case .handshake:
             guard let token else { return loop.makeSucceededFuture(.abstain(error(.invalid))) }
             return verified(token, on: loop).map { claims in
                 guard let claims else { return .deny(error(.invalid)) }
-                switch JWTRules.connection(claims, now: now) {
+                switch JWTRules.connection(claims, now: now, expecting: expecting) {
                 case .success(let grant): return .allow(user: grant.user, grant: grant)
                 case .failure(let refusal): return .deny(error(refusal))
                 }
@@ -106,14 +110,15 @@ public struct JWTAuthorizer: Authorizer {
             }
             return verified(token, on: loop).map { claims in
                 guard let claims else { return .deny(error(.invalid)) }
-                let refusal = JWTRules.subscription(claims, channel: channel, sessionUser: request.user, now: now)
+                let refusal = JWTRules.subscription(
+                    claims, channel: channel, sessionUser: request.user, now: now, expecting: expecting)
                 return refusal.map { .deny(error($0)) } ?? .allow()
             }
         case .publish:
             if let token {
                 return verified(token, on: loop).map { claims in
                     guard let claims else { return .deny(error(.invalid)) }
-                    switch JWTRules.connection(claims, now: now) {
+                    switch JWTRules.connection(claims, now: now, expecting: expecting) {
                     case .failure(let refusal): return .deny(error(refusal))
                     case .success(let grant):
                         let refusal = JWTRules.publish(grant, channel: channel, now: now)

@@ -17,6 +17,13 @@ struct AuthModeOptions: ParsableArguments {
     var jwtPublicKey: String?
 
     @Option(help: ArgumentHelp(
+        "Every JWT's aud must contain this audience (PUBSUB_JWT_AUDIENCE).", valueName: "audience"))
+    var jwtAudience: String?
+
+    @Option(help: ArgumentHelp("Every JWT's iss must be this issuer (PUBSUB_JWT_ISSUER).", valueName: "issuer"))
+    var jwtIssuer: String?
+
+    @Option(help: ArgumentHelp(
         "URL the broker POSTs each authorization question to; the app answers {\"allow\": …} (PUBSUB_AUTH_HOOK).",
         valueName: "url"))
     var authHook: String?
@@ -48,6 +55,7 @@ struct AuthModeOptions: ParsableArguments {
         var jwtKey: String?
         var jwtPublicKeyPEM: String?
         var jwtPublicKeyFile: String?
+        var jwtExpectations: JWTExpectations
         var hook: HookSettings?
         var origins: OriginPolicy
         var callbackPolling: Bool
@@ -69,6 +77,12 @@ struct AuthModeOptions: ParsableArguments {
             guard pem!.contains("-----BEGIN") else {
                 throw ValidationError("--jwt-public-key \(keyFile): not a PEM file")
             }
+        }
+        let expectations = JWTExpectations(
+            audience: jwtAudience ?? Environment.string("PUBSUB_JWT_AUDIENCE"),
+            issuer: jwtIssuer ?? Environment.string("PUBSUB_JWT_ISSUER"))
+        if expectations != JWTExpectations(), jwtKey == nil, keyFile == nil {
+            throw ValidationError("--jwt-audience and --jwt-issuer need --jwt-key or --jwt-public-key")
         }
         var hook: HookSettings?
         let actionsText = authHookActions ?? Environment.string("PUBSUB_AUTH_HOOK_ACTIONS")
@@ -110,7 +124,8 @@ struct AuthModeOptions: ParsableArguments {
         }
         let noJSONP = disableCallbackPolling || Environment.string("PUBSUB_DISABLE_CALLBACK_POLLING") == "1"
         return Resolved(
-            jwtKey: jwtKey, jwtPublicKeyPEM: pem, jwtPublicKeyFile: keyFile, hook: hook, origins: origins,
+            jwtKey: jwtKey, jwtPublicKeyPEM: pem, jwtPublicKeyFile: keyFile, jwtExpectations: expectations,
+            hook: hook, origins: origins,
             callbackPolling: !noJSONP)
     }
 }
@@ -139,7 +154,7 @@ extension AuthOptions {
             do {
                 jwt = try await JWTAuthorizer.make(
                     hmacSecret: modes.jwtKey, publicKeyPEM: modes.jwtPublicKeyPEM,
-                    publicKeyName: modes.jwtPublicKeyFile ?? "public key")
+                    publicKeyName: modes.jwtPublicKeyFile ?? "public key", expecting: modes.jwtExpectations)
             } catch let error as JWTAuthorizer.KeyError {
                 switch error {
                 case .notAPublicKey: throw ValidationError("--jwt-public-key \(error)")

@@ -72,4 +72,19 @@ import Testing
     func subscriptionToken(_ claims: JWTClaims, _ channel: String, _ user: String?, _ refusal: JWTRefusal?) {
         #expect(JWTRules.subscription(claims, channel: channel, sessionUser: user, now: Self.now) == refusal)
     }
+
+    static let expecting = JWTExpectations(audience: "pubsub", issuer: "https://app.example.com")
+
+    @Test(arguments: [
+        (JWTClaims(sub: "42", aud: .init(["pubsub"]), iss: "https://app.example.com"), nil as JWTRefusal?),
+        (JWTClaims(sub: "42", aud: .init(["web", "pubsub"]), iss: "https://app.example.com"), nil),
+        (JWTClaims(sub: "42", aud: .init(["web"]), iss: "https://app.example.com"), .otherAudience),
+        (JWTClaims(sub: "42", iss: "https://app.example.com"), .otherAudience),
+        (JWTClaims(sub: "42", aud: .init(["pubsub"]), iss: "https://evil.example.com"), .otherIssuer),
+        (JWTClaims(sub: "42", aud: .init(["pubsub"])), .otherIssuer),
+    ])
+    func audienceAndIssuerWhenConfigured(_ claims: JWTClaims, _ refusal: JWTRefusal?) {
+        #expect(JWTRules.checkTime(claims, now: Self.now, expecting: Self.expecting) == refusal)
+        #expect(JWTRules.checkTime(claims, now: Self.now) == nil)  // not configured: not checked
+    }
 }

@@ -204,3 +204,14 @@ def test_pubsub_publish_and_subscribe_take_a_token(hs_broker):
     finally:
         if sub.poll() is None:
             sub.kill()
+
+
+def test_audience_and_issuer_when_configured():
+    with Broker(timeout=5, extra_args=["--jwt-key", HS_SECRET, "--jwt-audience", "pubsub",
+                                       "--jwt-issuer", "https://app.example.com"]) as b:
+        good = claims("42", channels=["/a"], aud="pubsub", iss="https://app.example.com")
+        assert handshake(b, hs256(good))["successful"] is True
+        assert handshake(b, hs256(dict(good, aud=["web", "pubsub"])))["successful"] is True
+        assert handshake(b, hs256(dict(good, aud="web")))["error"] == "401::Token is for another audience"
+        assert handshake(b, hs256({k: v for k, v in good.items() if k != "iss"}))["error"] \
+            == "401::Token is from another issuer"
