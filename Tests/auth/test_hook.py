@@ -136,3 +136,28 @@ def test_publish_through_the_hook_and_the_cache():
         other = client_id(b)
         assert subscribe(b, other, "/allow/feed")["successful"] is True
         assert len(hook.questions("subscribe")) == before
+
+
+def test_websocket_messages_carry_the_upgrade_headers(broker, hook):
+    import json
+    import websocket
+    ws = websocket.create_connection(broker.ws_url, timeout=10, cookie="ws-session=xyz",
+                                     header=["Authorization: Bearer ws", "User-Agent: ws-suite"])
+    try:
+        ws.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
+                             "supportedConnectionTypes": ["websocket"], "ext": {"user": "42"}}]))
+        cid = json.loads(ws.recv())[0]["clientId"]
+        ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": cid, "subscription": "/jobs/42"}]))
+        reply = json.loads(ws.recv())[0]
+        assert reply["successful"] is True, reply
+        ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": cid, "subscription": "/deny/ws"}]))
+        reply = json.loads(ws.recv())[0]
+        assert reply["error"] == "403:/deny/ws:Not your job"
+    finally:
+        ws.close()
+    question = [q for q in hook.questions("subscribe") if q.get("clientId") == cid][0]
+    assert question["transport"] == "websocket"
+    assert question["user"] == "42"
+    assert question["headers"]["cookie"] == "ws-session=xyz"
+    assert question["headers"]["authorization"] == "Bearer ws"
+    assert question["headers"]["user-agent"] == "ws-suite"
