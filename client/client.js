@@ -443,7 +443,28 @@ api._handshake = function () {
   this._state = CONNECTING;
   this._clientId = null;
   this._wsBroken = false;
-  this._send({ channel: HANDSHAKE, version: '1.0', supportedConnectionTypes: this._types() }, function (reply) {
+  var message = { channel: HANDSHAKE, version: '1.0', supportedConnectionTypes: this._types() };
+  this._withToken(function (token) {
+    if (self._state !== CONNECTING) return;
+    if (token) message.ext = { token: token };
+    self._sendHandshake(message);
+  });
+};
+
+// pubsub's `token` option (docs/AUTH.md): a JWT sent as the handshake's `ext.token`, or a function called before
+// every handshake that returns one or a promise of one. A session whose token expired is told to handshake again,
+// and the function gives it a fresh token. A function that throws or rejects handshakes without a token.
+api._withToken = function (use) {
+  var token = this._options.token, value;
+  if (typeof token !== 'function') return use(token);
+  try { value = token.call(this); } catch (e) { report(e); return use(null); }
+  if (value && typeof value.then === 'function') value.then(use, function (e) { report(e); use(null); });
+  else use(value);
+};
+
+api._sendHandshake = function (message) {
+  var self = this;
+  this._send(message, function (reply) {
     if (self._state !== CONNECTING) return;
     if (!reply.successful) {
       self._state = UNCONNECTED;

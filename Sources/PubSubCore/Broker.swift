@@ -120,6 +120,20 @@ public final class Broker: Sendable {
         guard let message = extensions.incoming(original, context: context) else {
             return loop.makeSucceededFuture(.none)
         }
+        if extensions.authorization.isEmpty {
+            return route(message, context: context, sink: sink, now: now, on: loop)
+        }
+        return authorizeAndRoute(message, context: context, sink: sink, now: now, on: loop)
+    }
+
+    /// Hands an incoming message to the meta channel or publish it names, and applies the outgoing extensions.
+    func route(
+        _ message: Message,
+        context: RequestContext,
+        sink: (any DeliverySink)?,
+        now: NIODeadline,
+        on loop: any EventLoop
+    ) -> EventLoopFuture<Outcome> {
         let channel = message.channel
         let future: EventLoopFuture<Outcome>
         switch channel {

@@ -112,6 +112,16 @@ public protocol Engine: Sendable {
     /// every subscriber of `channel` (one copy each, whatever the number of matching patterns).
     func publish(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<Void>
+    /// Records the user an authorization mode established for the session (JWT `sub`, the hook's handshake
+    /// answer), so presence, webhooks, logs and metrics can report it. Does nothing for an unknown client.
+    func setUser(_ clientId: String, user: String, on loop: any EventLoop) -> EventLoopFuture<Void>
+    /// The session's user; nil when none was established or the client is unknown.
+    func user(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?>
+    /// Stores what an authorization mode granted the session at its handshake (a JWT's channels, publish
+    /// patterns and expiry, as `SessionGrant.encoded`), so every node enforces the same grant.
+    func setGrant(_ clientId: String, grant: String, on loop: any EventLoop) -> EventLoopFuture<Void>
+    /// The session's stored grant; nil when none was stored or the client is unknown.
+    func grant(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?>
     /// The position of the newest event, for a client that wants to start from "now"; nil without history.
     var position: String? { get }
     /// Removes sessions with no connect for `2 × timeout`.

@@ -4,10 +4,17 @@ import Bayeux
 public struct RequestContext: Sendable {
     public var connectionType: ConnectionType
     public var remoteAddress: String?
+    /// The headers of the HTTP request or WebSocket upgrade that carried the message, by lowercased name, for
+    /// the authorizers: only those in `RequestContext.forwardedHeaders`.
+    public var headers: [String: String]
 
-    public init(connectionType: ConnectionType, remoteAddress: String? = nil) {
+    /// The headers an authorizer may see (the hook forwards them to the app).
+    public static let forwardedHeaders = ["cookie", "authorization", "origin", "user-agent"]
+
+    public init(connectionType: ConnectionType, remoteAddress: String? = nil, headers: [String: String] = [:]) {
         self.connectionType = connectionType
         self.remoteAddress = remoteAddress
+        self.headers = headers
     }
 }
 
@@ -32,8 +39,13 @@ extension BayeuxExtension {
 /// The ordered list of extensions.
 public struct ExtensionPipeline: Sendable {
     public var extensions: [any BayeuxExtension]
+    /// The authorization modes, asked after the extensions' `incoming` (see `Broker+Authorization`).
+    public var authorization: AuthorizationPipeline
 
-    public init(_ extensions: [any BayeuxExtension] = []) { self.extensions = extensions }
+    public init(_ extensions: [any BayeuxExtension] = [], authorization: AuthorizationPipeline = .init()) {
+        self.extensions = extensions
+        self.authorization = authorization
+    }
 
     public func incoming(_ message: Message, context: RequestContext) -> Message? {
         var message = message

@@ -18,6 +18,10 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var wakeScheduled = false
         var connectedOnce = false
         var stamp: UInt64 = 0
+        /// The user an authorization mode established (JWT `sub`, the hook's handshake answer); see `setUser`.
+        var user: String?
+        /// What an authorization mode granted at the handshake (`SessionGrant.encoded`); see `setGrant`.
+        var grant: String?
 
         init(id: String, expiresAt: NIODeadline) {
             self.id = id
@@ -83,6 +87,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     public func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         loop.makeSucceededFuture(lock.withLock { sessions[clientId] != nil })
+    }
+
+    /// Runs `body` on the session under the lock (nil when the client is unknown); for `MemoryEngine+User`.
+    func withSession<T>(_ clientId: String, _ body: (Session) -> T) -> T? {
+        lock.withLock { sessions[clientId].map(body) }
     }
 
     public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)

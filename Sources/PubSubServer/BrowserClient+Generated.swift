@@ -2,8 +2,8 @@
 
 /// The browser client served at `<mount>/client.js` and `<mount>.js`.
 enum BrowserClient {
-    static let etag = "\"07d12b06dbdb23fd377ea595a8aa008eb78b44cf\""
-    static let lastModified = "Sun, 22 Nov 2026 13:12:28 GMT"
+    static let etag = "\"4263fa474d9bc0e7de22fe5646c94672d97d14e5\""
+    static let lastModified = "Wed, 25 Nov 2026 09:53:55 GMT"
     static let source = #"""
 /* pubsub browser client: the Faye.Client API over WebSocket, CORS long-polling and JSON-P. MIT licence. */
 (function (global) {
@@ -374,7 +374,23 @@ var self = this;
 this._state = CONNECTING;
 this._clientId = null;
 this._wsBroken = false;
-this._send({ channel: HANDSHAKE, version: '1.0', supportedConnectionTypes: this._types() }, function (reply) {
+var message = { channel: HANDSHAKE, version: '1.0', supportedConnectionTypes: this._types() };
+this._withToken(function (token) {
+if (self._state !== CONNECTING) return;
+if (token) message.ext = { token: token };
+self._sendHandshake(message);
+});
+};
+api._withToken = function (use) {
+var token = this._options.token, value;
+if (typeof token !== 'function') return use(token);
+try { value = token.call(this); } catch (e) { report(e); return use(null); }
+if (value && typeof value.then === 'function') value.then(use, function (e) { report(e); use(null); });
+else use(value);
+};
+api._sendHandshake = function (message) {
+var self = this;
+this._send(message, function (reply) {
 if (self._state !== CONNECTING) return;
 if (!reply.successful) {
 self._state = UNCONNECTED;

@@ -148,6 +148,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
                 headers.add(name: "Allow", value: "GET, POST, OPTIONS")
                 headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
                 respond(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
+            } else if let refusal = browserAccessRefusal(head) {
+                respond(status: .forbidden, headers: ["Content-Type": "text/plain; charset=utf-8"],
+                    body: ByteBuffer(string: refusal), cors: false)
             } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
                 preflight(head)
             } else if head.method == .GET,
@@ -240,7 +243,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
-            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress)
+            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress,
+            headers: RequestContext.authorizationHeaders(head.headers))
         let sink = ConnectionSink(owner: self, isPersistent: false, eventLoop: context.eventLoop)
         releaseSink()
         self.sink = sink

@@ -69,11 +69,16 @@ public final class PubSubServer: Sendable {
             automaticErrorHandling: true,
             shouldUpgrade: { channel, head in
                 switch Route(path: head.uri, mount: shared.mount) {
-                case .bayeux, .bayeuxWithSuffix: return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
+                case .bayeux, .bayeuxWithSuffix:
+                    // An origin that is not allowed is not upgraded: the HTTP handler answers it 403.
+                    guard shared.configuration.origins.allows(head.headers) else {
+                        return channel.eventLoop.makeSucceededFuture(nil)
+                    }
+                    return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
                 default: return channel.eventLoop.makeSucceededFuture(nil)
                 }
             },
-            upgradePipelineHandler: { channel, _ in
+            upgradePipelineHandler: { channel, upgradeHead in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     // First: it tells the connection guard this is a WebSocket now and sends its pings.
@@ -83,7 +88,9 @@ public final class PubSubServer: Sendable {
                             minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
                             maxAccumulatedFrameSize: maxFrame))
                     try sync.addHandler(
-                        WebSocketHandler(shared: shared, remoteAddress: channel.remoteAddress?.ipAddress))
+                        WebSocketHandler(
+                            shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
+                            upgradeHeaders: upgradeHead.headers))
                 }
             })
         let bootstrap = ServerBootstrap(group: group)

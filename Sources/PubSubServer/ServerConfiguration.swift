@@ -28,6 +28,10 @@ public struct ServerConfiguration: Sendable {
     /// A WebSocket silent for this long gets a ping (one silent for twice this is closed), and an EventSource
     /// stream a heartbeat (a comment line), so a peer that is gone is noticed.
     public var pingInterval: TimeAmount
+    /// Web origins allowed to use CORS and WebSocket (`--allowed-origins`); default any, as Faye.
+    public var origins = OriginPolicy()
+    /// JSON-P callback-polling, which origins cannot protect (`--disable-callback-polling` turns it off).
+    public var callbackPolling = true
 
     public init(
         host: String = "127.0.0.1",

@@ -1,6 +1,7 @@
 import Bayeux
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOWebSocket
 import PubSubCore
 
@@ -28,10 +29,12 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     /// This loop's counters (bytes out, open WebSockets).
     private var counters: LoopCounters?
 
-    init(shared: ServerShared, remoteAddress: String?) {
+    init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
         self.shared = shared
         self.machine = ConnectionStateMachine(transport: .webSocket, maxQueue: shared.configuration.broker.maxQueue)
-        self.requestContext = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress)
+        self.requestContext = RequestContext(
+            connectionType: .websocket, remoteAddress: remoteAddress,
+            headers: RequestContext.authorizationHeaders(upgradeHeaders))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {

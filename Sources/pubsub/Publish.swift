@@ -64,6 +64,11 @@ struct Publish: AsyncParsableCommand {
         let payloads = try readPayloads()
         var ext: JSONObject?
         if let secret { ext = ["private_pub_token": .string(secret)] }
+        if let token = client.token {
+            var withToken = ext ?? [:]
+            withToken["token"] = .string(token)
+            ext = withToken
+        }
         var configuration = BayeuxClient.Configuration(
             transport: .longPolling, requestTimeout: .nanoseconds(Int64(timeout * 1e9)), batchSize: batchSize)
         configuration.trustRoots = client.trustRoots

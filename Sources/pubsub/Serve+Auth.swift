@@ -31,6 +31,8 @@ struct AuthOptions: ParsableArguments {
 
     @OptionGroup var privatePub: PrivatePubConfigOptions
 
+    @OptionGroup(title: "Authorization beyond PrivatePub") var modes: AuthModeOptions
+
     /// The secret: the flag, then the PrivatePub file, then PUBSUB_SECRET.
     func secretToken() throws -> String? {
         try self.secret ?? privatePub.load()?.secretToken ?? Environment.string("PUBSUB_SECRET")
@@ -50,20 +52,17 @@ struct AuthOptions: ParsableArguments {
             throw ValidationError("--signatures must be privatepub, hmac or both")
         }
         let binding = requireClientBinding || Environment.string("PUBSUB_REQUIRE_CLIENT_BINDING") == "1"
-        var publics = publicChannels
-        if publics.isEmpty, let env = Environment.string("PUBSUB_PUBLIC") {
-            publics = env.split(separator: ",").map { String($0).trimmingSpaces }.filter { !$0.isEmpty }
-        }
-        for pattern in publics where !Channel.isSubscribable(pattern) {
-            throw ValidationError("--public \(pattern): not a channel name or pattern anyone could subscribe to")
-        }
+        let publics = try publicPatterns()
         if let expiration, !(expiration >= 0 && expiration.isFinite) {
             throw ValidationError("--signature-expiration must be a number of seconds")
         }
         guard skew >= 0, skew.isFinite else { throw ValidationError("--max-clock-skew must not be negative") }
         guard let secret else {
-            if !publics.isEmpty || signatures != nil || binding || signatureExpiration != nil {
-                throw ValidationError("--public, --signatures, --require-client-binding and --signature-expiration need a secret (--secret or PUBSUB_SECRET)")
+            if signatures != nil || binding || signatureExpiration != nil {
+                throw ValidationError("--signatures, --require-client-binding and --signature-expiration need a secret (--secret or PUBSUB_SECRET)")
+            }
+            if !publics.isEmpty, try modes.resolve().isEmpty {
+                throw ValidationError("--public needs an authorization mode (--secret, --jwt-key, --jwt-public-key or --auth-hook)")
             }
             return (nil, nil)
         }
@@ -84,6 +83,18 @@ struct AuthOptions: ParsableArguments {
         summary += "; publishing needs the secret token"
         if let server = file?.server { summary += "; PrivatePub's configuration names the server \(server)" }
         return (auth, summary)
+    }
+
+    /// `--public` patterns, or PUBSUB_PUBLIC (comma-separated).
+    func publicPatterns() throws -> [String] {
+        var publics = publicChannels
+        if publics.isEmpty, let env = Environment.string("PUBSUB_PUBLIC") {
+            publics = env.split(separator: ",").map { String($0).trimmingSpaces }.filter { !$0.isEmpty }
+        }
+        for pattern in publics where !Channel.isSubscribable(pattern) {
+            throw ValidationError("--public \(pattern): not a channel name or pattern anyone could subscribe to")
+        }
+        return publics
     }
 
     static func number(_ value: Double) -> String {

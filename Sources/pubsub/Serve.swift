@@ -101,8 +101,8 @@ struct Serve: AsyncParsableCommand {
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
             historyBytes: historyBytes
         )
-        var extensions: [any BayeuxExtension] = []
-        if let auth = try auth.resolve().extension { extensions.append(auth) }
+        _ = try auth.resolve()
+        let access = try auth.modes.resolve()
         let levelName = try pick(logLevel, "PUBSUB_LOG_LEVEL", "info")
         guard let level = Logger.Level(rawValue: levelName) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
@@ -131,20 +131,24 @@ struct Serve: AsyncParsableCommand {
             maxOutboundBytes: try positive(
                 pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", 1 << 20), "max-outbound-bytes"),
             broker: broker,
-            extensions: ExtensionPipeline(extensions),
+            extensions: ExtensionPipeline(),
             threads: try pick(threads, "PUBSUB_THREADS", 0),
             operations: try operations.resolve(),
             timeouts: timeouts,
             pingInterval: pingInterval
         )
-        return (configuration, level)
+        var withAccess = configuration
+        withAccess.origins = access.origins
+        withAccess.callbackPolling = access.callbackPolling
+        return (withAccess, level)
     }
 
     func run() async throws {
         // Trapped first: a SIGTERM that comes while the broker is still starting (systemd stopping it at once,
         // say) is kept and drains it as soon as it runs, instead of killing it with the default action.
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        let (configuration, level) = try resolved()
+        let (resolvedConfiguration, level) = try resolved()
+        var configuration = resolvedConfiguration
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -154,6 +158,9 @@ struct Serve: AsyncParsableCommand {
         // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        // After the bootstraps: the hook's logger and counters are made with it.
+        let authorization = try await auth.makeAuthorization()
+        configuration.extensions.authorization = authorization.pipeline
         var relayFile: RelayFile?
         if let path = relay ?? Environment.string("PUBSUB_RELAY") {
             do {
@@ -177,8 +184,9 @@ struct Serve: AsyncParsableCommand {
         }
         let scheme = configuration.operations.tls == nil ? "http" : "https"
         logger.info("listening on \(scheme)://\(configuration.host):\(port)\(configuration.mount)")
-        if let summary = try? auth.resolve().summary { logger.info("auth: \(summary)") }
-        if configuration.extensions.extensions.isEmpty {
+        for sentence in authorization.summary { logger.info("auth: \(sentence)") }
+        for warning in authorization.warnings { logger.warning("auth: \(warning)") }
+        if configuration.extensions.authorization.isEmpty {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [

@@ -71,6 +71,7 @@ struct Subscribe: AsyncParsableCommand {
         let useHMAC = hmac
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
         configuration.trustRoots = client.trustRoots
+        if let token = client.token { configuration.handshakeExt = ["token": .string(token)] }
         configuration.onSessionLost = { error in
             printError("pubsub: the broker ended this session (\(error)); subscribing again: events published in between may be missing")
         }

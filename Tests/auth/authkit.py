@@ -1,0 +1,265 @@
+"""Helpers of the auth suites: tokens made by PyJWT, keys made by `cryptography`, a small real hook server, and
+Bayeux over HTTP and WebSocket. Names are unique to this folder (no fixtures in conftest.py)."""
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import jwt
+import requests
+import websocket
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+
+HS_SECRET = "auth-suite-hs256-secret-0123456789abcdef"
+HTTP_TIMEOUT = 10
+
+
+# ---------------------------------------------------------------- keys and tokens
+
+class Keys:
+    """An RSA and a P-256 key pair, their public halves written as PEM files."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pubsub-auth-keys-")
+        self.rsa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.ec = ec.generate_private_key(ec.SECP256R1())
+        self.rsa_public_pem = self._public_pem(self.rsa)
+        self.ec_public_pem = self._public_pem(self.ec)
+        self.rsa_file = self._write("rsa.pem", self.rsa_public_pem)
+        self.ec_file = self._write("ec.pem", self.ec_public_pem)
+
+    @staticmethod
+    def _public_pem(key):
+        return key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def _write(self, name, data):
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+
+def claims(sub="42", ttl=60, **extra):
+    now = int(time.time())
+    c = {"sub": sub, "exp": now + ttl}
+    c.update(extra)
+    return {k: v for k, v in c.items() if v is not None}
+
+
+def hs256(payload, secret=HS_SECRET):
+    return jwt.encode(payload, secret, algorithm="HS256")
+
+
+def rs256(keys, payload):
+    return jwt.encode(payload, keys.rsa, algorithm="RS256")
+
+
+def es256(keys, payload):
+    return jwt.encode(payload, keys.ec, algorithm="ES256")
+
+
+def alg_none(payload):
+    return jwt.encode(payload, None, algorithm="none")
+
+
+def hs256_with_public_key_as_secret(pem, payload):
+    """The RS/HS confusion attack: an HS256 token whose HMAC secret is the server's public key. PyJWT refuses
+    to do this (it is the attack), so the token is assembled here with the standard library."""
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(data):
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+    signing_input = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()) + b"." + b64(json.dumps(payload).encode())
+    signature = hmac.new(pem, signing_input, hashlib.sha256).digest()
+    return (signing_input + b"." + b64(signature)).decode()
+
+
+# ---------------------------------------------------------------- Bayeux over HTTP
+
+def bayeux(b, messages, headers=None):
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    r = requests.post(b.url, data=json.dumps(messages), headers=h, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 200, f"HTTP {r.status_code} {r.text!r}\n{b.log()[-2000:]}"
+    return r.json()
+
+
+def handshake(b, token=None, headers=None, ext=None):
+    """The handshake reply (a dict)."""
+    m = {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["long-polling"], "id": "h"}
+    e = dict(ext or {})
+    if token is not None:
+        e["token"] = token
+    if e:
+        m["ext"] = e
+    return bayeux(b, [m], headers)[0]
+
+
+def client_id(b, token=None, headers=None):
+    reply = handshake(b, token, headers)
+    assert reply["successful"] is True, reply
+    return reply["clientId"]
+
+
+def connect(b, cid, timeout_ms=0):
+    """A connect answered at once (advice.timeout): returns (reply, events)."""
+    replies = bayeux(b, [{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling",
+                          "advice": {"timeout": timeout_ms}, "id": "c"}])
+    reply = [r for r in replies if r.get("channel") == "/meta/connect"][0]
+    events = [r for r in replies if r.get("channel") != "/meta/connect"]
+    return reply, events
+
+
+def subscribe(b, cid, channel, token=None, ext=None, headers=None):
+    m = {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel, "id": "s"}
+    e = dict(ext or {})
+    if token is not None:
+        e["token"] = token
+    if e:
+        m["ext"] = e
+    return bayeux(b, [m], headers)[0]
+
+
+def publish(b, channel, data, cid=None, ext=None, headers=None):
+    m = {"channel": channel, "data": data, "id": "p"}
+    if cid:
+        m["clientId"] = cid
+    if ext:
+        m["ext"] = ext
+    return bayeux(b, [m], headers)[0]
+
+
+class Listener:
+    """A session that receives events: it subscribes with whatever credentials it is given; `events()` drains."""
+
+    def __init__(self, b, channel, token=None, sub_token=None, ext=None):
+        self.b = b
+        self.cid = client_id(b, token)
+        connect(b, self.cid)
+        reply = subscribe(b, self.cid, channel, sub_token, ext)
+        assert reply["successful"] is True, reply
+
+    def events(self, wait_ms=300):
+        reply, events = connect(self.b, self.cid, wait_ms)
+        assert reply["successful"] is True, reply
+        return events
+
+
+def assert_nothing_delivered(b, cid, wait_ms=500):
+    """The session gets no event (after a refusal: nothing was subscribed or published)."""
+    reply, events = connect(b, cid, wait_ms)
+    assert reply["successful"] is True, reply
+    assert events == [], events
+
+
+# ---------------------------------------------------------------- WebSocket
+
+def ws_open(b, headers=None):
+    return websocket.create_connection(b.ws_url, timeout=HTTP_TIMEOUT, header=headers or [])
+
+
+# ---------------------------------------------------------------- a small real hook server
+
+class HookServer:
+    """An HTTP server answering the broker's authorization questions by the channel's first segment:
+
+    /allow/...   200 {"allow": true}
+    /deny/...    200 {"allow": false, "error": "Not your job"}
+    /slow/...    answers allow after `slow_seconds` (past the broker's timeout)
+    /fail/...    500
+    /garbage/... 200 with a body that is not JSON
+    /jobs/<n>    allowed when the request's user is <n> (the app's own rule)
+    handshake    allowed unless ext.password is "wrong"; the user is ext.user (or "anon")
+    publish      allowed on /allow/..., refused otherwise
+    Every question is recorded in `calls`.
+    """
+
+    def __init__(self, slow_seconds=3.0):
+        self.calls = []
+        self.lock = threading.Lock()
+        self.slow_seconds = slow_seconds
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                with outer.lock:
+                    outer.calls.append(body)
+                status, answer = outer.answer(body)
+                data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/authorize"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, body):
+        action = body.get("action")
+        ext = body.get("ext") or {}
+        if action == "handshake":
+            if ext.get("password") == "wrong":
+                return 200, {"allow": False, "error": "Wrong password"}
+            return 200, {"allow": True, "user": ext.get("user", "anon")}
+        channel = body.get("channel", "")
+        first = channel.split("/")[1] if channel.count("/") >= 1 else ""
+        if action == "publish":
+            return 200, {"allow": first == "allow"}
+        if first == "allow":
+            return 200, {"allow": True}
+        if first == "deny":
+            return 200, {"allow": False, "error": "Not your job"}
+        if first == "slow":
+            time.sleep(self.slow_seconds)
+            return 200, {"allow": True}
+        if first == "fail":
+            return 500, {"error": "boom"}
+        if first == "garbage":
+            return 200, b"<html>not json</html>"
+        if first == "jobs":
+            owner = channel.split("/")[2] if channel.count("/") >= 2 else None
+            return 200, ({"allow": True} if owner and owner == body.get("user")
+                         else {"allow": False, "error": "Not your job"})
+        return 200, {"allow": False}
+
+    def questions(self, action=None):
+        with self.lock:
+            return [c for c in self.calls if action is None or c.get("action") == action]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        return False
+
+
+def closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/authorize"
