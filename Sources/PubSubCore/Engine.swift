@@ -24,6 +24,8 @@ public enum DetachReason: Sendable, Equatable {
     case overflow
     /// The server is draining.
     case shutdown
+    /// Removed by the server API (POST /api/disconnect).
+    case kicked
 }
 
 public struct ConnectResult: Sendable {

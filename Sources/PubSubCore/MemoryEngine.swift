@@ -18,6 +18,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var wakeScheduled = false
         var connectedOnce = false
         var stamp: UInt64 = 0
+        var user: String?
 
         init(id: String, expiresAt: NIODeadline) {
             self.id = id
@@ -42,10 +43,20 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     public let configuration: BrokerConfiguration
     private var lifetime: TimeAmount { configuration.timeout * 2 }
 
-    public init(configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52))) {
+    /// Told about handshakes, subscriptions and ended sessions (webhooks); nil records nothing.
+    private let observer: (any SessionEventObserver)?
+    /// Session events recorded under the lock, reported after it (see `SessionEvents.swift`).
+    private var recorded: [SessionEvent] = []
+
+    public init(
+        configuration: BrokerConfiguration,
+        epoch: UInt64 = .random(in: 1 ... (1 << 52)),
+        events observer: (any SessionEventObserver)? = nil
+    ) {
         self.configuration = configuration
         self.history = History(capacity: configuration.historySize, maxAge: configuration.historyTTL)
         self.epoch = epoch
+        self.observer = observer
     }
 
     public var position: String? {
@@ -69,8 +80,10 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             var id = ClientID.random()
             while sessions[id] != nil { id = ClientID.random() }
             sessions[id] = Session(id: id, expiresAt: now + lifetime)
+            record(SessionEvent(kind: .handshake, clientId: id))
             return id
         }
+        report()
         return loop.makeSucceededFuture(id)
     }
 
@@ -175,6 +188,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
                 index[channel, default: [:]][clientId] = session
                 stats.subscriptions += 1
                 subscribed.append(channel)
+                record(SessionEvent(kind: .subscribe, clientId: clientId, channel: channel, user: session.user))
             }
             guard let resume else { return (result, nil) }
             let outcome = replay(after: resume, matching: subscribed, into: session, now: now)
@@ -185,6 +199,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             return (result, outcome)
         }
         if !wake.isEmpty { wakeUp(wake) }
+        report()
         return loop.makeSucceededFuture(result)
     }
 
@@ -221,9 +236,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             }
             for channel in channels where session.subscriptions.remove(channel) != nil {
                 removeFromIndex(channel, clientId)
+                record(SessionEvent(kind: .unsubscribe, clientId: clientId, channel: channel, user: session.user))
             }
             return .ok
         }
+        report()
         return loop.makeSucceededFuture(result)
     }
 
@@ -243,6 +260,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             return true
         }
         notify(notifications)
+        report()
         return loop.makeSucceededFuture(existed)
     }
 
@@ -260,6 +278,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             notifications.append((sink, reason))
             session.sink = nil
         }
+        if let ended = SessionEvent.EndReason(reason) {
+            record(SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended))
+        }
         if reason == .overflow {
             stats.overflowDrops += 1
             dropped.insert(session.id)
@@ -274,6 +295,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         let keys = Channel.expand(channel)
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
+        var dropped = false
         lock.withLock {
             // Sequence, history and queues change together, so every subscriber sees events in position order.
             let event: ByteBuffer
@@ -288,10 +310,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
                 event = message.encodedEvent()
             }
             stats.published += 1
-            _ = fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications)
+            dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
         }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
+        if dropped { report() }
         return loop.makeSucceededFuture(())
     }
 
@@ -357,6 +380,23 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         for (sink, events) in deliveries { sink.deliver(events) }
     }
 
+    /// Records a session event for the observer; the lock is held.
+    @inline(__always)
+    private func record(_ event: SessionEvent) {
+        if observer != nil { recorded.append(event) }
+    }
+
+    /// Hands the recorded session events to the observer; called after the lock is released.
+    private func report() {
+        guard let observer else { return }
+        let events = lock.withLock { () -> [SessionEvent] in
+            var taken: [SessionEvent] = []
+            swap(&taken, &recorded)
+            return taken
+        }
+        if !events.isEmpty { observer.sessionEvents(events) }
+    }
+
     private func notify(_ notifications: [(any DeliverySink, DetachReason)]) {
         for (sink, reason) in notifications {
             sink.eventLoop.execute { sink.detached(reason) }
@@ -371,6 +411,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             stats.expired += UInt64(expired.count)
         }
         notify(notifications)
+        report()
     }
 
     public func shutdown() {
@@ -439,6 +480,7 @@ extension MemoryEngine {
             return queue
         }
         notify(notifications)
+        report()
         return queue
     }
 
@@ -451,6 +493,7 @@ extension MemoryEngine {
         let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
+        if !overflowed.isEmpty { report() }
         return overflowed
     }
 
@@ -482,6 +525,7 @@ extension MemoryEngine {
         }
         if !wake.isEmpty { wakeUp(wake) }
         if !notifications.isEmpty { notify(notifications) }
+        if result == false { report() }
         return result
     }
 

@@ -484,6 +484,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case .expired: return "expired"
         case .overflow: return "overflow"
         case .shutdown: return "shutdown"
+        case .kicked: return "kicked"
         }
     }
 
@@ -493,6 +494,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case "overflow": return .overflow
         case "superseded": return .superseded
         case "shutdown": return .shutdown
+        case "kicked": return .kicked
         default: return .disconnected
         }
     }
