@@ -88,6 +88,23 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Webhooks: session events batched, signed and posted (AsyncHTTPClient), fed by the engine.
+        .target(
+            name: "PubSubWebhooks",
+            dependencies: [
+                "PubSubCore",
+                "Bayeux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "PubSubBench",
             dependencies: [
@@ -167,6 +184,7 @@ let package = Package(
                 "PubSubBench",
                 "PubSubRedis",
                 "PubSubRelay",
+                "PubSubWebhooks",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -233,6 +251,16 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "PubSubWebhooksTests",
+            dependencies: [
+                "PubSubWebhooks",
+                "PubSubCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: swiftSettings
         ),
