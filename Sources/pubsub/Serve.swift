@@ -160,8 +160,14 @@ struct Serve: AsyncParsableCommand {
                 throw ExitCode(ExitStatus.usage)
             }
         }
-        let webhooks = try self.webhooks.resolve().map {
-            WebhookDispatcher(configuration: $0, logger: Logger(label: "pubsub.webhooks"))
+        let webhooks: WebhookDispatcher?
+        do {
+            webhooks = try self.webhooks.resolve().map {
+                WebhookDispatcher(configuration: $0, logger: Logger(label: "pubsub.webhooks"))
+            }
+        } catch let error as ValidationError {
+            printError("pubsub: \(error.message)")
+            throw ExitCode(ExitStatus.usage)
         }
         let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
         let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)

@@ -14,8 +14,6 @@ struct WebhookOptions: ParsableArguments {
     @Option(help: "Events held per webhook URL while they wait or are retried; more are dropped and counted (PUBSUB_WEBHOOK_QUEUE, default 10000).")
     var webhookQueue: Int?
 
-    func validate() throws { _ = try resolve() }
-
     /// The webhook configuration, or nil when no URL is set.
     func resolve() throws -> WebhookConfiguration? {
         let urls =
