@@ -41,7 +41,7 @@ struct EngineOptions: ParsableArguments {
         }
         var settings = RedisEngineConfiguration(redis: redis)
         if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
-        let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger)
+        let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)
         do {
             try await engine.start(timeout: .seconds(5)).get()
             logger.info(

@@ -81,6 +81,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     var subscriber: RedisClient!
     let group: MultiThreadedEventLoopGroup
     let logger: Logger
+    /// Told about the session events that happen on this node (webhooks); see `RedisEngine+SessionEvents.swift`.
+    let events: (any SessionEventObserver)?
     let keyPrefix: String
     let channelPrefix: String
     let notificationChannel: String
@@ -124,11 +126,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     public init(
         configuration: BrokerConfiguration,
         settings: RedisEngineConfiguration,
-        logger: Logger = Logger(label: "pubsub.redis")
+        logger: Logger = Logger(label: "pubsub.redis"),
+        events: (any SessionEventObserver)? = nil
     ) {
         self.configuration = configuration
         self.settings = settings
         self.logger = logger
+        self.events = events
         var localConfiguration = configuration
         localConfiguration.historySize = 0
         self.local = MemoryEngine(configuration: localConfiguration)
@@ -245,6 +249,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     // MARK: Engine
 
     public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+        create(now: now, on: loop).map { id in
+            self.report([SessionEvent(kind: .handshake, clientId: id)])
+            return id
+        }
+    }
+
+    private func create(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
         let id = ClientID.random()
         local.adopt(id, subscriptions: [], connectedOnce: false, now: now)
         guard isConnected else {
@@ -254,7 +265,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         return eval(RedisScripts.create, [.string(id), .string(node), expiry(now)]).flatMap { reply in
             if reply.int == 0 {
                 self.local.evict(id, reason: .superseded)
-                return self.createClient(now: now, on: loop)
+                return self.create(now: now, on: loop)
             }
             return loop.makeSucceededFuture(id)
         }.recover { _ in id }.hop(to: loop)
@@ -403,7 +414,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             return local.subscribe(clientId, to: channels, resume: nil, now: now, on: loop).map { result, _ in
-                (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
             }
         }
         var arguments: [RESPArgument] = [
@@ -436,7 +448,9 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                         ? ResumeResult(recovered: values[2].int == 1, missed: Int(values[3].int ?? 0))
                         : ResumeResult(recovered: false, missed: 0)
                 }
-                return (limit.isEmpty ? .ok : .limitReached(limit), resumed)
+                let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resumed)
             case 2?: return (.overflowed, nil)
             default: return (.unknownClient, nil)
             }
@@ -448,12 +462,17 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
-            return local.unsubscribe(clientId, from: channels, on: loop)
+            return local.unsubscribe(clientId, from: channels, on: loop).map { result in
+                self.reportUnsubscribed(clientId, channels, result)
+                return result
+            }
         }
         let arguments: [RESPArgument] = [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
         return eval(RedisScripts.unsubscribe, arguments).map { reply -> SubscriptionResult in
             switch reply.array?.first?.int {
-            case 1?: return .ok
+            case 1?:
+                self.reportUnsubscribed(clientId, channels, .ok)
+                return .ok
             case 2?: return .overflowed
             default: return .unknownClient
             }
@@ -467,9 +486,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
+            reportEnded([clientId], reason)
             return loop.makeSucceededFuture(true)
         }
-        return destroyInRedis(clientId, reason: reason).map { $0 || wasLocal }.hop(to: loop)
+        return destroyInRedis(clientId, reason: reason).map { destroyed in
+            if destroyed || wasLocal { self.reportEnded([clientId], reason) }
+            return destroyed || wasLocal
+        }.hop(to: loop)
     }
 
     func destroyInRedis(_ clientId: String, reason: DetachReason) -> EventLoopFuture<Bool> {
@@ -582,6 +605,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     /// Clients whose local queue overflowed: dropped locally already, now in Redis too.
     func dropOverflowed(_ ids: [String]) {
         guard !ids.isEmpty else { return }
+        reportEnded(ids, .overflow)
         for id in ids {
             if isConnected {
                 _ = destroyInRedis(id, reason: .overflow)
@@ -614,11 +638,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             .and(eval(RedisScripts.sweep, [.string(node), .integer(milliseconds(now)), .integer(period), .integer(Int64(settings.sweepBatch))]))
             .map { replies, swept in
                 let seq = replies.count > 1 ? replies[1].int.map { UInt64($0) } : nil
+                // The ids this sweep expired (older scripts answered with their number only).
+                let expired = swept.array?.compactMap(\.string) ?? []
+                let count = swept.array.map { Int64($0.count) } ?? swept.int
                 self.state.withLockedValue { s in
                     if let seq { s.lastSequence = max(s.lastSequence, seq) }
-                    if let n = swept.int, n > 0 { s.redis.sweptSessions += UInt64(n) }
+                    if let n = count, n > 0 { s.redis.sweptSessions += UInt64(n) }
                 }
-                if let n = swept.int, n > 0 {
+                self.reportEnded(expired, .expired)
+                if let n = count, n > 0 {
                     self.logger.debug("expired sessions", metadata: ["pubsub.redis.expired": "\(n)"])
                 }
             }
