@@ -140,9 +140,15 @@ def test_queued_events_are_flushed_when_the_broker_drains():
         b.start()
         try:
             cid = hook_handshake(b)
+            stopped = time.monotonic()
             os.killpg(b.pid, signal.SIGTERM)
             receiver.wait_events(lambda es: [e["clientId"] for e in es] == [cid], timeout=10)
-            assert receiver.accepted()[0].signature_ok()
+            post = receiver.accepted()[0]
+            assert post.signature_ok()
+            # Flushed by the drain, not by the batch's one-second wait.
+            assert post.at - stopped < 0.8, post.at - stopped
+            b._proc.wait(timeout=10)
+            assert b.returncode == 0, b.log()
         finally:
             b.stop()
 
