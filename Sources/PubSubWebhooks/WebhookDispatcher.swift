@@ -17,8 +17,6 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
     private let logger: Logger
     private let endpoints: [Endpoint]
     private let drainDeadline = NIOLockedValueBox<NIODeadline?>(nil)
-    /// How often an endpoint with nothing due looks at its queue again.
-    private let pollInterval: TimeAmount = .milliseconds(50)
 
     private let droppedFull = Counter(label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "queue_full")])
     private let droppedFailed = Counter(label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "failed")])
@@ -26,18 +24,92 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
     private let postsFailed = Counter(label: "pubsub_webhook_posts_total", dimensions: [("result", "failed")])
     private let eventsSent = Counter(label: "pubsub_webhook_events_sent_total")
 
+    /// One URL: its queue, and the sender task's wake-up when it waits.
     final class Endpoint: Sendable {
         let url: String
         /// The URL without user info, path or query: what logs show.
         let label: String
-        let queue: NIOLockedValueBox<WebhookQueue<ByteBuffer>>
+        let state: NIOLockedValueBox<State>
+
+        /// What wakes the sender before its time: events arriving (it is idle) or a batch filling up (it waits
+        /// for a batch's delay, or for a retry's backoff, during which no batch is taken). A drain starting
+        /// always does.
+        enum Wake {
+            case onEvents
+            case onFullBatch
+        }
+
+        struct State {
+            var queue: WebhookQueue<ByteBuffer>
+            var waiter: (continuation: CheckedContinuation<Void, Never>, wake: Wake, flushing: Bool, id: UInt64)?
+            /// Numbers the waits, so that a timer only ever wakes its own.
+            var waits: UInt64 = 0
+
+            /// Whether the waiting sender has something new to do.
+            func shouldWake(_ wake: Wake, sawFlushing: Bool) -> Bool {
+                if queue.flushing != sawFlushing { return true }
+                switch wake {
+                case .onEvents: return !queue.isEmpty
+                case .onFullBatch: return queue.hasFullBatch
+                }
+            }
+
+            /// Takes the waiter if it should wake now.
+            mutating func waiterToWake() -> CheckedContinuation<Void, Never>? {
+                guard let waiter, shouldWake(waiter.wake, sawFlushing: waiter.flushing) else { return nil }
+                self.waiter = nil
+                return waiter.continuation
+            }
+        }
 
         init(url: String, settings: WebhookQueueSettings) {
             self.url = url
             let scheme = url.prefix { $0 != ":" }
             let authority = url.dropFirst(scheme.count + 3).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
             self.label = "\(scheme)://\(authority.split(separator: "@").last ?? "")"
-            self.queue = NIOLockedValueBox(WebhookQueue(settings: settings))
+            self.state = NIOLockedValueBox(State(queue: WebhookQueue(settings: settings)))
+        }
+
+        /// Resumes the waiting sender, whatever it waits for (its time came, or the task is cancelled); with `id`,
+        /// only if that wait is still the current one.
+        func wakeUp(_ id: UInt64? = nil) {
+            let waiter = state.withLockedValue { s -> CheckedContinuation<Void, Never>? in
+                guard let waiter = s.waiter, id == nil || waiter.id == id else { return nil }
+                s.waiter = nil
+                return waiter.continuation
+            }
+            waiter?.resume()
+        }
+
+        /// Waits until `until` (nil: no time limit) or until `wake` says there is something to do.
+        func wait(_ wake: Wake, until: NIODeadline?, sawFlushing: Bool) async {
+            var timer: Task<Void, Never>?
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let id = state.withLockedValue { s -> UInt64? in
+                        if Task.isCancelled || s.shouldWake(wake, sawFlushing: sawFlushing) { return nil }
+                        s.waits += 1
+                        s.waiter = (continuation, wake, sawFlushing, s.waits)
+                        return s.waits
+                    }
+                    guard let id else {
+                        continuation.resume()
+                        return
+                    }
+                    if let until {
+                        timer = Task {
+                            let nanoseconds = (until - .now()).nanoseconds
+                            if nanoseconds > 0 {
+                                do { try await Task.sleep(nanoseconds: UInt64(nanoseconds)) } catch { return }
+                            }
+                            self.wakeUp(id)
+                        }
+                    }
+                }
+            } onCancel: {
+                self.wakeUp()
+            }
+            timer?.cancel()
         }
     }
 
@@ -56,9 +128,10 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         let stamp = Date.now.formatted(Self.timestampStyle)
         let encoded = wanted.map { WebhookPayload.encode($0, at: stamp) }
         for endpoint in endpoints {
-            let refused = endpoint.queue.withLockedValue { queue in
-                encoded.reduce(0) { $0 + (queue.append($1, now: now) ? 0 : 1) }
+            let (refused, waiter) = endpoint.state.withLockedValue { s in
+                (encoded.reduce(0) { $0 + (s.queue.append($1, now: now) ? 0 : 1) }, s.waiterToWake())
             }
+            waiter?.resume()
             if refused > 0 { droppedFull.increment(by: refused) }
         }
     }
@@ -77,7 +150,13 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
             }
         } onGracefulShutdown: {
             self.drainDeadline.withLockedValue { $0 = .now() + self.configuration.drainTimeout }
-            for endpoint in self.endpoints { endpoint.queue.withLockedValue { $0.flush() } }
+            for endpoint in self.endpoints {
+                let waiter = endpoint.state.withLockedValue { s in
+                    s.queue.flush()
+                    return s.waiterToWake()
+                }
+                waiter?.resume()
+            }
         }
         try? await client.shutdown()
     }
@@ -86,12 +165,12 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         while !Task.isCancelled {
             let now = NIODeadline.now()
             let deadline = drainDeadline.withLockedValue { $0 }
-            let (action, flushing, empty) = endpoint.queue.withLockedValue { queue in
-                (queue.next(now: now), queue.flushing, queue.isEmpty)
+            let (action, flushing, empty) = endpoint.state.withLockedValue { s in
+                (s.queue.next(now: now), s.queue.flushing, s.queue.isEmpty)
             }
             if flushing && empty { return }
             if flushing, let deadline, now >= deadline {
-                let lost = endpoint.queue.withLockedValue { $0.dropAll() }
+                let lost = endpoint.state.withLockedValue { $0.queue.dropAll() }
                 if lost > 0 {
                     droppedFailed.increment(by: lost)
                     logger.warning(
@@ -102,19 +181,21 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
             }
             switch action {
             case .idle:
-                try? await Task.sleep(nanoseconds: UInt64(pollInterval.nanoseconds))
+                await endpoint.wait(.onEvents, until: flushing ? deadline : nil, sawFlushing: flushing)
             case .wait(let until):
-                let wait = min(until - now, pollInterval)
-                try? await Task.sleep(nanoseconds: UInt64(max(wait.nanoseconds, 1_000_000)))
+                // A batch waiting for its delay goes as soon as it is full (never the case while a batch waits
+                // for its retry); nothing waits beyond the drain's deadline.
+                let limit = flushing ? min(until, deadline ?? until) : until
+                await endpoint.wait(.onFullBatch, until: limit, sawFlushing: flushing)
             case .send(let batch, let attempt):
                 let ok = await post(batch, to: endpoint, attempt: attempt, client: client)
                 if ok {
                     postsOK.increment()
                     eventsSent.increment(by: batch.count)
-                    endpoint.queue.withLockedValue { $0.succeeded() }
+                    endpoint.state.withLockedValue { $0.queue.succeeded() }
                 } else {
                     postsFailed.increment()
-                    let lost = endpoint.queue.withLockedValue { $0.failed(now: .now()) }
+                    let lost = endpoint.state.withLockedValue { $0.queue.failed(now: .now()) }
                     if lost > 0 {
                         droppedFailed.increment(by: lost)
                         logger.warning(

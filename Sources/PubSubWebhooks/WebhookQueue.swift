@@ -37,6 +37,9 @@ struct WebhookQueue<Element> {
 
     var isEmpty: Bool { count == 0 }
 
+    /// Whether a full batch waits to be taken: a sender waiting for a batch's delay can go at once.
+    var hasFullBatch: Bool { inFlight == nil && pending.count >= settings.maxBatch }
+
     /// Queues an event; false (and counted) when the queue is full.
     mutating func append(_ element: Element, now: NIODeadline) -> Bool {
         guard count < settings.capacity else {
