@@ -30,6 +30,8 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         /// The URL without user info, path or query: what logs show.
         let label: String
         let state: NIOLockedValueBox<State>
+        /// `pubsub_webhook_queue_depth{url}`: events held (pending and in flight).
+        let depth: Gauge
 
         /// What wakes the sender before its time: events arriving (it is idle) or a batch filling up (it waits
         /// for a batch's delay, or for a retry's backoff, during which no batch is taken). A drain starting
@@ -68,6 +70,7 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
             let authority = url.dropFirst(scheme.count + 3).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
             self.label = "\(scheme)://\(authority.split(separator: "@").last ?? "")"
             self.state = NIOLockedValueBox(State(queue: WebhookQueue(settings: settings)))
+            self.depth = Gauge(label: "pubsub_webhook_queue_depth", dimensions: [("url", label)])
         }
 
         /// Resumes the waiting sender, whatever it waits for (its time came, or the task is cancelled); with `id`,
@@ -128,10 +131,11 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         let stamp = Date.now.formatted(Self.timestampStyle)
         let encoded = wanted.map { WebhookPayload.encode($0, at: stamp) }
         for endpoint in endpoints {
-            let (refused, waiter) = endpoint.state.withLockedValue { s in
-                (encoded.reduce(0) { $0 + (s.queue.append($1, now: now) ? 0 : 1) }, s.waiterToWake())
+            let (refused, waiter, depth) = endpoint.state.withLockedValue { s in
+                (encoded.reduce(0) { $0 + (s.queue.append($1, now: now) ? 0 : 1) }, s.waiterToWake(), s.queue.count)
             }
             waiter?.resume()
+            endpoint.depth.record(depth)
             if refused > 0 { droppedFull.increment(by: refused) }
         }
     }
@@ -165,9 +169,10 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         while !Task.isCancelled {
             let now = NIODeadline.now()
             let deadline = drainDeadline.withLockedValue { $0 }
-            let (action, flushing, empty) = endpoint.state.withLockedValue { s in
-                (s.queue.next(now: now), s.queue.flushing, s.queue.isEmpty)
+            let (action, flushing, empty, depth) = endpoint.state.withLockedValue { s in
+                (s.queue.next(now: now), s.queue.flushing, s.queue.isEmpty, s.queue.count)
             }
+            endpoint.depth.record(depth)
             if flushing && empty { return }
             if flushing, let deadline, now >= deadline {
                 let lost = endpoint.state.withLockedValue { $0.queue.dropAll() }
@@ -188,7 +193,10 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
                 let limit = flushing ? min(until, deadline ?? until) : until
                 await endpoint.wait(.onFullBatch, until: limit, sawFlushing: flushing)
             case .send(let batch, let attempt):
-                let ok = await post(batch, to: endpoint, attempt: attempt, client: client)
+                // During the drain no post outlives its deadline.
+                var timeout = configuration.requestTimeout
+                if flushing, let deadline { timeout = max(min(timeout, deadline - now), .milliseconds(1)) }
+                let ok = await post(batch, to: endpoint, attempt: attempt, timeout: timeout, client: client)
                 if ok {
                     postsOK.increment()
                     eventsSent.increment(by: batch.count)
@@ -210,7 +218,9 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         }
     }
 
-    private func post(_ batch: [ByteBuffer], to endpoint: Endpoint, attempt: Int, client: HTTPClient) async -> Bool {
+    private func post(_ batch: [ByteBuffer], to endpoint: Endpoint, attempt: Int, timeout: TimeAmount, client: HTTPClient)
+        async -> Bool
+    {
         let body = WebhookPayload.body(batch)
         var request = HTTPClientRequest(url: endpoint.url)
         request.method = .POST
@@ -221,7 +231,7 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
             value: WebhookSignature.sign(body.readableBytesView, secret: configuration.secret))
         request.body = .bytes(body)
         do {
-            let response = try await client.execute(request, timeout: configuration.requestTimeout, logger: logger)
+            let response = try await client.execute(request, timeout: timeout, logger: logger)
             _ = try? await response.body.collect(upTo: 64 * 1024)
             if (200 ..< 300).contains(response.status.code) { return true }
             logger.debug(

@@ -112,6 +112,7 @@ def test_overflow_of_the_queue_is_dropped_and_counted():
                        "supportedConnectionTypes": ["long-polling"]}] * 20
         assert all(r["successful"] for r in hook_bayeux(b, handshakes))
         assert hook_metric(b, 'pubsub_webhook_events_dropped_total{reason="queue_full"}') == 15
+        assert hook_metric(b, f'pubsub_webhook_queue_depth{{url="http://127.0.0.1:{port}"}}') == 5
         # The broker itself is unaffected: publishing and handshaking go on.
         assert hook_handshake(b)
 
@@ -193,3 +194,24 @@ def test_pubsub_webhook_environment_takes_comma_separated_urls():
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+
+
+def test_a_drain_with_the_receiver_down_ends_within_its_bound_and_says_what_it_dropped():
+    port = hook_free_port()
+    b = hook_broker([f"http://127.0.0.1:{port}/hook"])
+    b.start()
+    try:
+        hook_handshake(b)
+        hook_handshake(b)
+        stopped = time.monotonic()
+        os.killpg(b.pid, signal.SIGTERM)
+        b._proc.wait(timeout=15)
+        # The drain posts for at most 5 s (no post outlives it), then the queue is dropped.
+        assert time.monotonic() - stopped < 7.5
+        assert b.returncode == 0, b.log()
+        log = b.log()
+        assert "webhook batch given up" in log or "webhook events dropped at shutdown" in log, log
+        assert "pubsub.webhook.events=2" in log, log
+        assert HOOK_SECRET not in log
+    finally:
+        b.stop()
