@@ -26,7 +26,9 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
 
     /// One URL: its queue, and the sender task's wake-up when it waits.
     final class Endpoint: Sendable {
+        /// The URL posted to, without its user info (sent as basic auth instead).
         let url: String
+        let basicAuth: (username: String, password: String)?
         /// The URL without user info, path or query: what logs show.
         let label: String
         let state: NIOLockedValueBox<State>
@@ -65,9 +67,18 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         }
 
         init(url: String, settings: WebhookQueueSettings) {
-            self.url = url
             let scheme = url.prefix { $0 != ":" }
-            let authority = url.dropFirst(scheme.count + 3).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            let rest = url.dropFirst(scheme.count + 3)
+            let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            if let at = authority.lastIndex(of: "@") {
+                let userInfo = authority[..<at]
+                let username = userInfo.prefix { $0 != ":" }
+                self.basicAuth = (String(username), String(userInfo.dropFirst(username.count + 1)))
+                self.url = "\(scheme)://" + rest[rest.index(after: at)...]
+            } else {
+                self.basicAuth = nil
+                self.url = url
+            }
             self.label = "\(scheme)://\(authority.split(separator: "@").last ?? "")"
             self.state = NIOLockedValueBox(State(queue: WebhookQueue(settings: settings)))
             self.depth = Gauge(label: "pubsub_webhook_queue_depth", dimensions: [("url", label)])
@@ -224,6 +235,7 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         let body = WebhookPayload.body(batch)
         var request = HTTPClientRequest(url: endpoint.url)
         request.method = .POST
+        if let auth = endpoint.basicAuth { request.setBasicAuth(username: auth.username, password: auth.password) }
         request.headers.add(name: "Content-Type", value: "application/json")
         request.headers.add(name: "User-Agent", value: "pubsub-webhooks")
         request.headers.add(

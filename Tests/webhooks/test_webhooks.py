@@ -1,5 +1,6 @@
 """Webhooks against the real binary: a receiver in this process, the broker posting session events to it."""
 
+import base64
 import datetime
 import os
 import signal
@@ -215,3 +216,15 @@ def test_a_drain_with_the_receiver_down_ends_within_its_bound_and_says_what_it_d
         assert HOOK_SECRET not in log
     finally:
         b.stop()
+
+
+def test_user_info_in_the_url_is_sent_as_basic_auth_and_never_printed():
+    with HookReceiver() as receiver:
+        url = receiver.url.replace("http://", "http://hooks:pa55word@")
+        with hook_broker([url], extra=["--log-level", "debug"]) as b:
+            cid = hook_handshake(b)
+            receiver.wait_events(lambda es: [e["clientId"] for e in es] == [cid])
+            post = receiver.accepted()[0]
+            assert post.headers["Authorization"] == "Basic " + base64.b64encode(b"hooks:pa55word").decode()
+            assert post.signature_ok()
+            assert "pa55word" not in b.log()
