@@ -106,6 +106,23 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Webhooks: session events batched, signed and posted (AsyncHTTPClient), fed by the engine.
+        .target(
+            name: "PubSubWebhooks",
+            dependencies: [
+                "PubSubCore",
+                "Bayeux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "PubSubBench",
             dependencies: [
@@ -186,6 +203,7 @@ let package = Package(
                 "PubSubRedis",
                 "PubSubRelay",
                 "PubSubAuth",
+                "PubSubWebhooks",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -267,6 +285,16 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "JWTKit", package: "jwt-kit"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "PubSubWebhooksTests",
+            dependencies: [
+                "PubSubWebhooks",
+                "PubSubCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -18,8 +18,8 @@ extension Broker {
     ) -> EventLoopFuture<Outcome> {
         let authorization = extensions.authorization
         let clientId = message.clientId
-        @Sendable func route(_ message: Message) -> EventLoopFuture<Outcome> {
-            self.route(message, context: context, sink: sink, now: now, on: loop)
+        @Sendable func route(_ message: Message, user: String? = nil) -> EventLoopFuture<Outcome> {
+            self.route(message, context: context, sink: sink, user: user, now: now, on: loop)
         }
         if message.error != nil { return route(message) }
         switch message.channel {
@@ -35,8 +35,8 @@ extension Broker {
                     refused.error = text
                     return route(refused)
                 case .accepted(let user, let grant):
-                    return route(message).flatMap { outcome in
-                        self.startSession(outcome, user: user, grant: grant, on: loop)
+                    return route(message, user: user).flatMap { outcome in
+                        self.startSession(outcome, grant: grant, on: loop)
                     }
                 }
             }
@@ -134,8 +134,9 @@ extension Broker {
         }
     }
 
-    /// After a successful handshake: the session's user goes to the engine, its grant to this node's table.
-    private func startSession(_ outcome: Outcome, user: String?, grant: SessionGrant?, on loop: any EventLoop)
+    /// After a successful handshake (whose session was created with its user): the grant goes to the engine and
+    /// to this node's table.
+    private func startSession(_ outcome: Outcome, grant: SessionGrant?, on loop: any EventLoop)
         -> EventLoopFuture<Outcome>
     {
         guard case .reply(let reply) = outcome, reply["successful"] == .bool(true), let clientId = reply.clientId
@@ -145,10 +146,7 @@ extension Broker {
             pruneGrants(ids, on: loop)
         }
         let stored = grant.map { engine.setGrant(clientId, grant: $0.encoded, on: loop) } ?? loop.makeSucceededVoidFuture()
-        return stored.flatMap {
-            guard let user else { return loop.makeSucceededVoidFuture() }
-            return self.engine.setUser(clientId, user: user, on: loop)
-        }.map { outcome }.recover { _ in outcome }
+        return stored.map { outcome }.recover { _ in outcome }
     }
 
     /// The session's grant: this node's copy, else the engine's (read once per session and node).

@@ -10,7 +10,9 @@ extension Broker {
         )
     }
 
-    func handshake(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    func handshake(_ message: Message, user: String? = nil, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Outcome>
+    {
         var reply = message.makeResponse()
         reply["version"] = "1.0"
         reply["supportedConnectionTypes"] = ConnectionType.advertised
@@ -31,7 +33,7 @@ extension Broker {
             reply.mustHandshake(error, keepingClientId: true)
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.createClient(now: now, on: loop).map { [reply] clientId in
+        return engine.createClient(now: now, user: user, on: loop).map { [reply] clientId in
             var reply = reply
             reply.clientId = clientId
             reply["advice"] = self.retryAdvice

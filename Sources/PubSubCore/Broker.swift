@@ -127,17 +127,19 @@ public final class Broker: Sendable {
     }
 
     /// Hands an incoming message to the meta channel or publish it names, and applies the outgoing extensions.
+    /// `user`: who the authorization stage found a handshake to be (the new session's user).
     func route(
         _ message: Message,
         context: RequestContext,
         sink: (any DeliverySink)?,
+        user: String? = nil,
         now: NIODeadline,
         on loop: any EventLoop
     ) -> EventLoopFuture<Outcome> {
         let channel = message.channel
         let future: EventLoopFuture<Outcome>
         switch channel {
-        case Channel.handshake?: future = handshake(message, now: now, on: loop)
+        case Channel.handshake?: future = handshake(message, user: user, now: now, on: loop)
         case Channel.connect?: future = connect(message, context: context, sink: sink, now: now, on: loop)
         case Channel.subscribe?: future = subscribe(message, subscribing: true, now: now, on: loop)
         case Channel.unsubscribe?: future = subscribe(message, subscribing: false, now: now, on: loop)

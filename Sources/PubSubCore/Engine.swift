@@ -24,6 +24,8 @@ public enum DetachReason: Sendable, Equatable {
     case overflow
     /// The server is draining.
     case shutdown
+    /// Removed by the server API (POST /api/disconnect).
+    case kicked
 }
 
 public struct ConnectResult: Sendable {
@@ -88,7 +90,9 @@ public struct EngineStatistics: Sendable, Equatable {
 /// a clustered engine implements the same calls over a shared store. Every call may complete later, so they
 /// return futures; the memory engine completes them at once.
 public protocol Engine: Sendable {
-    func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String>
+    /// A new session; `user` is the identity an authorization mode established at the handshake (nil: none), so
+    /// the session (and its handshake event) has it from the start.
+    func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String>
     func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool>
     /// Refreshes the session's expiry and hands over waiting events. A one-shot `sink` is attached (parked) only
     /// when nothing is waiting and this is not the session's first connect; a persistent `sink` is always
@@ -137,6 +141,10 @@ public protocol Engine: Sendable {
 }
 
 extension Engine {
+    public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+        createClient(now: now, user: nil, on: loop)
+    }
+
     public var extraMetrics: [EngineMetric] { [] }
 }
 

@@ -48,15 +48,22 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     public let configuration: BrokerConfiguration
     private var lifetime: TimeAmount { configuration.timeout * 2 }
 
+    /// Told about handshakes, subscriptions and ended sessions (webhooks); nil records nothing.
+    private let observer: (any SessionEventObserver)?
+    /// Session events recorded under the lock, reported after it (see `SessionEvents.swift`).
+    private var recorded: [SessionEvent] = []
+
     public init(
         configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52)),
-        positionKey: PositionKey = .random()
+        positionKey: PositionKey = .random(),
+        events observer: (any SessionEventObserver)? = nil
     ) {
         self.configuration = configuration
         self.history = History(
             capacity: configuration.historySize, maxBytes: configuration.historyBytes, maxAge: configuration.historyTTL)
         self.epoch = epoch
         self.positionKey = positionKey
+        self.observer = observer
     }
 
     public var position: String? {
@@ -75,13 +82,17 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         }
     }
 
-    public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+    public func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String> {
         let id = lock.withLock { () -> String in
             var id = ClientID.random()
             while sessions[id] != nil { id = ClientID.random() }
-            sessions[id] = Session(id: id, expiresAt: now + lifetime)
+            let session = Session(id: id, expiresAt: now + lifetime)
+            session.user = user
+            sessions[id] = session
+            record(SessionEvent(kind: .handshake, clientId: id, user: user))
             return id
         }
+        report()
         return loop.makeSucceededFuture(id)
     }
 
@@ -191,6 +202,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
                 index[channel, default: [:]][clientId] = session
                 stats.subscriptions += 1
                 subscribed.append(channel)
+                record(SessionEvent(kind: .subscribe, clientId: clientId, channel: channel, user: session.user))
             }
             guard let resume else { return (result, nil) }
             let outcome = replay(after: resume, matching: subscribed, into: session, now: now)
@@ -201,6 +213,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             return (result, outcome)
         }
         if !wake.isEmpty { wakeUp(wake) }
+        report()
         return loop.makeSucceededFuture(result)
     }
 
@@ -237,9 +250,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             }
             for channel in channels where session.subscriptions.remove(channel) != nil {
                 removeFromIndex(channel, clientId)
+                record(SessionEvent(kind: .unsubscribe, clientId: clientId, channel: channel, user: session.user))
             }
             return .ok
         }
+        report()
         return loop.makeSucceededFuture(result)
     }
 
@@ -259,6 +274,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             return true
         }
         notify(notifications)
+        report()
         return loop.makeSucceededFuture(existed)
     }
 
@@ -276,6 +292,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             notifications.append((sink, reason))
             session.sink = nil
         }
+        if let ended = SessionEvent.EndReason(reason) {
+            record(SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended))
+        }
         if reason == .overflow {
             stats.overflowDrops += 1
             dropped.insert(session.id)
@@ -290,6 +309,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         let keys = Channel.expand(channel)
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
+        var dropped = false
         lock.withLock {
             // Sequence, history and queues change together, so every subscriber sees events in position order.
             let event: ByteBuffer
@@ -304,10 +324,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
                 event = message.encodedEvent()
             }
             stats.published += 1
-            _ = fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications)
+            dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
         }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
+        if dropped { report() }
         return loop.makeSucceededFuture(())
     }
 
@@ -373,6 +394,23 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         for (sink, events) in deliveries { sink.deliver(events) }
     }
 
+    /// Records a session event for the observer; the lock is held.
+    @inline(__always)
+    private func record(_ event: SessionEvent) {
+        if observer != nil { recorded.append(event) }
+    }
+
+    /// Hands the recorded session events to the observer; called after the lock is released.
+    private func report() {
+        guard let observer else { return }
+        let events = lock.withLock { () -> [SessionEvent] in
+            var taken: [SessionEvent] = []
+            swap(&taken, &recorded)
+            return taken
+        }
+        if !events.isEmpty { observer.sessionEvents(events) }
+    }
+
     private func notify(_ notifications: [(any DeliverySink, DetachReason)]) {
         for (sink, reason) in notifications {
             sink.eventLoop.execute { sink.detached(reason) }
@@ -387,6 +425,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             stats.expired += UInt64(expired.count)
         }
         notify(notifications)
+        report()
     }
 
     public func shutdown() {
@@ -455,6 +494,7 @@ extension MemoryEngine {
             return queue
         }
         notify(notifications)
+        report()
         return queue
     }
 
@@ -467,6 +507,7 @@ extension MemoryEngine {
         let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
+        if !overflowed.isEmpty { report() }
         return overflowed
     }
 
@@ -498,6 +539,7 @@ extension MemoryEngine {
         }
         if !wake.isEmpty { wakeUp(wake) }
         if !notifications.isEmpty { notify(notifications) }
+        if result == false { report() }
         return result
     }
 

@@ -15,14 +15,6 @@ struct ClientOptions: ParsableArguments {
     @Option(help: "The secret token shared with the broker (PUBSUB_SECRET).")
     var secret: String?
 
-    @Option(
-        name: .customLong("token"),
-        help: "A JWT for a broker with --jwt-key or --jwt-public-key: sent as ext.token with the handshake (subscribe) or each publish (PUBSUB_TOKEN).")
-    var jwt: String?
-
-    /// The JWT: the flag, then PUBSUB_TOKEN.
-    var token: String? { jwt ?? Environment.string("PUBSUB_TOKEN") }
-
     @Option(help: "A PEM file of certificate authorities to trust for https:// and wss:// instead of the system's (PUBSUB_CA_FILE).")
     var caFile: String?
 
@@ -43,4 +35,15 @@ struct ClientOptions: ParsableArguments {
         let secret = self.secret ?? file?.secretToken ?? Environment.string("PUBSUB_SECRET")
         return (url, secret)
     }
+}
+
+/// The JWT of `publish` and `subscribe` (not in `ClientOptions`: `relay simperium` has a `--token` of its own).
+struct JWTOptions: ParsableArguments {
+    @Option(
+        name: .customLong("token"),
+        help: "A JWT for a broker with --jwt-key or --jwt-public-key: sent as ext.token with the handshake (subscribe) or each publish (PUBSUB_TOKEN).")
+    var jwt: String?
+
+    /// The JWT: the flag, then PUBSUB_TOKEN.
+    var token: String? { jwt ?? Environment.string("PUBSUB_TOKEN") }
 }

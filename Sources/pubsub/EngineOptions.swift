@@ -25,8 +25,13 @@ struct EngineOptions: ParsableArguments {
     }
 
     /// The Redis engine, connected (or still trying, logged); nil for the memory engine.
-    func makeEngine(configuration: BrokerConfiguration, logger: Logger) async throws -> (any Engine)? {
-        guard try resolvedEngine() == "redis" else { return nil }
+    /// `events` (webhooks) hears of sessions starting, subscribing and ending on this node.
+    func makeEngine(configuration: BrokerConfiguration, events: (any SessionEventObserver)? = nil, logger: Logger)
+        async throws -> (any Engine)?
+    {
+        guard try resolvedEngine() == "redis" else {
+            return events.map { MemoryEngine(configuration: configuration, events: $0) }
+        }
         let url = redisUrl ?? Environment.string("PUBSUB_REDIS_URL") ?? "redis://127.0.0.1:6379/0"
         let redis: RedisConfiguration
         do {
@@ -36,7 +41,7 @@ struct EngineOptions: ParsableArguments {
         }
         var settings = RedisEngineConfiguration(redis: redis)
         if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
-        let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger)
+        let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)
         do {
             try await engine.start(timeout: .seconds(5)).get()
             logger.info(

@@ -30,6 +30,7 @@ struct Publish: AsyncParsableCommand {
     )
 
     @OptionGroup var client: ClientOptions
+    @OptionGroup var jwt: JWTOptions
 
     @Flag(help: "Read newline-delimited JSON from standard input, one message per line.")
     var lines = false
@@ -64,7 +65,7 @@ struct Publish: AsyncParsableCommand {
         let payloads = try readPayloads()
         var ext: JSONObject?
         if let secret { ext = ["private_pub_token": .string(secret)] }
-        if let token = client.token {
+        if let token = jwt.token {
             var withToken = ext ?? [:]
             withToken["token"] = .string(token)
             ext = withToken

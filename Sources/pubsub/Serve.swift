@@ -5,6 +5,7 @@ import NIOCore
 import PubSubCore
 import Prometheus
 import PubSubRelay
+import PubSubWebhooks
 import PubSubServer
 import ServiceLifecycle
 import UnixSignals
@@ -60,6 +61,7 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
+    @OptionGroup(title: "Webhooks") var webhooks: WebhookOptions
     @Option(help: "A relay configuration file (see `pubsub relay run --help`): its change feeds are published in-process, and its metrics are on /metrics (PUBSUB_RELAY).")
     var relay: String?
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
@@ -170,7 +172,16 @@ struct Serve: AsyncParsableCommand {
                 throw ExitCode(ExitStatus.usage)
             }
         }
-        let engine = try await cluster.makeEngine(configuration: configuration.broker, logger: logger)
+        let webhooks: WebhookDispatcher?
+        do {
+            webhooks = try self.webhooks.resolve().map {
+                WebhookDispatcher(configuration: $0, logger: Logger(label: "pubsub.webhooks"))
+            }
+        } catch let error as ValidationError {
+            printError("pubsub: \(error.message)")
+            throw ExitCode(ExitStatus.usage)
+        }
+        let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
         let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)
         let port: Int
         do {
@@ -190,9 +201,14 @@ struct Serve: AsyncParsableCommand {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: CertificateReloader(server: server, logger: logger)),
-            .init(service: server),
+            .init(service: CertificateReloader(server: server, logger: logger))
         ]
+        if let webhooks {
+            // Before the server: it stops after the server has drained, so the last sessions' events still go.
+            services.append(.init(service: webhooks))
+            logger.info("webhooks: \(webhooks.configuration.urls.count) URL(s), events \(webhooks.configuration.events.map(\.rawValue).sorted().joined(separator: ","))")
+        }
+        services.append(.init(service: server))
         if let relayFile {
             let token = try auth.secretToken()
             let runners = relayFile.feeds.map { feed in

@@ -27,6 +27,7 @@ struct Subscribe: AsyncParsableCommand {
     )
 
     @OptionGroup var client: ClientOptions
+    @OptionGroup var jwt: JWTOptions
 
     @Option(help: "Exit after this many messages.")
     var count: Int?
@@ -71,7 +72,7 @@ struct Subscribe: AsyncParsableCommand {
         let useHMAC = hmac
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
         configuration.trustRoots = client.trustRoots
-        if let token = client.token { configuration.handshakeExt = ["token": .string(token)] }
+        if let token = jwt.token { configuration.handshakeExt = ["token": .string(token)] }
         configuration.onSessionLost = { error in
             printError("pubsub: the broker ended this session (\(error)); subscribing again: events published in between may be missing")
         }

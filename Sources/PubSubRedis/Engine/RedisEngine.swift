@@ -81,6 +81,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     var subscriber: RedisClient!
     let group: MultiThreadedEventLoopGroup
     let logger: Logger
+    /// Told about the session events that happen on this node (webhooks); see `RedisEngine+SessionEvents.swift`.
+    let events: (any SessionEventObserver)?
     let keyPrefix: String
     let channelPrefix: String
     let notificationChannel: String
@@ -128,11 +130,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     public init(
         configuration: BrokerConfiguration,
         settings: RedisEngineConfiguration,
-        logger: Logger = Logger(label: "pubsub.redis")
+        logger: Logger = Logger(label: "pubsub.redis"),
+        events: (any SessionEventObserver)? = nil
     ) {
         self.configuration = configuration
         self.settings = settings
         self.logger = logger
+        self.events = events
         var localConfiguration = configuration
         localConfiguration.historySize = 0
         self.local = MemoryEngine(configuration: localConfiguration)
@@ -262,7 +266,18 @@ public final class RedisEngine: Engine, @unchecked Sendable {
 
     // MARK: Engine
 
-    public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+    public func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String> {
+        create(now: now, on: loop).flatMap { id in
+            // The user is stored before the handshake is answered or reported, so every node sees it at once.
+            let stored = user.map { self.setUser(id, user: $0, on: loop) } ?? loop.makeSucceededVoidFuture()
+            return stored.recover { _ in }.map {
+                self.report([SessionEvent(kind: .handshake, clientId: id, user: user)])
+                return id
+            }
+        }
+    }
+
+    private func create(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
         let id = ClientID.random()
         local.adopt(id, subscriptions: [], connectedOnce: false, now: now)
         guard isConnected else {
@@ -273,7 +288,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             let values = reply.array ?? []
             if values.first?.int != 1 {
                 self.local.evict(id, reason: .superseded)
-                return self.createClient(now: now, on: loop)
+                return self.create(now: now, on: loop)
             }
             if values.count > 3 {
                 self.learn(
@@ -427,7 +442,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             return local.subscribe(clientId, to: channels, resume: nil, now: now, on: loop).map { result, _ in
-                (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
             }
         }
         var arguments: [RESPArgument] = [
@@ -462,7 +478,9 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                         ? ResumeResult(recovered: values[2].int == 1, missed: Int(values[3].int ?? 0))
                         : ResumeResult(recovered: false, missed: 0)
                 }
-                return (limit.isEmpty ? .ok : .limitReached(limit), resumed)
+                let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resumed)
             case 2?: return (.overflowed, nil)
             default: return (.unknownClient, nil)
             }
@@ -474,12 +492,17 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
-            return local.unsubscribe(clientId, from: channels, on: loop)
+            return local.unsubscribe(clientId, from: channels, on: loop).map { result in
+                self.reportUnsubscribed(clientId, channels, result)
+                return result
+            }
         }
         let arguments: [RESPArgument] = [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
         return eval(RedisScripts.unsubscribe, arguments).map { reply -> SubscriptionResult in
             switch reply.array?.first?.int {
-            case 1?: return .ok
+            case 1?:
+                self.reportUnsubscribed(clientId, channels, .ok)
+                return .ok
             case 2?: return .overflowed
             default: return .unknownClient
             }
@@ -493,9 +516,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
+            reportEnded([clientId], reason)
             return loop.makeSucceededFuture(true)
         }
-        return destroyInRedis(clientId, reason: reason).map { $0 || wasLocal }.hop(to: loop)
+        return destroyInRedis(clientId, reason: reason).map { destroyed in
+            if destroyed || wasLocal { self.reportEnded([clientId], reason) }
+            return destroyed || wasLocal
+        }.hop(to: loop)
     }
 
     func destroyInRedis(_ clientId: String, reason: DetachReason) -> EventLoopFuture<Bool> {
@@ -510,6 +537,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case .expired: return "expired"
         case .overflow: return "overflow"
         case .shutdown: return "shutdown"
+        case .kicked: return "kicked"
         }
     }
 
@@ -519,6 +547,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case "overflow": return .overflow
         case "superseded": return .superseded
         case "shutdown": return .shutdown
+        case "kicked": return .kicked
         default: return .disconnected
         }
     }
@@ -602,6 +631,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     /// Clients whose local queue overflowed: dropped locally already, now in Redis too.
     func dropOverflowed(_ ids: [String]) {
         guard !ids.isEmpty else { return }
+        reportEnded(ids, .overflow)
         for id in ids {
             if isConnected {
                 _ = destroyInRedis(id, reason: .overflow)
@@ -634,11 +664,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             .and(eval(RedisScripts.sweep, [.string(node), .integer(milliseconds(now)), .integer(period), .integer(Int64(settings.sweepBatch))]))
             .map { replies, swept in
                 let seq = replies.count > 1 ? replies[1].int.map { UInt64($0) } : nil
+                // The ids this sweep expired (older scripts answered with their number only).
+                let expired = swept.array?.compactMap(\.string) ?? []
+                let count = swept.array.map { Int64($0.count) } ?? swept.int
                 self.state.withLockedValue { s in
                     if let seq { s.lastSequence = max(s.lastSequence, seq) }
-                    if let n = swept.int, n > 0 { s.redis.sweptSessions += UInt64(n) }
+                    if let n = count, n > 0 { s.redis.sweptSessions += UInt64(n) }
                 }
-                if let n = swept.int, n > 0 {
+                self.reportEnded(expired, .expired)
+                if let n = count, n > 0 {
                     self.logger.debug("expired sessions", metadata: ["pubsub.redis.expired": "\(n)"])
                 }
             }

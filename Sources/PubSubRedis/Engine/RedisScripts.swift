@@ -292,13 +292,14 @@ enum RedisScripts {
         """)
 
     /// The expiry sweep, at most once per period for the whole cluster (the lock is never released: it expires).
-    /// ARGV: node, now ms, period ms (0: no lock), batch. Returns how many sessions expired, or -1 (lock taken).
+    /// ARGV: node, now ms, period ms (0: no lock), batch. Returns the ids of the sessions expired (reported as
+    /// session events by this node, the one that expired them), or -1 (lock taken).
     static let sweep = Script(destroyFunction + """
         local period = tonumber(ARGV[5])
         if period > 0 and not redis.call('SET', P .. 'gc', ARGV[3], 'NX', 'PX', period) then return -1 end
         local ids = redis.call('ZRANGEBYSCORE', P .. 'clients', '-inf', ARGV[4], 'LIMIT', 0, tonumber(ARGV[6]))
         for _, id in ipairs(ids) do destroy(id, 'expired', 0) end
-        return #ids
+        return ids
         """)
 
     /// Publishes one event: takes the next position, appends it to the history, and sends one `E` notification

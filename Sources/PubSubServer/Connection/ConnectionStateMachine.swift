@@ -243,7 +243,7 @@ struct ConnectionStateMachine {
             if let answer = takeHeld(failure: failure, takeEvents: false) { actions.append(.answer(answer)) }
             switch reason {
             case .superseded, .overflow: break
-            case .disconnected, .expired:
+            case .disconnected, .kicked, .expired:
                 phase = .closing
                 actions.append(.close(.normal))
             case .shutdown:

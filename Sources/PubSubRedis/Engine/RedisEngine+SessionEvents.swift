@@ -1,0 +1,37 @@
+import PubSubCore
+
+/// Session events of the Redis engine, each reported once, by the node where it happened: a handshake,
+/// subscribe, unsubscribe or `/meta/disconnect` by the node that handled the request; a kick by the node that
+/// served the API call; an overflow by the node holding the session's queue (or whose connection dropped it); an
+/// expiry by the node whose sweep expired it (the sweep runs on one node per period, for the whole cluster).
+/// The local store's own events (sessions moving between nodes, a `D` notification evicting a session that
+/// ended elsewhere) are not reported: the local `MemoryEngine` has no observer.
+extension RedisEngine {
+    func report(_ events: [SessionEvent]) {
+        guard let observer = self.events, !events.isEmpty else { return }
+        observer.sessionEvents(events)
+    }
+
+    /// The channels a subscribe applied: all of them, or those before the one that reached the limit.
+    func reportSubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult) {
+        guard events != nil else { return }
+        let applied: ArraySlice<String>
+        switch result {
+        case .ok: applied = channels[...]
+        case .limitReached(let channel): applied = channels.prefix { $0 != channel }
+        case .unknownClient, .overflowed: return
+        }
+        report(applied.map { SessionEvent(kind: .subscribe, clientId: clientId, channel: $0) })
+    }
+
+    func reportUnsubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult) {
+        guard events != nil, result == .ok else { return }
+        report(channels.map { SessionEvent(kind: .unsubscribe, clientId: clientId, channel: $0) })
+    }
+
+    func reportEnded(_ ids: [String], _ reason: DetachReason) {
+        guard events != nil, let ended = SessionEvent.EndReason(reason) else { return }
+        report(ids.map { SessionEvent(kind: .disconnect, clientId: $0, reason: ended) })
+    }
+
+}

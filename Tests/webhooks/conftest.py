@@ -1,0 +1,9 @@
+"""The webhook suite's import path. Its helpers live in `hookkit` and are imported by each test module: a fixture
+defined here would be seen by other folders' tests when pytest runs several folders at once."""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "wire"))
+sys.path.insert(0, HERE)

@@ -1,0 +1,69 @@
+"""Webhooks of two nodes sharing a real Redis: each event is posted once, by the node where it happened."""
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster"))
+from cluster_helpers import RedisServer, wait_ready  # noqa: E402
+from hookkit import HookReceiver, hook_bayeux, hook_broker, hook_handshake, hook_subscribe  # noqa: E402
+
+
+@pytest.fixture
+def hook_redis():
+    r = RedisServer()
+    r.start()
+    yield r
+    r.stop()
+
+
+def test_two_nodes_post_each_event_once(hook_redis):
+    with HookReceiver() as receiver:
+        args = ["--engine", "redis", "--redis-url", hook_redis.url, "--redis-prefix", "hooks:", "--max-queue", "2"]
+        a = hook_broker([receiver.url], extra=args, timeout=1)
+        b = hook_broker([receiver.url], extra=args, timeout=1)
+        with a, b:
+            wait_ready(a)
+            wait_ready(b)
+            c1 = hook_handshake(a)
+            hook_subscribe(b, c1, ["/room", "/jobs/**"])
+            hook_subscribe(a, c1, "/room", meta="/meta/unsubscribe")
+            c2 = hook_handshake(b)
+            assert hook_bayeux(a, [{"channel": "/meta/disconnect", "clientId": c2}])[0]["successful"]
+            # c3's queue lives on a (its home); publishes through b overflow it there.
+            c3 = hook_handshake(a)
+            hook_subscribe(a, c3, "/fire")
+            for i in range(3):
+                assert hook_bayeux(b, [{"channel": "/fire", "data": i}])[0]["successful"]
+
+            def ended(events):
+                return any(e["type"] == "disconnect" and e["clientId"] == c1 for e in events)
+
+            # c1 never connects: it expires after 2 × 1 s and one node's sweep removes it.
+            try:
+                receiver.wait_events(ended, timeout=30, what="c1 expired")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n--- node a:\n{a.log()[-4000:]}\n--- node b:\n{b.log()[-4000:]}")
+            time.sleep(1.5)  # a duplicate from the other node would arrive by now
+            events = receiver.events()
+
+            def of(cid):
+                return [(e["type"], e.get("channel"), e.get("reason")) for e in events if e["clientId"] == cid]
+
+            # Each node posts its own batches, so the receiver sees them in any order: `at` orders them (to the
+            # millisecond: equal stamps are possible).
+            c1_events = [e for e in events if e["clientId"] == c1]
+            first = next(e for e in c1_events if e["type"] == "handshake")
+            last = next(e for e in c1_events if e["type"] == "disconnect")
+            assert all(first["at"] <= e["at"] <= last["at"] for e in c1_events)
+
+            assert sorted(of(c1), key=str) == sorted([
+                ("handshake", None, None), ("subscribe", "/room", None), ("subscribe", "/jobs/**", None),
+                ("unsubscribe", "/room", None), ("disconnect", None, "expired")], key=str)
+            assert sorted(of(c2), key=str) == sorted([("handshake", None, None), ("disconnect", None, "client")],
+                                                     key=str)
+            assert sorted(of(c3), key=str) == sorted([
+                ("handshake", None, None), ("subscribe", "/fire", None), ("disconnect", None, "overflow")], key=str)
+            assert all(p.signature_ok() for p in receiver.accepted())
