@@ -95,6 +95,7 @@ extension Broker {
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
+                self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
                 return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: hold))
@@ -207,7 +208,7 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else {
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] in .reply(reply) }
+        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] _ in .reply(reply) }
     }
 }
 

@@ -18,6 +18,10 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var wakeScheduled = false
         var connectedOnce = false
         var stamp: UInt64 = 0
+        var user: String?
+        /// For presence (`MemoryEngine+Presence.swift`): the latest connect's type, the handshake's time.
+        var transport: ConnectionType?
+        var since: NIODeadline?
 
         init(id: String, expiresAt: NIODeadline) {
             self.id = id
@@ -25,9 +29,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         }
     }
 
-    private let lock = NIOLock()
-    private var sessions: [String: Session] = [:]
-    private var index: [String: [String: Session]] = [:]
+    let lock = NIOLock()
+    var sessions: [String: Session] = [:]
+    var index: [String: [String: Session]] = [:]
     private var stamp: UInt64 = 0
     private var stats = EngineStatistics()
     /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
@@ -35,7 +39,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     private var droppedOrder = CircularBuffer<String>()
     private let maxDroppedRemembered = 10_000
 
-    private var history: History
+    var history: History
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
     public let epoch: UInt64
 
@@ -69,6 +73,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             var id = ClientID.random()
             while sessions[id] != nil { id = ClientID.random() }
             sessions[id] = Session(id: id, expiresAt: now + lifetime)
+            sessions[id]!.since = now
             return id
         }
         return loop.makeSucceededFuture(id)
@@ -269,18 +274,20 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     }
 
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<Void>
+        -> EventLoopFuture<String?>
     {
         let keys = Channel.expand(channel)
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
-        lock.withLock {
+        let position = lock.withLock { () -> String? in
             // Sequence, history and queues change together, so every subscriber sees events in position order.
             let event: ByteBuffer
+            var position: String?
             if history.isEnabled {
                 let sequence = history.nextSequence()
                 var positioned = message
-                positioned.setPosition(Position(epoch: epoch, sequence: sequence).description)
+                position = Position(epoch: epoch, sequence: sequence).description
+                positioned.setPosition(position!)
                 event = positioned.encodedEvent()
                 history.prune(now: now)
                 history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
@@ -289,10 +296,11 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             }
             stats.published += 1
             _ = fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications)
+            return position
         }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
-        return loop.makeSucceededFuture(())
+        return loop.makeSucceededFuture(position)
     }
 
     /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.

@@ -256,6 +256,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                 self.local.evict(id, reason: .superseded)
                 return self.createClient(now: now, on: loop)
             }
+            self.noteCreated(id, now: now)
             return loop.makeSucceededFuture(id)
         }.recover { _ in id }.hop(to: loop)
     }
@@ -484,6 +485,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case .expired: return "expired"
         case .overflow: return "overflow"
         case .shutdown: return "shutdown"
+        case .kicked: return "kicked"
         }
     }
 
@@ -493,16 +495,17 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case "overflow": return .overflow
         case "superseded": return .superseded
         case "shutdown": return .shutdown
+        case "kicked": return .kicked
         default: return .disconnected
         }
     }
 
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<Void>
+        -> EventLoopFuture<String?>
     {
         guard isConnected else {
             publishLocally(message, to: channel)
-            return loop.makeSucceededFuture(())
+            return loop.makeSucceededFuture(nil)
         }
         let keys = Channel.expand(channel)
         var head: ByteBuffer
@@ -529,7 +532,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
         ]
         arguments += keys.map { .string($0) }
-        return eval(RedisScripts.publish, arguments).map { reply in
+        return eval(RedisScripts.publish, arguments).map { reply -> String? in
             let values = reply.array ?? []
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
@@ -541,11 +544,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                 }
                 s.lastSequence = max(s.lastSequence, sequence)
             }
-        }.flatMapErrorThrowing { error in
+            guard self.configuration.historySize > 0, let epoch else { return nil }
+            return Position(epoch: epoch, sequence: sequence).description
+        }.flatMapErrorThrowing { error -> String? in
             if let e = error as? RedisError, e.code == .notConnected {
                 // Never sent: the connection went down just before.
                 self.publishLocally(message, to: channel)
-                return
+                return nil
             }
             self.state.withLockedValue { $0.redis.uncertainPublishes += 1 }
             throw error
