@@ -28,6 +28,8 @@ public struct ServerConfiguration: Sendable {
     /// A WebSocket silent for this long gets a ping (one silent for twice this is closed), and an EventSource
     /// stream a heartbeat (a comment line), so a peer that is gone is noticed.
     public var pingInterval: TimeAmount
+    /// The key of the server API (`/api`) and the dashboard (`/admin`); nil leaves both off (404).
+    public var apiKey: String?
 
     public init(
         host: String = "127.0.0.1",
@@ -42,7 +44,8 @@ public struct ServerConfiguration: Sendable {
         threads: Int = 0,
         operations: OperationsConfiguration = .init(),
         timeouts: ConnectionTimeouts = .init(),
-        pingInterval: TimeAmount = .seconds(30)
+        pingInterval: TimeAmount = .seconds(30),
+        apiKey: String? = nil
     ) {
         self.host = host
         self.port = port
@@ -57,6 +60,7 @@ public struct ServerConfiguration: Sendable {
         self.operations = operations
         self.timeouts = timeouts
         self.pingInterval = pingInterval
+        self.apiKey = apiKey
     }
 
     /// Every connection's write buffer water marks: high at `maxOutboundBytes`, low at half of it.
