@@ -48,11 +48,14 @@ extension PubSubServer {
         operations.setPhase(.serving)
         let engine = broker.engine
         if shared.api.key != nil {
-            let rates = shared.api.rates
-            rates.record(engine.statistics)
+            // Once a second: the rates `/api/info` and the dashboard show, and this node's report for the others.
+            let api = shared.api
+            let loop = group.next()
+            api.rates.record(engine.statistics)
             operations.addTimer(
-                group.next().scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in
-                    rates.record(engine.statistics)
+                loop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in
+                    api.rates.record(engine.statistics)
+                    api.refreshNodeReport(on: loop)
                 })
         }
         operations.startSystemdTimers(engine: engine)

@@ -207,12 +207,22 @@ struct ServerAPI: Sendable {
         }
     }
 
-    private func info(on loop: any EventLoop) -> EventLoopFuture<Response> {
+    /// This node's report, before the engine adds its sessions.
+    private func localReport() -> NodeReport {
         var local = NodeReport(
             id: nodeID, uptimeSeconds: (NIODeadline.now() - startedAt).nanoseconds / 1_000_000_000, clients: 0,
             clientsByTransport: [:], subscriptions: 0)
         (local.publishRate, local.deliveryRate, local.dropRate) = rates.current()
-        return broker.engine.nodes(local: local, on: loop).map { reports in
+        return local
+    }
+
+    /// Stores this node's report where the other nodes of a cluster read it (nothing for the memory engine).
+    func refreshNodeReport(on loop: any EventLoop) {
+        broker.engine.nodes(local: localReport(), on: loop).whenFailure { _ in }
+    }
+
+    private func info(on loop: any EventLoop) -> EventLoopFuture<Response> {
+        return broker.engine.nodes(local: localReport(), on: loop).map { reports in
             let total = reports.reduce(0) { $0 + $1.clients }
             let nodes = reports.sorted { $0.id < $1.id }.map(\.json)
             return Self.json(.ok, .object(["nodes": .array(nodes), "clients": JSONValue(total)]))
