@@ -86,6 +86,9 @@ extension Broker {
             case .unknownClient:
                 reply.mustHandshake(.clientUnknown(clientId))
                 return .reply(reply)
+            case .kicked:
+                reply.mustNotReconnect(clientId)
+                return .reply(reply)
             case .overflowed:
                 // A polling client dropped by the engine between two polls (its queue filled before it came back)
                 // is seen here first; a client dropped by its connection was logged then ("slow consumer dropped").

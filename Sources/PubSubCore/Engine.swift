@@ -34,6 +34,8 @@ public struct ConnectResult: Sendable {
         case unknownClient
         /// The client was dropped because its queue overflowed.
         case overflowed
+        /// The session was removed by the server API: the client must not reconnect on its own.
+        case kicked
     }
     public var status: Status
     /// Events to send with (or, on a persistent sink, before) the connect reply.

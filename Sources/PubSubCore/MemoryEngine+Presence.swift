@@ -103,3 +103,34 @@ extension MemoryEngine {
         return loop.makeSucceededFuture(page)
     }
 }
+
+// MARK: Kicked clients
+
+extension MemoryEngine {
+    /// The status of a connect for a session that is not here; the lock is held.
+    func missingStatus(_ clientId: String) -> ConnectResult.Status {
+        kickedClients.contains(clientId) ? .kicked : .unknownClient
+    }
+
+    /// Whether `clientId` was removed by the server API lately (within the last 10 000 kicks).
+    public func wasKicked(_ clientId: String) -> Bool {
+        lock.withLock { kickedClients.contains(clientId) }
+    }
+}
+
+/// The last `limit` ids inserted, for membership tests.
+struct RecentIDs {
+    let limit: Int
+    private var members: Set<String> = []
+    private var order = CircularBuffer<String>()
+
+    init(limit: Int) { self.limit = limit }
+
+    mutating func insert(_ id: String) {
+        guard members.insert(id).inserted else { return }
+        order.append(id)
+        if order.count > limit { members.remove(order.removeFirst()) }
+    }
+
+    func contains(_ id: String) -> Bool { members.contains(id) }
+}

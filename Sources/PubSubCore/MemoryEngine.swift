@@ -38,6 +38,8 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     private var dropped: Set<String> = []
     private var droppedOrder = CircularBuffer<String>()
     private let maxDroppedRemembered = 10_000
+    /// Clients removed by the server API, so a later connect is told not to reconnect (bounded).
+    var kickedClients = RecentIDs(limit: 10_000)
 
     var history: History
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
@@ -89,7 +91,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var superseded: (any DeliverySink)?
         let result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
-                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : .unknownClient)
+                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
@@ -265,6 +267,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             notifications.append((sink, reason))
             session.sink = nil
         }
+        if reason == .kicked { kickedClients.insert(session.id) }
         if reason == .overflow {
             stats.overflowDrops += 1
             dropped.insert(session.id)

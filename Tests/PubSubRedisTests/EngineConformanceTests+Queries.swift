@@ -52,6 +52,14 @@ import Testing
             #expect(sink.detaches == [.kicked])
             #expect(try await home.engine.presence(of: "/k", now: home.now, on: home.loop).get().isEmpty)
             #expect(try await cluster.first.broker.kick(cid, on: cluster.first.loop).get() == false)
+            // Its next connect, on any node, is told not to come back (not to handshake again).
+            for node in cluster.nodes {
+                let reply = try await node.connectReply(cid)
+                #expect(reply["advice"] == Advice.none)
+                #expect(reply["successful"] == false)
+            }
+            let stranger = try await home.connectReply("nosuchclient")
+            #expect(stranger["advice"] == Advice.handshake)
         }
     }
 

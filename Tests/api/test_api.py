@@ -213,6 +213,16 @@ def test_kick_answers_the_parked_connect_with_reconnect_none(api_broker):
     assert b.api("POST", "disconnect", json_body={}).status_code == 400
 
 
+def test_a_client_kicked_between_polls_is_told_at_its_next_connect(api_broker):
+    b = api_broker
+    cid = api_handshake(b)
+    assert b.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": True}
+    reply = [m for m in api_connect(b, cid) if m.get("channel") == "/meta/connect"][0]
+    assert reply["successful"] is False and reply["advice"] == {"reconnect": "none"}
+    other = [m for m in api_connect(b, "nosuchclientnosuchclientnosuchc") if m.get("channel") == "/meta/connect"][0]
+    assert other["advice"] == {"reconnect": "handshake"}
+
+
 def test_kick_over_websocket_answers_then_closes_normally(api_broker):
     b = api_broker
     ws = websocket.create_connection(b.ws_url, timeout=10)

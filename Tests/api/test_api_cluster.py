@@ -70,6 +70,9 @@ def test_publish_and_kick_across_nodes(two_nodes):
     assert reply["advice"] == {"reconnect": "none"} and reply["successful"] is False
     assert two.ok("GET", "presence", params={"channel": "/cl/kick"})["clients"] == []
     assert one.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": False}
+    for node in (one, two):  # not parked any more: its next connect, on either node, says the same
+        again = [m for m in api_connect(node, cid) if m.get("channel") == "/meta/connect"][0]
+        assert again["advice"] == {"reconnect": "none"}
 
 
 def test_history_is_shared(two_nodes):

@@ -187,3 +187,28 @@ enum RedisPresenceScripts {
         return out
         """)
 }
+
+// MARK: Kicked clients
+
+extension RedisEngine {
+    /// Remembers a kick for the session's lifetime (`k:<id>`), so a connect on any node is told not to reconnect.
+    /// Sent before the destroy on the same connection: a connect after the kick's answer finds it.
+    func rememberKicked(_ clientId: String) {
+        guard isConnected else { return }
+        commands.send(
+            RESPCommand("SET", .string(keyPrefix + "k:" + clientId), "1", "PX", .integer(max(lifetimeMilliseconds, 1000)))
+        ).whenFailure { _ in }
+    }
+
+    /// A connect for a session that is not (or no longer) anywhere: `.kicked` when the server API removed it.
+    func refusedConnect(_ clientId: String, status: ConnectResult.Status, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult>
+    {
+        guard status == .unknownClient else { return loop.makeSucceededFuture(ConnectResult(status: status)) }
+        if local.wasKicked(clientId) { return loop.makeSucceededFuture(ConnectResult(status: .kicked)) }
+        guard isConnected else { return loop.makeSucceededFuture(ConnectResult(status: status)) }
+        return commands.send(RESPCommand("EXISTS", .string(keyPrefix + "k:" + clientId))).map {
+            ConnectResult(status: $0.int == 1 ? .kicked : .unknownClient)
+        }.recover { _ in ConnectResult(status: .unknownClient) }.hop(to: loop)
+    }
+}

@@ -271,7 +271,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<ConnectResult>
     {
         residentOrClaimed(clientId, now: now, refresh: true, on: loop).flatMap { status in
-            guard status == .ok else { return loop.makeSucceededFuture(ConnectResult(status: status)) }
+            guard status == .ok else { return self.refusedConnect(clientId, status: status, on: loop) }
             return self.local.connect(clientId, now: now, sink: sink, on: loop)
         }
     }
@@ -465,6 +465,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<Bool>
     {
         let wasLocal = local.evict(clientId, reason: reason) != nil
+        if reason == .kicked { rememberKicked(clientId) }
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
