@@ -127,10 +127,11 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             respond(status: .ok, text: "ok\n")
         case .api(let call):
             shared.api.respond(call: call, head: head, body: body, on: context.eventLoop).assumeIsolated()
-                .whenSuccess { self.respond(status: $0.status, headers: $0.headers, body: $0.body) }
+                .whenSuccess { self.respond(status: $0.status, headers: $0.headers, body: $0.body, cors: false) }
         case .admin:
+            // Same origin only: no CORS headers, so no other site's page reads an answer.
             let page = shared.api.adminPage(head: head)
-            respond(status: page.status, headers: page.headers, body: page.body)
+            respond(status: page.status, headers: page.headers, body: page.body, cors: false)
         case .ready, .metrics:
             let route = Route(path: head.uri, mount: shared.mount)
             guard let response = shared.operationalResponse(route, onMetricsPort: false, on: context.eventLoop) else {

@@ -54,6 +54,12 @@ def test_missing_or_wrong_key_is_401_and_never_echoed(api_broker):
     r = requests.get(f"{b.base}/admin", headers={"Authorization": f"apikey {b.key}"}, timeout=5)
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
     assert b.ok("GET", "info")["clients"] == 0
+    r = b.api("GET", "info", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+    r = b.http.options(f"{b.base}/api/info", headers={"Origin": "http://evil.example",
+                                                      "Access-Control-Request-Method": "GET",
+                                                      "Access-Control-Request-Headers": "authorization"}, timeout=5)
+    assert "Access-Control-Allow-Origin" not in r.headers and "Access-Control-Allow-Headers" not in r.headers
 
 
 def test_short_key_is_refused_on_the_command_line():
