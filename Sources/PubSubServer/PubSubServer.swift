@@ -24,7 +24,7 @@ final class ServerShared: Sendable {
         self.operations = operations
         self.api = ServerAPI(
             key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
-            startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth)
+            startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket

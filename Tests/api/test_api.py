@@ -297,6 +297,15 @@ def test_history_is_as_honest_as_resume():
 
 # ------------------------------------------------------------------ info
 
+def test_errors_lists_refused_requests_newest_first(api_broker):
+    b = api_broker
+    assert b.ok("GET", "errors") == {"errors": []}
+    requests.post(b.url, data="{not json", headers={"Content-Type": "application/json"}, timeout=5)
+    errors = b.ok("GET", "errors")["errors"]
+    assert [e["kind"] for e in errors] == ["bad_request"]
+    assert ISO.match(errors[0]["at"])
+
+
 def test_info_counts_clients_by_transport_and_rates(api_broker):
     b = api_broker
     first = b.ok("GET", "info")

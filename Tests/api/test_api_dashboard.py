@@ -84,6 +84,11 @@ def test_dashboard_follows_clients_and_publishes(dashboard_broker, page, screens
     page.wait_for("[...document.querySelectorAll('#channels tr')].some(r => r.textContent === '/dash/room1')",
                   what="/dash/room with 1 subscriber")
     assert "/dash/quiet" not in text_of(page, "#channels")
+    # A request the broker refuses shows among this node's errors.
+    import requests
+    requests.post(b.url, data="{not json", headers={"Content-Type": "application/json"}, timeout=5)
+    page.wait_for("document.getElementById('server-errors').textContent.includes('bad request')",
+                  what="the refused request")
     screenshot(page, "dashboard")
 
     # Readable on a phone: nothing wider than the screen.
@@ -101,4 +106,5 @@ def test_dashboard_uses_no_external_assets(dashboard_broker, page):  # noqa: F81
     wait_total(page, 0)
     urls = [r["url"] for r in page.requests()]
     assert urls and all(u.startswith(b.base + "/") for u in urls), urls
-    assert {u.split("?")[0][len(b.base):] for u in urls} <= {"/admin", "/api/info", "/api/channels", "/api/rates"}
+    assert {u.split("?")[0][len(b.base):] for u in urls} <= {"/admin", "/api/info", "/api/channels", "/api/rates",
+                                                               "/api/errors"}

@@ -32,7 +32,7 @@ button { background:#24507a; border-color:#2e6aa3; cursor:pointer; } button.seco
 form.row { display:grid; gap:8px; }
 .legend span { margin-right:12px; font-size:12px; } .legend i { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:4px; }
 svg { width:100%; height:160px; display:block; }
-#errors li { color:var(--c); overflow-wrap:anywhere; } ul { margin:0; padding-left:18px; }
+#errors li, #server-errors li { color:var(--c); overflow-wrap:anywhere; } ul { margin:0; padding-left:18px; }
 #login { max-width:420px; margin:12vh auto; padding:16px; }
 .hidden { display:none !important; }
 .ok { color:var(--b); }
@@ -67,7 +67,7 @@ svg { width:100%; height:160px; display:block; }
       <textarea id="pub-data" placeholder='{"text": "hello"}' required></textarea>
       <button type="submit">Publish</button><div id="pub-result"></div>
     </form></section>
-  <section><h2>Last errors</h2><ul id="errors"></ul></section>
+  <section><h2>Last errors</h2><ul id="errors"></ul><h2 style="margin-top:10px">Requests refused by this node</h2><ul id="server-errors"></ul></section>
 </main>
 </div>
 <script>
@@ -122,8 +122,9 @@ svg { width:100%; height:160px; display:block; }
     });
   }
   function refresh() {
-    return Promise.all([api("GET", "info"), api("GET", "channels"), api("GET", "rates")]).then(function (all) {
+    return Promise.all([api("GET", "info"), api("GET", "channels"), api("GET", "rates"), api("GET", "errors")]).then(function (all) {
       var info = all[0], channels = all[1].channels, series = all[2].series;
+      rows($("server-errors"), all[3].errors.slice(0, 10), function (e) { return el("li", new Date(e.at).toLocaleTimeString() + "  " + e.kind.replace(/_/g, " ")); });
       var byTransport = {}, subs = 0, pub = 0, deliv = 0, drops = 0;
       info.nodes.forEach(function (n) {
         Object.keys(n.clients).forEach(function (t) { byTransport[t] = (byTransport[t] || 0) + n.clients[t]; });

@@ -20,6 +20,7 @@ struct ServerAPI: Sendable {
     let nodeID: String
     let startedAt: NIODeadline
     let maxJSONDepth: Int
+    let errors: RecentErrors
 
     /// Answers `/api/<call>`; the body has been read (and bounded) by the transport.
     func respond(call: String, head: HTTPRequestHead, body: ByteBuffer?, on loop: any EventLoop)
@@ -43,9 +44,10 @@ struct ServerAPI: Sendable {
         case ("history", .GET): return history(query, now: now, on: loop)
         case ("info", .GET): return info(on: loop)
         case ("rates", .GET): return loop.makeSucceededFuture(Self.json(.ok, rates.seriesJSON()))
+        case ("errors", .GET): return loop.makeSucceededFuture(Self.json(.ok, errors.json()))
         case ("publish", _), ("broadcast", _), ("disconnect", _):
             return loop.makeSucceededFuture(Self.methodNotAllowed("POST"))
-        case ("channels", _), ("presence", _), ("history", _), ("info", _), ("rates", _):
+        case ("channels", _), ("presence", _), ("history", _), ("info", _), ("rates", _), ("errors", _):
             return loop.makeSucceededFuture(Self.methodNotAllowed("GET, HEAD"))
         default:
             return loop.makeSucceededFuture(Self.error(.notFound, "no such call"))
@@ -341,6 +343,30 @@ final class APIRates: Sendable {
                 ]))
         }
         return .object(["series": .array(points)])
+    }
+}
+
+/// The last request errors of this node (kind and time), newest first; recorded where they are counted.
+final class RecentErrors: Sendable {
+    static let kept = 50
+    private let entries = NIOLockedValueBox(CircularBuffer<(at: Int64, kind: RequestErrorKind)>(initialCapacity: 51))
+
+    func record(_ kind: RequestErrorKind) {
+        let at = WallClock.nowMilliseconds()
+        entries.withLockedValue {
+            $0.append((at, kind))
+            if $0.count > Self.kept { $0.removeFirst() }
+        }
+    }
+
+    /// `{"errors": [{"at": "<ISO 8601>", "kind": "bad_request"}, …]}`, newest first.
+    func json() -> JSONValue {
+        let all = entries.withLockedValue { Array($0) }
+        return .object([
+            "errors": .array(all.reversed().map {
+                .object(["at": .string(WallClock.iso8601(milliseconds: $0.at)), "kind": .string($0.kind.rawValue)])
+            })
+        ])
     }
 }
 
