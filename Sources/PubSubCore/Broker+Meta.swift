@@ -88,6 +88,9 @@ extension Broker {
             case .unknownClient:
                 reply.mustHandshake(.clientUnknown(clientId))
                 return .reply(reply)
+            case .kicked:
+                reply.mustNotReconnect(clientId)
+                return .reply(reply)
             case .overflowed:
                 // A polling client dropped by the engine between two polls (its queue filled before it came back)
                 // is seen here first; a client dropped by its connection was logged then ("slow consumer dropped").
@@ -97,6 +100,7 @@ extension Broker {
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
+                self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
                 return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: hold))
@@ -209,7 +213,7 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else {
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] in .reply(reply) }
+        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] _ in .reply(reply) }
     }
 }
 

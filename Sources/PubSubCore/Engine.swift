@@ -34,6 +34,8 @@ public struct ConnectResult: Sendable {
         case unknownClient
         /// The client was dropped because its queue overflowed.
         case overflowed
+        /// The session was removed by the server API: the client must not reconnect on its own.
+        case kicked
     }
     public var status: Status
     /// Events to send with (or, on a persistent sink, before) the connect reply.
@@ -113,9 +115,10 @@ public protocol Engine: Sendable {
     /// Returns false when the client did not exist.
     func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool>
     /// Encodes the event once (with its `ext.position` when the history is on) and queues the same bytes for
-    /// every subscriber of `channel` (one copy each, whatever the number of matching patterns).
+    /// every subscriber of `channel` (one copy each, whatever the number of matching patterns). Completes with
+    /// the event's position (nil without history).
     func publish(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<Void>
+        -> EventLoopFuture<String?>
     /// Records the user an authorization mode established for the session (JWT `sub`, the hook's handshake
     /// answer), so presence, webhooks, logs and metrics can report it. Does nothing for an unknown client.
     func setUser(_ clientId: String, user: String, on loop: any EventLoop) -> EventLoopFuture<Void>
@@ -138,6 +141,19 @@ public protocol Engine: Sendable {
     /// What this engine counts beyond `statistics` (a clustered engine's outages and losses), read at each scrape
     /// of `/metrics`. Default: nothing.
     var extraMetrics: [EngineMetric] { get }
+
+    // The server API's questions (`Engine+Queries.swift`): asked per call, never counted on the fan-out path.
+    /// Every subscription name (patterns as subscribed) with at least one subscriber, and how many hold it.
+    func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]>
+    /// The clients subscribed to exactly `channel`.
+    func presence(of channel: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<[PresenceEntry]>
+    /// The held events of `channel` (a name or a pattern) after `since`, oldest first, at most `limit`.
+    func history(of channel: String, since: String?, limit: Int, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<HistoryPage>
+    /// Remembers the connection type of a session's latest connect (for presence); no-op when unchanged.
+    func noteConnection(_ clientId: String, type: ConnectionType)
+    /// This node's report beside the other nodes' (a clustered engine stores `local` for them, with its id).
+    func nodes(local: NodeReport, on loop: any EventLoop) -> EventLoopFuture<[NodeReport]>
 }
 
 extension Engine {

@@ -22,6 +22,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var user: String?
         /// What an authorization mode granted at the handshake (`SessionGrant.encoded`); see `setGrant`.
         var grant: String?
+        /// For presence (`MemoryEngine+Presence.swift`): the latest connect's type, the handshake's time.
+        var transport: ConnectionType?
+        var since: NIODeadline?
 
         init(id: String, expiresAt: NIODeadline) {
             self.id = id
@@ -29,17 +32,19 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         }
     }
 
-    private let lock = NIOLock()
-    private var sessions: [String: Session] = [:]
-    private var index: [String: [String: Session]] = [:]
+    let lock = NIOLock()
+    var sessions: [String: Session] = [:]
+    var index: [String: [String: Session]] = [:]
     private var stamp: UInt64 = 0
     private var stats = EngineStatistics()
     /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
     private var dropped: Set<String> = []
     private var droppedOrder = CircularBuffer<String>()
     private let maxDroppedRemembered = 10_000
+    /// Clients removed by the server API, so a later connect is told not to reconnect (bounded).
+    var kickedClients = RecentIDs(limit: 10_000)
 
-    private var history: History
+    var history: History
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
     public let epoch: UInt64
     /// The secret that makes positions opaque (`PositionCipher`); new at every start, like the epoch.
@@ -88,6 +93,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             while sessions[id] != nil { id = ClientID.random() }
             let session = Session(id: id, expiresAt: now + lifetime)
             session.user = user
+            session.since = now
             sessions[id] = session
             record(SessionEvent(kind: .handshake, clientId: id, user: user))
             return id
@@ -111,7 +117,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var superseded: (any DeliverySink)?
         let result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
-                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : .unknownClient)
+                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
@@ -295,6 +301,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         if let ended = SessionEvent.EndReason(reason) {
             record(SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended))
         }
+        if reason == .kicked { kickedClients.insert(session.id) }
         if reason == .overflow {
             stats.overflowDrops += 1
             dropped.insert(session.id)
@@ -304,19 +311,21 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     }
 
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<Void>
+        -> EventLoopFuture<String?>
     {
         let keys = Channel.expand(channel)
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         var dropped = false
-        lock.withLock {
+        let position = lock.withLock { () -> String? in
             // Sequence, history and queues change together, so every subscriber sees events in position order.
             let event: ByteBuffer
+            var position: String?
             if history.isEnabled {
                 let sequence = history.nextSequence()
                 var positioned = message
-                positioned.setPosition(Position(epoch: epoch, sequence: sequence).token(key: positionKey))
+                position = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
+                positioned.setPosition(position!)
                 event = positioned.encodedEvent()
                 history.prune(now: now)
                 history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
@@ -325,11 +334,12 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             }
             stats.published += 1
             dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
+            return position
         }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
         if dropped { report() }
-        return loop.makeSucceededFuture(())
+        return loop.makeSucceededFuture(position)
     }
 
     /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.

@@ -125,6 +125,13 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             respond(status: .notFound, text: "Sure you're not looking for \(shared.mount.isEmpty ? "/" : shared.mount) ?")
         case .health:
             respond(status: .ok, text: "ok\n")
+        case .api(let call):
+            shared.api.respond(call: call, head: head, body: body, on: context.eventLoop).assumeIsolated()
+                .whenSuccess { self.respond(status: $0.status, headers: $0.headers, body: $0.body, cors: false) }
+        case .admin:
+            // Same origin only: no CORS headers, so no other site's page reads an answer.
+            let page = shared.api.adminPage(head: head)
+            respond(status: page.status, headers: page.headers, body: page.body, cors: false)
         case .ready, .metrics:
             let route = Route(path: head.uri, mount: shared.mount)
             guard let response = shared.operationalResponse(route, onMetricsPort: false, on: context.eventLoop) else {
@@ -454,8 +461,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))
         }
         releaseSink()
-        var reply = answer.connect.reply
-        if let failure = answer.failure { reply.mustHandshake(failure) }
+        let reply = answer.reply
         var replies = answer.replies
         let requestContext = pollContext ?? RequestContext(connectionType: .longPolling, remoteAddress: nil)
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }

@@ -47,6 +47,17 @@ extension PubSubServer {
         }
         operations.setPhase(.serving)
         let engine = broker.engine
+        if shared.api.key != nil {
+            // Once a second: the rates `/api/info` and the dashboard show, and this node's report for the others.
+            let api = shared.api
+            let loop = group.next()
+            api.rates.record(engine.statistics)
+            operations.addTimer(
+                loop.scheduleRepeatedTask(initialDelay: .seconds(1), delay: .seconds(1)) { _ in
+                    api.rates.record(engine.statistics)
+                    api.refreshNodeReport(on: loop)
+                })
+        }
         operations.startSystemdTimers(engine: engine)
         if let limiter = operations.limiter {
             operations.addTimer(
@@ -174,21 +185,52 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
 
     let shared: ServerShared
     private var head: HTTPRequestHead?
+    /// The body of an `/api` call, bounded by `maxRequestBytes` (nil once over it: answered 413).
+    private var body: ByteBuffer?
+    private var tooLarge = false
 
     init(shared: ServerShared) { self.shared = shared }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
-        case .head(let head): self.head = head
-        case .body: break
+        case .head(let head):
+            self.head = head
+            body = nil
+            tooLarge = head.headers.first(name: "content-length").flatMap(Int.init).map {
+                $0 > shared.configuration.maxRequestBytes
+            } ?? false
+        case .body(var chunk):
+            guard !tooLarge else { return }
+            if (body?.readableBytes ?? 0) + chunk.readableBytes > shared.configuration.maxRequestBytes {
+                tooLarge = true
+                body = nil
+            } else if body == nil {
+                body = chunk
+            } else {
+                body!.writeBuffer(&chunk)
+            }
         case .end:
             guard let head else { return }
             self.head = nil
             let route = Route(path: head.uri, mount: shared.mount)
-            let response =
-                shared.operationalResponse(route, onMetricsPort: true, on: context.eventLoop)
-                ?? context.eventLoop.makeSucceededFuture(
-                    (.notFound, ["Content-Type": "text/plain; charset=utf-8"], ByteBuffer(string: "Not found\n")))
+            let response: EventLoopFuture<(HTTPResponseStatus, HTTPHeaders, ByteBuffer)>
+            if tooLarge {
+                let r = ServerAPI.error(.payloadTooLarge, "request body too large")
+                response = context.eventLoop.makeSucceededFuture((r.status, r.headers, r.body))
+            } else if case .api(let call) = route {
+                response = shared.api.respond(call: call, head: head, body: body, on: context.eventLoop).map {
+                    ($0.status, $0.headers, $0.body)
+                }
+            } else if case .admin = route {
+                let page = shared.api.adminPage(head: head)
+                response = context.eventLoop.makeSucceededFuture((page.status, page.headers, page.body))
+            } else {
+                response =
+                    shared.operationalResponse(route, onMetricsPort: true, on: context.eventLoop)
+                    ?? context.eventLoop.makeSucceededFuture(
+                        (.notFound, ["Content-Type": "text/plain; charset=utf-8"], ByteBuffer(string: "Not found\n")))
+            }
+            body = nil
             response.assumeIsolated().whenSuccess { status, headers, body in
                 var headers = headers
                 headers.add(name: "Content-Length", value: String(body.readableBytes))

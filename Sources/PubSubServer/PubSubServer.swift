@@ -14,6 +14,7 @@ final class ServerShared: Sendable {
     let logger: Logger
     let mount: String
     let operations: ServerOperations
+    let api: ServerAPI
 
     init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
         self.configuration = configuration
@@ -21,6 +22,9 @@ final class ServerShared: Sendable {
         self.logger = logger
         self.mount = configuration.normalizedMount
         self.operations = operations
+        self.api = ServerAPI(
+            key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
+            startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket

@@ -11,6 +11,10 @@ enum Route: Equatable {
     case ready
     /// `/metrics`: Prometheus text.
     case metrics
+    /// `/api/<call>`: the server API (`ServerAPI`).
+    case api(String)
+    /// `/admin`: the dashboard page.
+    case admin
     case notFound
 
     init(path rawPath: String, mount: String) {
@@ -26,6 +30,14 @@ enum Route: Equatable {
         }
         if path == "/metrics" {
             self = .metrics
+            return
+        }
+        if path.hasPrefix("/api/") {
+            self = .api(String(path.dropFirst(5)))
+            return
+        }
+        if path == "/admin" || path == "/admin/" {
+            self = .admin
             return
         }
         if path == mount || path == mount + "/" || (mount.isEmpty && path == "/") {

@@ -32,6 +32,8 @@ public struct ServerConfiguration: Sendable {
     public var origins = OriginPolicy()
     /// JSON-P callback-polling, which origins cannot protect (`--disable-callback-polling` turns it off).
     public var callbackPolling = true
+    /// The key of the server API (`/api`) and the dashboard (`/admin`); nil leaves both off (404).
+    public var apiKey: String?
 
     public init(
         host: String = "127.0.0.1",
@@ -46,7 +48,8 @@ public struct ServerConfiguration: Sendable {
         threads: Int = 0,
         operations: OperationsConfiguration = .init(),
         timeouts: ConnectionTimeouts = .init(),
-        pingInterval: TimeAmount = .seconds(30)
+        pingInterval: TimeAmount = .seconds(30),
+        apiKey: String? = nil
     ) {
         self.host = host
         self.port = port
@@ -61,6 +64,7 @@ public struct ServerConfiguration: Sendable {
         self.operations = operations
         self.timeouts = timeouts
         self.pingInterval = pingInterval
+        self.apiKey = apiKey
     }
 
     /// Every connection's write buffer water marks: high at `maxOutboundBytes`, low at half of it.

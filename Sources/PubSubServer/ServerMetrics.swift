@@ -79,6 +79,8 @@ enum RequestErrorKind: String, CaseIterable, Sendable {
 /// event loops keep themselves (clients, subscriptions, messages, bytes) are read when `/metrics` is scraped,
 /// so the fan-out path makes no metric call per recipient, or at all.
 final class ServerMetrics: Sendable {
+    /// The last request errors, for the server API's `/api/errors` and the dashboard.
+    let recentErrors = RecentErrors()
     let registry: PrometheusCollectorRegistry
 
     let connectionsOpen: Gauge
@@ -166,7 +168,10 @@ final class ServerMetrics: Sendable {
 
     func clients(_ type: ConnectionType) -> Gauge { clients[LoopCounters.index(type)] }
 
-    func error(_ kind: RequestErrorKind) { requestErrors[kind]?.increment() }
+    func error(_ kind: RequestErrorKind) {
+        requestErrors[kind]?.increment()
+        recentErrors.record(kind)
+    }
 
     /// Copies what the engine and the loops counted into the registry; called for each scrape.
     func update(engine stats: EngineStatistics, loops: LoopCounters.Snapshot) {

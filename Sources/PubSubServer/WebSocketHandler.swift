@@ -239,8 +239,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
         holdTimer?.cancel()
         holdTimer = nil
-        var reply = answer.connect.reply
-        if let failure = answer.failure { reply.mustHandshake(failure) }
+        let reply = answer.reply
         var replies = answer.replies
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
         if !replies.isEmpty || !answer.events.isEmpty {

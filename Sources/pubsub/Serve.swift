@@ -58,6 +58,8 @@ struct Serve: AsyncParsableCommand {
     var sendTimeout: Double?
     @Option(help: "Seconds of WebSocket silence before a ping; silent for twice this, the socket is closed (PUBSUB_PING_INTERVAL).")
     var pingInterval: Double?
+    @Option(help: "Key of the server API (/api) and the dashboard (/admin), sent as `Authorization: apikey KEY`; without it both are off (PUBSUB_API_KEY).")
+    var apiKey: String?
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
@@ -137,12 +139,22 @@ struct Serve: AsyncParsableCommand {
             threads: try pick(threads, "PUBSUB_THREADS", 0),
             operations: try operations.resolve(),
             timeouts: timeouts,
-            pingInterval: pingInterval
+            pingInterval: pingInterval,
+            apiKey: try resolvedAPIKey()
         )
         var withAccess = configuration
         withAccess.origins = access.origins
         withAccess.callbackPolling = access.callbackPolling
         return (withAccess, level)
+    }
+
+    /// `--api-key`, then PUBSUB_API_KEY; a key shorter than 16 bytes is refused (it guards kicking clients).
+    func resolvedAPIKey() throws -> String? {
+        guard let key = apiKey ?? Environment.string("PUBSUB_API_KEY") else { return nil }
+        guard key.utf8.count >= 16, !key.contains(where: { $0 == " " || $0.isNewline }) else {
+            throw ValidationError("--api-key must be at least 16 characters, without spaces")
+        }
+        return key
     }
 
     func run() async throws {

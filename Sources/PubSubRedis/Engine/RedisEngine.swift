@@ -295,6 +295,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                     sequence: values[1].string.flatMap { UInt64($0) }, epoch: values[2].string.flatMap { UInt64($0) },
                     key: values[3].string.flatMap { PositionKey(text: $0) })
             }
+            self.noteCreated(id, now: now)
             return loop.makeSucceededFuture(id)
         }.recover { _ in id }.hop(to: loop)
     }
@@ -309,7 +310,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<ConnectResult>
     {
         residentOrClaimed(clientId, now: now, refresh: true, on: loop).flatMap { status in
-            guard status == .ok else { return loop.makeSucceededFuture(ConnectResult(status: status)) }
+            guard status == .ok else { return self.refusedConnect(clientId, status: status, on: loop) }
             return self.local.connect(clientId, now: now, sink: sink, on: loop)
         }
     }
@@ -513,6 +514,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<Bool>
     {
         let wasLocal = local.evict(clientId, reason: reason) != nil
+        if reason == .kicked { rememberKicked(clientId) }
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
@@ -553,11 +555,11 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     }
 
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<Void>
+        -> EventLoopFuture<String?>
     {
         guard isConnected else {
             publishLocally(message, to: channel)
-            return loop.makeSucceededFuture(())
+            return loop.makeSucceededFuture(nil)
         }
         let keys = Channel.expand(channel)
         var head: ByteBuffer
@@ -585,18 +587,22 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
         ]
         arguments += keys.map { .string($0) }
-        return eval(RedisScripts.publish, arguments).map { reply in
+        return eval(RedisScripts.publish, arguments).map { reply -> String? in
             let values = reply.array ?? []
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
             let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
             self.state.withLockedValue { $0.published += 1 }
             self.learn(sequence: sequence, epoch: epoch, key: key)
-        }.flatMapErrorThrowing { error in
+            guard self.configuration.historySize > 0, let epoch else { return nil }
+            // The token the script wrote into the event: the permutation of this publish's sequence.
+            let positionKey = key ?? self.state.withLockedValue { $0.positionKey }
+            return positionKey.map { Position(epoch: epoch, sequence: sequence).token(key: $0) }
+        }.flatMapErrorThrowing { error -> String? in
             if let e = error as? RedisError, e.code == .notConnected {
                 // Never sent: the connection went down just before.
                 self.publishLocally(message, to: channel)
-                return
+                return nil
             }
             self.state.withLockedValue { $0.redis.uncertainPublishes += 1 }
             throw error

@@ -42,6 +42,19 @@ struct ConnectionStateMachine {
         var failure: BayeuxError?
         /// Polling: detach the sink first and send the events the session holds as well (a hold that ended).
         var takeEvents: Bool
+        /// The session was removed by the server API: the reply fails and tells the client not to reconnect.
+        var kicked = false
+
+        /// The connect reply to send (before the outgoing extensions).
+        var reply: Message {
+            var reply = connect.reply
+            if kicked {
+                reply.mustNotReconnect(connect.clientId)
+            } else if let failure {
+                reply.mustHandshake(failure)
+            }
+            return reply
+        }
     }
 
     enum Action {
@@ -166,7 +179,8 @@ struct ConnectionStateMachine {
             held = Held(connect: pending, replies: replies)
             if !backlog.isEmpty || earlyDetach != nil {
                 let failure = earlyDetach == .overflow ? BayeuxError(.queueOverflow, pending.clientId) : nil
-                let answer = takeHeld(failure: failure, takeEvents: false)!
+                var answer = takeHeld(failure: failure, takeEvents: false)!
+                answer.kicked = earlyDetach == .kicked
                 earlyDetach = nil
                 return [.answer(answer)]
             }
@@ -234,13 +248,19 @@ struct ConnectionStateMachine {
         let failure = reason == .overflow ? clientIdForFailure().map { BayeuxError(.queueOverflow, $0) } : nil
         switch transport {
         case .polling:
-            if held != nil { return [.answer(takeHeld(failure: failure, takeEvents: false)!)] }
+            if var answer = takeHeld(failure: failure, takeEvents: false) {
+                answer.kicked = reason == .kicked
+                return [.answer(answer)]
+            }
             if awaiting { earlyDetach = reason }
             return []
         case .webSocket:
             clientId = nil
             var actions: [Action] = []
-            if let answer = takeHeld(failure: failure, takeEvents: false) { actions.append(.answer(answer)) }
+            if var answer = takeHeld(failure: failure, takeEvents: false) {
+                answer.kicked = reason == .kicked
+                actions.append(.answer(answer))
+            }
             switch reason {
             case .superseded, .overflow: break
             case .disconnected, .kicked, .expired:

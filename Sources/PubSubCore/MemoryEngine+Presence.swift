@@ -1,0 +1,136 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// The server API's questions, answered from the subscription index and the history as they are: each takes the
+/// engine lock once for the question, and nothing is counted while publishing.
+extension MemoryEngine {
+    public func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]> {
+        let counts = lock.withLock { index.map { ChannelSubscribers(channel: $0.key, subscribers: $0.value.count) } }
+        return loop.makeSucceededFuture(counts)
+    }
+
+    public func presence(of channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<[PresenceEntry]>
+    {
+        let found = lock.withLock {
+            (index[channel]?.values).map { $0.map { ($0.id, $0.user, $0.transport, $0.since) } } ?? []
+        }
+        let entries = found.map { id, user, transport, since in
+            PresenceEntry(
+                clientId: id, user: user, transport: transport?.rawValue,
+                sinceMilliseconds: WallClock.milliseconds(of: since ?? now, now: now))
+        }
+        return loop.makeSucceededFuture(entries)
+    }
+
+    public func noteConnection(_ clientId: String, type: ConnectionType) {
+        noteConnectionChanged(clientId, type: type)
+    }
+
+    /// As `noteConnection`; true when the session exists and its connection type changed.
+    @discardableResult
+    public func noteConnectionChanged(_ clientId: String, type: ConnectionType) -> Bool {
+        lock.withLock {
+            guard let session = sessions[clientId], session.transport != type else { return false }
+            session.transport = type
+            return true
+        }
+    }
+
+    /// The sessions of this engine by the type of their latest connect, and the session count.
+    public func clientsByTransport() -> (total: Int, byTransport: [String: Int]) {
+        lock.withLock {
+            var counts: [String: Int] = [:]
+            for session in sessions.values {
+                if let type = session.transport { counts[type.rawValue, default: 0] += 1 }
+            }
+            return (sessions.count, counts)
+        }
+    }
+
+    /// `local` with this engine's sessions filled in.
+    public func nodes(local: NodeReport, on loop: any EventLoop) -> EventLoopFuture<[NodeReport]> {
+        loop.makeSucceededFuture([withSessions(local)])
+    }
+
+    /// `report` with the sessions of this engine (by transport) and its subscription count.
+    public func withSessions(_ report: NodeReport) -> NodeReport {
+        var report = report
+        (report.clients, report.clientsByTransport) = clientsByTransport()
+        report.subscriptions = statistics.subscriptions
+        return report
+    }
+
+    /// Reads the history the way a resuming subscribe does (`replay`): the same token check, the same
+    /// completeness test, so `recovered` means what `ext.resume.recovered` means.
+    public func history(of channel: String, since: String?, limit: Int, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<HistoryPage>
+    {
+        func matches(_ name: String) -> Bool { Channel.matches(pattern: channel, name: name) }
+        let page = lock.withLock { () -> HistoryPage in
+            history.prune(now: now)
+            guard history.isEnabled else { return HistoryPage(events: [], recovered: false, truncated: false) }
+            let held: [History.Entry]
+            let recovered: Bool
+            if let since {
+                guard let position = Position(token: since, key: positionKey), position.epoch == epoch else {
+                    return HistoryPage(events: [], recovered: false, truncated: false)
+                }
+                if let entries = history.entries(after: position.sequence) {
+                    held = Array(entries)
+                    recovered = true
+                } else {
+                    held = history.entries.filter { $0.sequence > position.sequence }
+                    recovered = false
+                }
+            } else {
+                // From the start of this epoch: complete while the history has dropped nothing.
+                held = Array(history.entries)
+                recovered = history.entries(after: 0) != nil
+            }
+            var events: [(channel: String, event: ByteBuffer)] = []
+            var truncated = false
+            for entry in held where matches(entry.channel) {
+                if events.count == limit {
+                    truncated = true
+                    break
+                }
+                events.append((entry.channel, entry.event))
+            }
+            return HistoryPage(events: events, recovered: recovered, truncated: truncated)
+        }
+        return loop.makeSucceededFuture(page)
+    }
+}
+
+// MARK: Kicked clients
+
+extension MemoryEngine {
+    /// The status of a connect for a session that is not here; the lock is held.
+    func missingStatus(_ clientId: String) -> ConnectResult.Status {
+        kickedClients.contains(clientId) ? .kicked : .unknownClient
+    }
+
+    /// Whether `clientId` was removed by the server API lately (within the last 10 000 kicks).
+    public func wasKicked(_ clientId: String) -> Bool {
+        lock.withLock { kickedClients.contains(clientId) }
+    }
+}
+
+/// The last `limit` ids inserted, for membership tests.
+struct RecentIDs {
+    let limit: Int
+    private var members: Set<String> = []
+    private var order = CircularBuffer<String>()
+
+    init(limit: Int) { self.limit = limit }
+
+    mutating func insert(_ id: String) {
+        guard members.insert(id).inserted else { return }
+        order.append(id)
+        if order.count > limit { members.remove(order.removeFirst()) }
+    }
+
+    func contains(_ id: String) -> Bool { members.contains(id) }
+}

@@ -1,0 +1,107 @@
+import Bayeux
+import NIOCore
+import Testing
+@testable import PubSubCore
+@testable import PubSubRedis
+
+/// The server API's engine questions, run against the memory engine and the Redis engine (two nodes on one
+/// redis-server for the Redis kind: answers are cluster-wide whichever node is asked).
+@Suite(.serialized, .timeLimit(.minutes(2))) struct EngineQueryConformanceTests {
+    @Test(arguments: EngineKind.allCases)
+    func channelsAndPresenceFollowSubscriptions(_ kind: EngineKind) async throws {
+        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+            let h = cluster.first
+            let other = cluster.nodes.last!
+            let a = try await h.handshake()
+            _ = try await h.connect(a)
+            let b = try await other.handshake()
+            // The transport is the connection the connect came on (the request context), as the server says it.
+            _ = try await other.send(
+                #"{"channel":"/meta/connect","clientId":"\#(b)","connectionType":"websocket"}"#, type: .websocket)
+            _ = try await h.subscribe(a, "/room")
+            _ = try await h.subscribe(a, "/jobs/**")
+            _ = try await other.subscribe(b, "/room")
+            for node in cluster.nodes {
+                let counts = try await node.engine.channels(on: node.loop).get()
+                #expect(Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) }) == ["/room": 2, "/jobs/**": 1])
+                let present = try await node.engine.presence(of: "/room", now: node.now, on: node.loop).get()
+                #expect(Set(present.map(\.clientId)) == [a, b])
+                #expect(present.allSatisfy { $0.user == nil })
+                let byId = Dictionary(uniqueKeysWithValues: present.map { ($0.clientId, $0.transport) })
+                #expect(byId[b] == "websocket")
+                #expect(byId[a] == "long-polling")
+                #expect(try await node.engine.presence(of: "/jobs/1", now: node.now, on: node.loop).get().isEmpty)
+            }
+            _ = try await h.reply(#"{"channel":"/meta/unsubscribe","clientId":"\#(a)","subscription":"/room"}"#)
+            let after = try await other.engine.presence(of: "/room", now: other.now, on: other.loop).get()
+            #expect(after.map(\.clientId) == [b])
+        }
+    }
+
+    @Test(arguments: EngineKind.allCases)
+    func kickEndsTheSessionAndTellsItsSink(_ kind: EngineKind) async throws {
+        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+            let home = cluster.nodes.last!
+            let cid = try await home.handshake()
+            let sink = RecordingSink(loop: home.loop, persistent: false)
+            _ = try await home.connect(cid, sink: sink)
+            _ = try await home.connect(cid, sink: sink)
+            _ = try await home.subscribe(cid, "/k")
+            #expect(try await cluster.first.broker.kick(cid, on: cluster.first.loop).get())
+            try await home.settle()
+            #expect(sink.detaches == [.kicked])
+            #expect(try await home.engine.presence(of: "/k", now: home.now, on: home.loop).get().isEmpty)
+            #expect(try await cluster.first.broker.kick(cid, on: cluster.first.loop).get() == false)
+            // Its next connect, on any node, is told not to come back (not to handshake again).
+            for node in cluster.nodes {
+                let reply = try await node.connectReply(cid)
+                #expect(reply["advice"] == Advice.none)
+                #expect(reply["successful"] == false)
+            }
+            let stranger = try await home.connectReply("nosuchclient")
+            #expect(stranger["advice"] == Advice.handshake)
+        }
+    }
+
+    @Test(arguments: EngineKind.allCases)
+    func historyAnswersAsResumeDoes(_ kind: EngineKind) async throws {
+        try await withCluster(kind, configuration: BrokerConfiguration(historySize: 3)) { cluster in
+            let h = cluster.first
+            var positions: [String] = []
+            for i in 0..<5 {
+                let position = try await h.broker.publishFromAPI(
+                    channel: "/h", data: JSONValue(i), ext: nil, now: h.now, on: h.loop
+                ).get()
+                positions.append(try #require(try position.get()))
+            }
+            let recent = try await h.engine.history(of: "/h", since: positions[2], limit: 10, now: h.now, on: h.loop).get()
+            #expect(recent.recovered && !recent.truncated)
+            #expect(recent.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [3, 4])
+            let paged = try await h.engine.history(of: "/h", since: positions[2], limit: 1, now: h.now, on: h.loop).get()
+            #expect(paged.recovered && paged.truncated && paged.events.count == 1)
+            let old = try await h.engine.history(of: "/h", since: positions[0], limit: 10, now: h.now, on: h.loop).get()
+            #expect(!old.recovered && old.events.count == 3)
+            let garbage = try await h.engine.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop).get()
+            #expect(!garbage.recovered && garbage.events.isEmpty)
+            let wildcard = try await h.engine.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop).get()
+            #expect(wildcard.recovered && wildcard.events.map(\.channel) == ["/h"])
+        }
+    }
+
+    @Test(arguments: EngineKind.allCases)
+    func nodesReportTheirSessions(_ kind: EngineKind) async throws {
+        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+            for node in cluster.nodes {
+                let cid = try await node.handshake()
+                _ = try await node.connect(cid)
+                _ = try await node.subscribe(cid, "/n")
+            }
+            let report = NodeReport(id: "x", uptimeSeconds: 1, clients: 0, clientsByTransport: [:], subscriptions: 0)
+            for node in cluster.nodes { _ = try await node.engine.nodes(local: report, on: node.loop).get() }
+            let reports = try await cluster.first.engine.nodes(local: report, on: cluster.first.loop).get()
+            #expect(reports.count == cluster.nodes.count)
+            #expect(reports.map(\.clients) == Array(repeating: 1, count: cluster.nodes.count))
+            #expect(reports.allSatisfy { $0.clientsByTransport == ["long-polling": 1] && $0.subscriptions == 1 })
+        }
+    }
+}
