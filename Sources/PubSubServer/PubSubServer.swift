@@ -14,6 +14,7 @@ final class ServerShared: Sendable {
     let logger: Logger
     let mount: String
     let operations: ServerOperations
+    let guardSettings: ConnectionGuardSettings
 
     init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
         self.configuration = configuration
@@ -21,12 +22,14 @@ final class ServerShared: Sendable {
         self.logger = logger
         self.mount = configuration.normalizedMount
         self.operations = operations
+        self.guardSettings = ConnectionGuardSettings(
+            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket
     /// pings, lingering close.
     func makeConnectionGuard() -> ConnectionGuard {
-        ConnectionGuard(timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
+        ConnectionGuard(settings: guardSettings)
     }
 }
 
@@ -81,8 +84,6 @@ public final class PubSubServer: Sendable {
             upgradePipelineHandler: { channel, upgradeHead in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
-                    // First: it tells the connection guard this is a WebSocket now and sends its pings.
-                    try sync.addHandler(WebSocketPingHandler())
                     try sync.addHandler(
                         NIOWebSocketFrameAggregator(
                             minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
