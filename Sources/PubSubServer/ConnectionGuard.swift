@@ -9,9 +9,9 @@ import NIOCore
 /// `IdleStateHandler` does), so reads never reschedule it.
 ///
 /// The HTTP handlers tell it what happens on their side with outbound user events (`ConnectionGuard.Event`),
-/// sent by `HTTPExchangeProbe` and `WebSocketPingHandler`; without a guard in the pipeline those events reach
+/// sent by `HTTPExchangeProbe` and `WebSocketHandler`; without a guard in the pipeline those events reach
 /// the head and are dropped.
-final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
+final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOScheduledCallbackHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
     typealias OutboundIn = IOData
@@ -28,21 +28,26 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         case abort
     }
 
-    /// Fired inbound when a WebSocket has been silent for the ping interval: `WebSocketPingHandler` sends a ping.
+    /// Fired inbound when a WebSocket has been silent for the ping interval: `WebSocketHandler` sends a ping.
     struct PingDue: Sendable {}
 
     private var state: ConnectionGuardState
-    private let logger: Logger?
     private var context: ChannelHandlerContext?
-    private var timer: Scheduled<Void>?
+    /// A scheduled callback (no promise, no closure: an idle connection's only timer costs little memory).
+    private var timer: NIOScheduledCallback?
     private var timerDeadline: NIODeadline?
     /// Promises of closes asked for while lingering: completed when the connection is closed.
     private var pendingClose: EventLoopPromise<Void>?
 
-    init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, logger: Logger? = nil) {
-        self.state = ConnectionGuardState(timeouts: timeouts, pingInterval: pingInterval, now: .now())
-        self.logger = logger
+    convenience init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, logger: Logger? = nil) {
+        self.init(settings: ConnectionGuardSettings(timeouts: timeouts, pingInterval: pingInterval, logger: logger))
     }
+
+    init(settings: ConnectionGuardSettings) {
+        self.state = ConnectionGuardState(settings: settings, now: .now())
+    }
+
+    private var logger: Logger? { state.settings.logger }
 
     /// The machine's phase, for tests.
     var phase: ConnectionGuardState.Phase { state.phase }
@@ -50,7 +55,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         // Time is the loop's (an embedded loop's in tests): the connection starts now.
-        state = ConnectionGuardState(timeouts: state.timeouts, pingInterval: state.pingInterval, now: context.eventLoop.now)
+        state = ConnectionGuardState(settings: state.settings, now: context.eventLoop.now)
         rearm(context: context)
     }
 
@@ -170,11 +175,14 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         if let timerDeadline, timerDeadline <= deadline { return }
         cancelTimer()
         timerDeadline = deadline
-        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [self] in
-            timer = nil
-            timerDeadline = nil
-            timerFired()
-        }
+        // Fails only when the loop is shutting down, and the connection with it.
+        timer = try? context.eventLoop.assumeIsolated().scheduleCallback(at: deadline, handler: self)
+    }
+
+    func handleScheduledCallback(eventLoop: some EventLoop) {
+        timer = nil
+        timerDeadline = nil
+        timerFired()
     }
 
     private func cancelTimer() {

@@ -1,3 +1,4 @@
+import Logging
 import NIOCore
 
 /// What one connection may do over time, as a pure state machine: the header, idle and send timeouts, the
@@ -62,8 +63,10 @@ struct ConnectionGuardState {
         case close(CloseReason)
     }
 
-    let timeouts: ConnectionTimeouts
-    let pingInterval: TimeAmount
+    /// Shared by every connection of a server: one reference per connection, not a copy of each setting.
+    let settings: ConnectionGuardSettings
+    var timeouts: ConnectionTimeouts { settings.timeouts }
+    var pingInterval: TimeAmount { settings.pingInterval }
     private(set) var phase: Phase
     /// Since when the channel has not been writable (or last drained some while not writable), if it is not.
     private(set) var blockedSince: NIODeadline?
@@ -71,8 +74,12 @@ struct ConnectionGuardState {
     private var blockedUnsent = 0
 
     init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, now: NIODeadline) {
-        self.timeouts = timeouts
-        self.pingInterval = pingInterval
+        self.init(settings: ConnectionGuardSettings(timeouts: timeouts, pingInterval: pingInterval), now: now)
+    }
+
+    init(settings: ConnectionGuardSettings, now: NIODeadline) {
+        self.settings = settings
+        let timeouts = settings.timeouts
         self.phase = .waiting(deadline: now + timeouts.header, firstRequest: true)
     }
 
@@ -244,5 +251,18 @@ struct ConnectionGuardState {
 
     private static func idle(now: NIODeadline, _ timeouts: ConnectionTimeouts) -> Phase {
         .waiting(deadline: now + timeouts.idle, firstRequest: false)
+    }
+}
+
+/// The timeouts, ping interval and logger of every connection guard of one server, held once.
+final class ConnectionGuardSettings: Sendable {
+    let timeouts: ConnectionTimeouts
+    let pingInterval: TimeAmount
+    let logger: Logger?
+
+    init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, logger: Logger? = nil) {
+        self.timeouts = timeouts
+        self.pingInterval = pingInterval
+        self.logger = logger
     }
 }

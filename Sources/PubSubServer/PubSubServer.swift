@@ -15,6 +15,7 @@ final class ServerShared: Sendable {
     let mount: String
     let operations: ServerOperations
     let api: ServerAPI
+    let guardSettings: ConnectionGuardSettings
 
     init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
         self.configuration = configuration
@@ -25,12 +26,14 @@ final class ServerShared: Sendable {
         self.api = ServerAPI(
             key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
             startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
+        self.guardSettings = ConnectionGuardSettings(
+            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket
     /// pings, lingering close.
     func makeConnectionGuard() -> ConnectionGuard {
-        ConnectionGuard(timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
+        ConnectionGuard(settings: guardSettings)
     }
 }
 
@@ -85,8 +88,6 @@ public final class PubSubServer: Sendable {
             upgradePipelineHandler: { channel, upgradeHead in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
-                    // First: it tells the connection guard this is a WebSocket now and sends its pings.
-                    try sync.addHandler(WebSocketPingHandler())
                     try sync.addHandler(
                         NIOWebSocketFrameAggregator(
                             minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,

@@ -42,10 +42,19 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         counters?.attached(.websocket)
         if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
+        // The connection guard keeps the WebSocket alive with pings from now on.
+        context.triggerUserOutboundEvent(ConnectionGuard.Event.upgraded, promise: nil)
     }
 
     /// The server is draining: answer a held connect, send what is waiting, close with 1001.
+    /// The guard saw the socket silent for the ping interval: a ping (answered by any live peer's pong).
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ConnectionGuard.PingDue {
+            guard !closing else { return }
+            let ping = WebSocketFrame(fin: true, opcode: .ping, data: context.channel.allocator.buffer(capacity: 0))
+            context.writeAndFlush(wrapOutboundOut(ping), promise: nil)
+            return
+        }
         guard event is ChannelShouldQuiesceEvent else {
             context.fireUserInboundEventTriggered(event)
             return

@@ -388,7 +388,9 @@ struct WireResponse {
         try channel.pipeline.syncOperations.addHandler(
             ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
-        try channel.pipeline.syncOperations.addHandler(WebSocketPingHandler())
+        let shared = ConnectionHandlerTests.makeShared(maxQueue: 10, recorder: ConnectionHandlerTests.LogRecorder())
+        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(WebSocketFrameDecoder()))
+        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil))
         loop.advanceTime(by: .seconds(29))
         #expect(try channel.readOutbound(as: WebSocketFrame.self) == nil)
         loop.advanceTime(by: .seconds(1))
