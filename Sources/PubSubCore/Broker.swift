@@ -37,7 +37,7 @@ public final class Broker: Sendable {
         logger: Logger = Logger(label: "pubsub.broker")
     ) {
         self.configuration = configuration
-        self.engine = engine ?? MemoryEngine(configuration: configuration)
+        self.engine = engine ?? MemoryEngine(configuration: configuration, logger: logger)
         self.extensions = extensions
         self.logger = logger
     }

@@ -1,4 +1,5 @@
 import Bayeux
+import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 
@@ -58,11 +59,20 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Session events recorded under the lock, reported after it (see `SessionEvents.swift`).
     private var recorded: [SessionEvent] = []
 
+    /// Says when a client with no connection attached is dropped for overflow (a polling client between two
+    /// polls): no transport sees that drop, so the engine logs it. Drops of attached clients are logged by their
+    /// connection.
+    private let logger: Logger?
+    /// Such drops, noted under the lock and logged after it: client id and the transport of its latest connect.
+    private var unattachedDrops: [(String, ConnectionType?)] = []
+
     public init(
         configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52)),
         positionKey: PositionKey = .random(),
-        events observer: (any SessionEventObserver)? = nil
+        events observer: (any SessionEventObserver)? = nil,
+        logger: Logger? = nil
     ) {
+        self.logger = logger
         self.configuration = configuration
         self.history = History(
             capacity: configuration.historySize, maxBytes: configuration.historyBytes, maxAge: configuration.historyTTL)
@@ -297,6 +307,8 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         if let sink = session.sink {
             notifications.append((sink, reason))
             session.sink = nil
+        } else if reason == .overflow, logger != nil {
+            unattachedDrops.append((session.id, session.transport))
         }
         if let ended = SessionEvent.EndReason(reason) {
             record(SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended))
@@ -410,15 +422,25 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         if observer != nil { recorded.append(event) }
     }
 
-    /// Hands the recorded session events to the observer; called after the lock is released.
+    /// Hands the recorded session events to the observer, and logs drops no connection saw; called after the
+    /// lock is released.
     private func report() {
-        guard let observer else { return }
-        let events = lock.withLock { () -> [SessionEvent] in
+        guard observer != nil || logger != nil else { return }
+        let (events, drops) = lock.withLock { () -> ([SessionEvent], [(String, ConnectionType?)]) in
             var taken: [SessionEvent] = []
             swap(&taken, &recorded)
-            return taken
+            var dropped: [(String, ConnectionType?)] = []
+            swap(&dropped, &unattachedDrops)
+            return (taken, dropped)
         }
-        if !events.isEmpty { observer.sessionEvents(events) }
+        if let observer, !events.isEmpty { observer.sessionEvents(events) }
+        for (clientId, transport) in drops {
+            logger?.info(
+                "slow consumer dropped: queue overflow",
+                metadata: [
+                    "pubsub.client.id": "\(clientId)", "pubsub.transport": "\(transport?.rawValue ?? "none attached")",
+                ])
+        }
     }
 
     private func notify(_ notifications: [(any DeliverySink, DetachReason)]) {

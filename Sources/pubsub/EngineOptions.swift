@@ -30,7 +30,7 @@ struct EngineOptions: ParsableArguments {
         async throws -> (any Engine)?
     {
         guard try resolvedEngine() == "redis" else {
-            return events.map { MemoryEngine(configuration: configuration, events: $0) }
+            return events.map { MemoryEngine(configuration: configuration, events: $0, logger: logger) }
         }
         let url = redisUrl ?? Environment.string("PUBSUB_REDIS_URL") ?? "redis://127.0.0.1:6379/0"
         let redis: RedisConfiguration

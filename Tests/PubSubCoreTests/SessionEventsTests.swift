@@ -1,4 +1,5 @@
 import Bayeux
+import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
@@ -70,5 +71,48 @@ final class RecordingObserver: SessionEventObserver {
         let id = try engine.createClient(now: now, on: loop).wait()
         _ = try engine.subscribe(id, to: ["/a"], resume: nil, now: now, on: loop).wait()
         #expect(try engine.destroyClient(id, reason: .disconnected, on: loop).wait())
+    }
+}
+
+/// A polling client between two polls has no connection to see its drop: the engine logs it, once.
+@Suite struct UnattachedDropLogTests {
+    final class Lines: @unchecked Sendable {
+        private let box = NIOLockedValueBox<[(String, Logger.Metadata)]>([])
+        var all: [(String, Logger.Metadata)] { box.withLockedValue { $0 } }
+        func append(_ line: String, _ metadata: Logger.Metadata) { box.withLockedValue { $0.append((line, metadata)) } }
+    }
+
+    struct Handler: LogHandler {
+        let lines: Lines
+        var logLevel: Logger.Level = .info
+        var metadata: Logger.Metadata = [:]
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) { lines.append("\(event.message)", event.metadata ?? [:]) }
+    }
+
+    @Test func aPollingClientDroppedBetweenPollsIsLoggedWithItsId() throws {
+        let loop = EmbeddedEventLoop()
+        let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        let lines = Lines()
+        let engine = MemoryEngine(
+            configuration: .init(timeout: .seconds(10), maxQueue: 3),
+            logger: Logger(label: "test") { _ in Handler(lines: lines) })
+        let slow = try engine.createClient(now: now, on: loop).wait()
+        let attached = try engine.createClient(now: now, on: loop).wait()
+        _ = try engine.subscribe(slow, to: ["/a"], resume: nil, now: now, on: loop).wait()
+        _ = try engine.subscribe(attached, to: ["/a"], resume: nil, now: now, on: loop).wait()
+        // The attached client's connection logs its own drop; the engine says nothing of it.
+        _ = try engine.connect(attached, now: now, sink: RecordingSink(loop: loop, persistent: true), on: loop).wait()
+        for _ in 0..<4 {
+            _ = try engine.publish(Message(), to: "/a", now: now, on: loop).wait()
+            loop.run()
+        }
+        let drops = lines.all.filter { $0.0 == "slow consumer dropped: queue overflow" }
+        #expect(drops.count == 1)
+        #expect(drops.first?.1["pubsub.client.id"] == .string(slow))
+        #expect(try engine.clientExists(slow, on: loop).wait() == false)
     }
 }
