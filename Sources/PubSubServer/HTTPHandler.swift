@@ -33,7 +33,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var parkedJSONP: String?
     /// The request context of the parked connect (for the outgoing extensions of its reply).
     private var pollContext: RequestContext?
-    private var holdTimer: Scheduled<Void>?
+    private var holdTimer = HoldTimer()
     private var heartbeat: Scheduled<Void>?
     private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
@@ -425,15 +425,13 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                holdTimer?.cancel()
-                holdTimer = context.eventLoop.assumeIsolated().scheduleTask(in: hold) { [weak self] in
+                holdTimer.arm(in: hold, on: context.eventLoop) { [weak self] in
                     guard let self, let context = self.context else { return }
-                    self.holdTimer = nil
+                    self.holdTimer.fired()
                     self.perform(self.machine.holdTimerFired(), context: context)
                 }
             case .cancelHoldTimer:
-                holdTimer?.cancel()
-                holdTimer = nil
+                holdTimer.cancel()
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -454,8 +452,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// Answers the parked connect: its hold ended, a delivery or a detach came, or the server drains.
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        holdTimer?.cancel()
-        holdTimer = nil
+        holdTimer.cancel()
         var events = answer.events
         if answer.takeEvents, let sink {
             events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))

@@ -23,7 +23,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     private var machine: ConnectionStateMachine
     /// The sink of the bound client, if any.
     private var sink: ConnectionSink?
-    private var holdTimer: Scheduled<Void>?
+    private var holdTimer = HoldTimer()
     private var closing = false
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
@@ -213,15 +213,13 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                holdTimer?.cancel()
-                holdTimer = context.eventLoop.assumeIsolated().scheduleTask(in: hold) { [weak self] in
+                holdTimer.arm(in: hold, on: context.eventLoop) { [weak self] in
                     guard let self, let context = self.context else { return }
-                    self.holdTimer = nil
+                    self.holdTimer.fired()
                     self.perform(self.machine.holdTimerFired(), context: context)
                 }
             case .cancelHoldTimer:
-                holdTimer?.cancel()
-                holdTimer = nil
+                holdTimer.cancel()
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -246,8 +244,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     /// Sends the reply of the held connect (its hold ended, or it was superseded or released).
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        holdTimer?.cancel()
-        holdTimer = nil
+        holdTimer.cancel()
         let reply = answer.reply
         var replies = answer.replies
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
