@@ -117,20 +117,3 @@ extension MemoryEngine {
         lock.withLock { kickedClients.contains(clientId) }
     }
 }
-
-/// The last `limit` ids inserted, for membership tests.
-struct RecentIDs {
-    let limit: Int
-    private var members: Set<String> = []
-    private var order = CircularBuffer<String>()
-
-    init(limit: Int) { self.limit = limit }
-
-    mutating func insert(_ id: String) {
-        guard members.insert(id).inserted else { return }
-        order.append(id)
-        if order.count > limit { members.remove(order.removeFirst()) }
-    }
-
-    func contains(_ id: String) -> Bool { members.contains(id) }
-}

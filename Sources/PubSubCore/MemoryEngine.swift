@@ -39,9 +39,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     private var stamp: UInt64 = 0
     private var stats = EngineStatistics()
     /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
-    private var dropped: Set<String> = []
-    private var droppedOrder = CircularBuffer<String>()
-    private let maxDroppedRemembered = 10_000
+    private var overflowedClients = RecentIDs(limit: 10_000)
     /// Clients removed by the server API, so a later connect is told not to reconnect (bounded).
     var kickedClients = RecentIDs(limit: 10_000)
 
@@ -127,7 +125,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var superseded: (any DeliverySink)?
         let result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
-                return ConnectResult(status: dropped.contains(clientId) ? .overflowed : missingStatus(clientId))
+                return ConnectResult(status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
@@ -201,7 +199,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         var wake: [(Session, any DeliverySink)] = []
         let result = lock.withLock { () -> (SubscriptionResult, ResumeResult?) in
             guard let session = sessions[clientId] else {
-                return (dropped.contains(clientId) ? .overflowed : .unknownClient, nil)
+                return (overflowedClients.contains(clientId) ? .overflowed : .unknownClient, nil)
             }
             var subscribed: [String] = []
             var result = SubscriptionResult.ok
@@ -262,7 +260,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     {
         let result = lock.withLock { () -> SubscriptionResult in
             guard let session = sessions[clientId] else {
-                return dropped.contains(clientId) ? .overflowed : .unknownClient
+                return overflowedClients.contains(clientId) ? .overflowed : .unknownClient
             }
             for channel in channels where session.subscriptions.remove(channel) != nil {
                 removeFromIndex(channel, clientId)
@@ -316,9 +314,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         if reason == .kicked { kickedClients.insert(session.id) }
         if reason == .overflow {
             stats.overflowDrops += 1
-            dropped.insert(session.id)
-            droppedOrder.append(session.id)
-            if droppedOrder.count > maxDroppedRemembered { dropped.remove(droppedOrder.removeFirst()) }
+            overflowedClients.insert(session.id)
         }
     }
 
