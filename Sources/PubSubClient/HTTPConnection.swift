@@ -71,13 +71,22 @@ final class HTTPConnection: Sendable {
     func post(_ body: ByteBuffer, contentType: String = "application/json", timeout: TimeAmount)
         -> EventLoopFuture<HTTPResponse>
     {
+        request(.POST, uri: url.path, headers: [:], body: body, contentType: contentType, timeout: timeout)
+    }
+
+    /// Writes any request now and returns its response, with the same timeout and failures as `post`.
+    func request(
+        _ method: HTTPMethod, uri: String, headers extra: HTTPHeaders, body: ByteBuffer?,
+        contentType: String = "application/json", timeout: TimeAmount
+    ) -> EventLoopFuture<HTTPResponse> {
         var headers = HTTPHeaders()
         headers.add(name: "Host", value: url.hostHeader)
-        headers.add(name: "Content-Type", value: contentType)
-        headers.add(name: "Content-Length", value: String(body.readableBytes))
+        if body != nil { headers.add(name: "Content-Type", value: contentType) }
+        headers.add(name: "Content-Length", value: String(body?.readableBytes ?? 0))
         headers.add(name: "Accept", value: "application/json")
         headers.add(name: "User-Agent", value: "pubsub-client")
-        let head = HTTPRequestHead(version: .http1_1, method: .POST, uri: url.path, headers: headers)
+        headers.add(contentsOf: extra)
+        let head = HTTPRequestHead(version: .http1_1, method: method, uri: uri, headers: headers)
         let channel = self.channel
         let promise = channel.eventLoop.makePromise(of: HTTPResponse.self)
         let timer = channel.eventLoop.scheduleTask(in: timeout) {
@@ -85,7 +94,8 @@ final class HTTPConnection: Sendable {
             channel.close(promise: nil)
         }
         promise.futureResult.whenComplete { _ in timer.cancel() }
-        channel.writeAndFlush(HTTPRequest(head: head, body: body, promise: promise)).whenFailure { error in
+        channel.writeAndFlush(HTTPRequest(head: head, body: body ?? ByteBuffer(), promise: promise)).whenFailure {
+            error in
             promise.fail(BayeuxClientError(.connectionClosed, "connection to \(self.url.hostHeader) lost: \(describe(error))"))
         }
         return promise.futureResult

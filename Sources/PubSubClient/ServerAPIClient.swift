@@ -78,31 +78,3 @@ public struct ServerAPIClient: Sendable {
         return out
     }
 }
-
-extension HTTPConnection {
-    /// Writes any request now and returns its response (as `post`, with a method, a path and headers).
-    func request(_ method: HTTPMethod, uri: String, headers extra: HTTPHeaders, body: ByteBuffer?, timeout: TimeAmount)
-        -> EventLoopFuture<HTTPResponse>
-    {
-        var headers = HTTPHeaders()
-        headers.add(name: "Host", value: url.hostHeader)
-        if body != nil { headers.add(name: "Content-Type", value: "application/json") }
-        headers.add(name: "Content-Length", value: String(body?.readableBytes ?? 0))
-        headers.add(name: "Accept", value: "application/json")
-        headers.add(name: "User-Agent", value: "pubsub-client")
-        headers.add(contentsOf: extra)
-        let head = HTTPRequestHead(version: .http1_1, method: method, uri: uri, headers: headers)
-        let channel = self.channel
-        let promise = channel.eventLoop.makePromise(of: HTTPResponse.self)
-        let timer = channel.eventLoop.scheduleTask(in: timeout) {
-            promise.fail(BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
-            channel.close(promise: nil)
-        }
-        promise.futureResult.whenComplete { _ in timer.cancel() }
-        channel.writeAndFlush(HTTPRequest(head: head, body: body ?? ByteBuffer(), promise: promise)).whenFailure {
-            error in
-            promise.fail(BayeuxClientError(.connectionClosed, "connection to \(self.url.hostHeader) lost: \(describe(error))"))
-        }
-        return promise.futureResult
-    }
-}
