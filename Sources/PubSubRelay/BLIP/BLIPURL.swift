@@ -9,11 +9,6 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
     public var username: String?
     public var password: String?
 
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public var description: String { message }
-    }
-
     public init(_ text: String, username: String? = nil, password: String? = nil) throws {
         let rest: Substring
         if text.hasPrefix("ws://") {
@@ -23,7 +18,7 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
             secure = true
             rest = text.dropFirst(6)
         } else {
-            throw Error(message: "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
+            throw RelayError(.invalidURL, "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
         }
         let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
         let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<authorityEnd])
@@ -41,12 +36,13 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
         } else {
             host = String(authority)
         }
-        guard !host.isEmpty else { throw Error(message: "\(Self.redacted(text)): no host") }
-        if let port, !(1...65535).contains(port) { throw Error(message: "\(Self.redacted(text)): bad port") }
+        guard !host.isEmpty else { throw RelayError(.invalidURL, "\(Self.redacted(text)): no host") }
+        if let port, !(1...65535).contains(port) { throw RelayError(.invalidURL, "\(Self.redacted(text)): bad port") }
         if path.hasSuffix("/_blipsync") { path = path.dropLast("/_blipsync".count) }
         while path.hasSuffix("/") { path = path.dropLast() }
         guard !path.isEmpty, !path.contains("/"), !path.contains("?"), !path.contains("#") else {
-            throw Error(message: "\(Self.redacted(text)): expected one database name in the path, e.g. ws://host:4984/db")
+            throw RelayError(
+                .invalidURL, "\(Self.redacted(text)): expected one database name in the path, e.g. ws://host:4984/db")
         }
         database = String(path)
     }

@@ -1,11 +1,5 @@
 /// A database URL `http[s]://[user[:password]@]host[:port]/db` (or a Sync Gateway keyspace `/db.scope.collection`).
 public struct CouchDBURL: Sendable, Equatable {
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public init(_ message: String) { self.message = message }
-        public var description: String { message }
-    }
-
     public var tls: Bool
     /// The host as written in the URL (an IPv6 address keeps its brackets).
     public var host: String
@@ -25,14 +19,15 @@ public struct CouchDBURL: Sendable, Equatable {
         } else if text.hasPrefix("https://") {
             (scheme, rest) = ("https", text.dropFirst(8))
         } else {
-            throw Error("--db-url must start with http:// or https:// (got \(text))")
+            throw RelayError(.invalidURL, "--db-url must start with http:// or https:// (got \(text))")
         }
         tls = scheme == "https"
         if rest.contains("?") || rest.contains("#") {
-            throw Error("--db-url takes no query or fragment: http[s]://[user:password@]host[:port]/db")
+            throw RelayError(
+                .invalidURL, "--db-url takes no query or fragment: http[s]://[user:password@]host[:port]/db")
         }
         guard let slash = rest.firstIndex(of: "/") else {
-            throw Error("--db-url needs the database: http[s]://[user:password@]host[:port]/db")
+            throw RelayError(.invalidURL, "--db-url needs the database: http[s]://[user:password@]host[:port]/db")
         }
         let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<slash])
         var authority = hostAndPort
@@ -42,14 +37,18 @@ public struct CouchDBURL: Sendable, Equatable {
         user = userInfo?.user
         password = userInfo?.password
         if authority.hasPrefix("[") {
-            guard let close = authority.firstIndex(of: "]") else { throw Error("--db-url: unclosed [ in the host") }
+            guard let close = authority.firstIndex(of: "]") else {
+                throw RelayError(.invalidURL, "--db-url: unclosed [ in the host")
+            }
             host = String(authority[...close])
             authority = authority[authority.index(after: close)...]
             if !authority.isEmpty {
-                guard authority.hasPrefix(":") else { throw Error("--db-url: bad host \(host)\(authority)") }
+                guard authority.hasPrefix(":") else {
+                    throw RelayError(.invalidURL, "--db-url: bad host \(host)\(authority)")
+                }
                 authority = authority.dropFirst()
                 guard let number = Int(authority), (1...65535).contains(number) else {
-                    throw Error("--db-url: bad port \(authority)")
+                    throw RelayError(.invalidURL, "--db-url: bad port \(authority)")
                 }
                 port = number
             }
@@ -57,16 +56,17 @@ public struct CouchDBURL: Sendable, Equatable {
             host = String(authority[..<colon])
             let portText = authority[authority.index(after: colon)...]
             guard let number = Int(portText), (1...65535).contains(number) else {
-                throw Error("--db-url: bad port \(portText)")
+                throw RelayError(.invalidURL, "--db-url: bad port \(portText)")
             }
             port = number
         } else {
             host = String(authority)
         }
-        guard !host.isEmpty, !host.contains(" ") else { throw Error("--db-url needs a host") }
+        guard !host.isEmpty, !host.contains(" ") else { throw RelayError(.invalidURL, "--db-url needs a host") }
         let segments = path.split(separator: "/")
         guard let last = segments.last, !last.isEmpty, !last.hasPrefix("_") else {
-            throw Error("--db-url needs the database as its last path segment: http[s]://host[:port]/db")
+            throw RelayError(
+                .invalidURL, "--db-url needs the database as its last path segment: http[s]://host[:port]/db")
         }
         self.path = path
         database = URLUserInfo.percentDecoded(last)

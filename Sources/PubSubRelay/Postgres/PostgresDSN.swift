@@ -31,19 +31,14 @@ public struct PostgresDSN: Sendable, Equatable {
     /// PEM file of the certificate authorities trusted for the server's certificate.
     public var sslRootCertificate: String?
 
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public var description: String { message }
-    }
-
-    public init(_ text: String) throws(Error) {
+    public init(_ text: String) throws(RelayError) {
         var rest = Substring(text)
         if rest.hasPrefix("postgres://") {
             rest = rest.dropFirst("postgres://".count)
         } else if rest.hasPrefix("postgresql://") {
             rest = rest.dropFirst("postgresql://".count)
         } else {
-            throw Error(message: "invalid --dsn \(text): expected postgres://user@host:port/database")
+            throw RelayError(.invalidURL, "invalid --dsn \(text): expected postgres://user@host:port/database")
         }
         var query = Substring("")
         if let mark = rest.firstIndex(of: "?") {
@@ -105,18 +100,18 @@ public struct PostgresDSN: Sendable, Equatable {
             case "sslmode":
                 guard let mode = SSLMode(rawValue: value) else {
                     let modes = SSLMode.allCases.map(\.rawValue).joined(separator: ", ")
-                    throw Error(message: "invalid --dsn: sslmode=\(value) (expected one of \(modes))")
+                    throw RelayError(.invalidURL, "invalid --dsn: sslmode=\(value) (expected one of \(modes))")
                 }
                 sslMode = mode
             case "sslrootcert":
                 guard access(value, R_OK) == 0 else {
-                    throw Error(message: "invalid --dsn: sslrootcert=\(value) cannot be read")
+                    throw RelayError(.invalidURL, "invalid --dsn: sslrootcert=\(value) cannot be read")
                 }
                 sslRootCertificate = value
             case "application_name", "connect_timeout":
                 break
             default:
-                throw Error(message: "invalid --dsn: unknown parameter \(name)")
+                throw RelayError(.invalidURL, "invalid --dsn: unknown parameter \(name)")
             }
         }
     }
@@ -156,28 +151,28 @@ public struct PostgresDSN: Sendable, Equatable {
         socketDirectory.map { "\($0)/.s.PGSQL.\(port)" } ?? "\(host):\(port)"
     }
 
-    private static func port(_ text: Substring, _ dsn: String) throws(Error) -> Int {
+    private static func port(_ text: Substring, _ dsn: String) throws(RelayError) -> Int {
         guard let port = Int(text), (1...65535).contains(port) else {
-            throw Error(message: "invalid --dsn \(dsn): bad port \(text)")
+            throw RelayError(.invalidURL, "invalid --dsn \(dsn): bad port \(text)")
         }
         return port
     }
 
-    private static func decode(_ text: Substring) throws(Error) -> String {
+    private static func decode(_ text: Substring) throws(RelayError) -> String {
         var bytes: [UInt8] = []
         var iterator = Array(text.utf8).makeIterator()
         while let byte = iterator.next() {
             if byte == UInt8(ascii: "%") {
                 guard let high = iterator.next(), let low = iterator.next(),
                       let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16)
-                else { throw Error(message: "invalid --dsn: bad percent-escape in \(text)") }
+                else { throw RelayError(.invalidURL, "invalid --dsn: bad percent-escape in \(text)") }
                 bytes.append(value)
             } else {
                 bytes.append(byte)
             }
         }
         guard let string = String(validating: bytes, as: UTF8.self) else {
-            throw Error(message: "invalid --dsn: \(text) is not UTF-8")
+            throw RelayError(.invalidURL, "invalid --dsn: \(text) is not UTF-8")
         }
         return string
     }
