@@ -1,3 +1,5 @@
+import Bayeux
+
 /// A database URL `http[s]://[user[:password]@]host[:port]/db` (or a Sync Gateway keyspace `/db.scope.collection`).
 public struct CouchDBURL: Sendable, Equatable {
     public var tls: Bool
@@ -29,39 +31,23 @@ public struct CouchDBURL: Sendable, Equatable {
         guard let slash = rest.firstIndex(of: "/") else {
             throw RelayError(.invalidURL, "--db-url needs the database: http[s]://[user:password@]host[:port]/db")
         }
-        let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<slash])
-        var authority = hostAndPort
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest[..<slash])
+        } catch {
+            switch error {
+            case .unclosedBracket: throw RelayError(.invalidURL, "--db-url: unclosed [ in the host")
+            case .junkAfterBracket(let junk): throw RelayError(.invalidURL, "--db-url: bad host …]\(junk)")
+            case .badPort(let port): throw RelayError(.invalidURL, "--db-url: bad port \(port)")
+            }
+        }
         var path = String(rest[slash...])
         while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
         rest = ""
-        user = userInfo?.user
-        password = userInfo?.password
-        if authority.hasPrefix("[") {
-            guard let close = authority.firstIndex(of: "]") else {
-                throw RelayError(.invalidURL, "--db-url: unclosed [ in the host")
-            }
-            host = String(authority[...close])
-            authority = authority[authority.index(after: close)...]
-            if !authority.isEmpty {
-                guard authority.hasPrefix(":") else {
-                    throw RelayError(.invalidURL, "--db-url: bad host \(host)\(authority)")
-                }
-                authority = authority.dropFirst()
-                guard let number = Int(authority), (1...65535).contains(number) else {
-                    throw RelayError(.invalidURL, "--db-url: bad port \(authority)")
-                }
-                port = number
-            }
-        } else if let colon = authority.lastIndex(of: ":") {
-            host = String(authority[..<colon])
-            let portText = authority[authority.index(after: colon)...]
-            guard let number = Int(portText), (1...65535).contains(number) else {
-                throw RelayError(.invalidURL, "--db-url: bad port \(portText)")
-            }
-            port = number
-        } else {
-            host = String(authority)
-        }
+        user = authority.user.map(PercentDecoding.decodeLeniently)
+        password = authority.password.map(PercentDecoding.decodeLeniently)
+        host = authority.hostInURL
+        port = authority.port
         guard !host.isEmpty, !host.contains(" ") else { throw RelayError(.invalidURL, "--db-url needs a host") }
         let segments = path.split(separator: "/")
         guard let last = segments.last, !last.isEmpty, !last.hasPrefix("_") else {
@@ -69,7 +55,7 @@ public struct CouchDBURL: Sendable, Equatable {
                 .invalidURL, "--db-url needs the database as its last path segment: http[s]://host[:port]/db")
         }
         self.path = path
-        database = URLUserInfo.percentDecoded(last)
+        database = PercentDecoding.decodeLeniently(last)
     }
 
     /// `scheme://host[:port]/path`, without credentials.

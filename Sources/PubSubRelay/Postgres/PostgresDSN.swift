@@ -1,3 +1,4 @@
+import Bayeux
 import NIOSSL
 import PostgresNIO
 
@@ -50,37 +51,19 @@ public struct PostgresDSN: Sendable, Equatable {
             path = rest[rest.index(after: slash)...]
             rest = rest[..<slash]
         }
-        var userInfo: Substring?
-        if let at = rest.lastIndex(of: "@") {
-            userInfo = rest[..<at]
-            rest = rest[rest.index(after: at)...]
-        }
-        user = "postgres"
-        if let userInfo {
-            if let colon = userInfo.firstIndex(of: ":") {
-                user = try Self.decode(userInfo[..<colon])
-                password = try Self.decode(userInfo[userInfo.index(after: colon)...])
-            } else {
-                user = try Self.decode(userInfo)
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest)
+        } catch {
+            switch error {
+            case .badPort(let port): throw RelayError(.invalidURL, "invalid --dsn \(text): bad port \(port)")
+            case .unclosedBracket, .junkAfterBracket: throw RelayError(.invalidURL, "invalid --dsn \(text): bad host")
             }
         }
-        host = "127.0.0.1"
-        port = 5432
-        if !rest.isEmpty {
-            var hostPart = rest
-            if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
-                host = String(rest[rest.index(after: rest.startIndex)..<close])
-                hostPart = rest[rest.index(after: close)...]
-                if hostPart.hasPrefix(":") { hostPart = hostPart.dropFirst() } else { hostPart = "" }
-                if !hostPart.isEmpty { port = try Self.port(hostPart, text) }
-            } else if let colon = rest.lastIndex(of: ":") {
-                host = String(rest[..<colon])
-                port = try Self.port(rest[rest.index(after: colon)...], text)
-            } else {
-                host = String(hostPart)
-            }
-            if host.isEmpty { host = "127.0.0.1" }
-        }
+        user = try authority.user.map(Self.decode) ?? "postgres"
+        password = try authority.password.map(Self.decode)
+        host = authority.host.isEmpty ? "127.0.0.1" : authority.host
+        port = authority.port ?? 5432
         database = path.isEmpty ? user : try Self.decode(path)
         for pair in query.split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
@@ -158,22 +141,14 @@ public struct PostgresDSN: Sendable, Equatable {
         return port
     }
 
-    private static func decode(_ text: Substring) throws(RelayError) -> String {
-        var bytes: [UInt8] = []
-        var iterator = Array(text.utf8).makeIterator()
-        while let byte = iterator.next() {
-            if byte == UInt8(ascii: "%") {
-                guard let high = iterator.next(), let low = iterator.next(),
-                      let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16)
-                else { throw RelayError(.invalidURL, "invalid --dsn: bad percent-escape in \(text)") }
-                bytes.append(value)
-            } else {
-                bytes.append(byte)
+    private static func decode(_ text: some StringProtocol) throws(RelayError) -> String {
+        do throws(PercentDecoding.Failure) {
+            return try PercentDecoding.decode(text)
+        } catch {
+            switch error {
+            case .badEscape: throw RelayError(.invalidURL, "invalid --dsn: bad percent-escape in \(text)")
+            case .notUTF8: throw RelayError(.invalidURL, "invalid --dsn: \(text) is not UTF-8")
             }
         }
-        guard let string = String(validating: bytes, as: UTF8.self) else {
-            throw RelayError(.invalidURL, "invalid --dsn: \(text) is not UTF-8")
-        }
-        return string
     }
 }

@@ -94,6 +94,10 @@ import Testing
                     "http://host/db/_changes", "ftp://host/db"] {
             expectRelayError(.invalidURL, "\(bad)") { try CouchDBURL(bad) }
         }
+        let unclosed = expectRelayError(.invalidURL) { try CouchDBURL("http://u@[::1:5984/db") }
+        #expect(unclosed?.message == "--db-url: unclosed [ in the host")
+        let port = expectRelayError(.invalidURL) { try CouchDBURL("http://u:p@[::1]:x/db") }
+        #expect(port?.message == "--db-url: bad port x")
         #expect(CouchDBURL.queryEncode("12::34") == "12%3A%3A34")
     }
 }

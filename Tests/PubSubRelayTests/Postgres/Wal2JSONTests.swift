@@ -106,7 +106,14 @@ import Testing
         let defaults = try PostgresDSN("postgres://")
         #expect(defaults.user == "postgres" && defaults.database == "postgres" && defaults.port == 5432)
         expectRelayError(.invalidURL) { try PostgresDSN("mysql://x") }
-        expectRelayError(.invalidURL) { try PostgresDSN("postgres://h:99999/db") }
+        let badPort = expectRelayError(.invalidURL) { try PostgresDSN("postgres://h:99999/db") }
+        #expect(badPort?.message == "invalid --dsn postgres://h:99999/db: bad port 99999")
+        let v6 = try PostgresDSN("postgres://u@[::1]:5433/d%C3%A9j%C3%A0")
+        #expect(v6.host == "::1" && v6.port == 5433 && v6.user == "u" && v6.password == nil && v6.database == "déjà")
+        let badEscape = expectRelayError(.invalidURL) { try PostgresDSN("postgres://u%zz@h/db") }
+        #expect(badEscape?.message == "invalid --dsn: bad percent-escape in u%zz")
+        let notUTF8 = expectRelayError(.invalidURL) { try PostgresDSN("postgres://u:%FF@h/db") }
+        #expect(notUTF8?.message == "invalid --dsn: %FF is not UTF-8")
         #expect(defaults.sslMode == .prefer && defaults.sslRootCertificate == nil)
         #expect(try PostgresDSN("postgres://h/db?sslmode=verify-full").sslMode == .verifyFull)
         expectRelayError(.invalidURL) { try PostgresDSN("postgres://h/db?sslmode=sometimes") }
