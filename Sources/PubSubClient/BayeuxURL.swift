@@ -1,3 +1,5 @@
+import Bayeux
+
 /// The address of a Bayeux endpoint: `http[s]://host:port/path` (long-polling) or `ws[s]://host:port/path`
 /// (WebSocket); either form names the same endpoint, the scheme only picks the default transport (and TLS).
 public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
@@ -26,34 +28,21 @@ public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
         }
         let rest = string[schemeEnd.upperBound...]
         let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
-        var authority = rest[..<authorityEnd]
-        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest[..<authorityEnd])
+        } catch {
+            switch error {
+            case .unclosedBracket: throw invalid("unclosed '[' in host")
+            case .junkAfterBracket, .badPort: throw invalid("bad port")
+            }
+        }
         var path = String(rest[authorityEnd...])
         if let hash = path.firstIndex(of: "#") { path = String(path[..<hash]) }
         if path.isEmpty || path.hasPrefix("?") { path = "/" + path }
         self.path = path
-        let defaultPort = secure ? 443 : 80
-        if authority.hasPrefix("[") {
-            guard let close = authority.firstIndex(of: "]") else { throw invalid("unclosed '[' in host") }
-            host = String(authority[authority.index(after: authority.startIndex)..<close])
-            let after = authority[authority.index(after: close)...]
-            if after.isEmpty {
-                port = defaultPort
-            } else if after.hasPrefix(":"), let p = Int(after.dropFirst()), (1...65535).contains(p) {
-                port = p
-            } else {
-                throw invalid("bad port")
-            }
-        } else if let colon = authority.lastIndex(of: ":") {
-            host = String(authority[..<colon])
-            guard let p = Int(authority[authority.index(after: colon)...]), (1...65535).contains(p) else {
-                throw invalid("bad port")
-            }
-            port = p
-        } else {
-            host = String(authority)
-            port = defaultPort
-        }
+        host = authority.host
+        port = authority.port ?? (secure ? 443 : 80)
         guard !host.isEmpty else { throw invalid("no host") }
     }
 

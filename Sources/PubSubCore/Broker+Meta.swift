@@ -227,15 +227,6 @@ extension Message {
         self["advice"] = Advice.handshake
     }
 
-    /// The bytes every recipient gets: a one-element JSON array, so a single event is a whole frame as it is.
-    public func encodedEvent() -> ByteBuffer {
-        var buffer = ByteBufferAllocator().buffer(capacity: 128)
-        buffer.writeInteger(UInt8(ascii: "["))
-        buffer.writeJSON(fields)
-        buffer.writeInteger(UInt8(ascii: "]"))
-        return buffer
-    }
-
     /// Adds `ext.position` (creating `ext` when absent; an `ext` that is not an object is left alone).
     mutating func setPosition(_ token: String) {
         switch fields["ext"] {

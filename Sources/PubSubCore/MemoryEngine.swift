@@ -37,7 +37,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     var sessions: [String: Session] = [:]
     var index: [String: [String: Session]] = [:]
     private var stamp: UInt64 = 0
-    private var stats = EngineStatistics()
+    var stats = EngineStatistics()
     /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
     private var overflowedClients = RecentIDs(limit: 10_000)
     /// Clients removed by the server API, so a later connect is told not to reconnect (bounded).
@@ -50,7 +50,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     public let positionKey: PositionKey
 
     public let configuration: BrokerConfiguration
-    private var lifetime: TimeAmount { configuration.timeout * 2 }
+    var lifetime: TimeAmount { configuration.timeout * 2 }
 
     /// Told about handshakes, subscriptions and ended sessions (webhooks); nil records nothing.
     private let observer: (any SessionEventObserver)?
@@ -272,7 +272,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         return loop.makeSucceededFuture(result)
     }
 
-    private func removeFromIndex(_ channel: String, _ clientId: String) {
+    func removeFromIndex(_ channel: String, _ clientId: String) {
         stats.subscriptions -= 1
         index[channel]?[clientId] = nil
         if index[channel]?.isEmpty == true { index[channel] = nil }
@@ -293,7 +293,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     }
 
     /// Removes a session; the lock is held.
-    private func remove(
+    func remove(
         _ session: Session,
         reason: DetachReason,
         notifications: inout [(any DeliverySink, DetachReason)]
@@ -353,7 +353,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.
     /// Returns the ids of the dropped sessions.
     @inline(__always)
-    private func fanOut(
+    func fanOut(
         _ event: ByteBuffer,
         keys: [String],
         wakes: inout [(Session, any DeliverySink)],
@@ -385,7 +385,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     }
 
     /// One task per event loop: it drains every woken session of that loop under one lock, then delivers.
-    private func wakeUp(_ wakes: [(Session, any DeliverySink)]) {
+    func wakeUp(_ wakes: [(Session, any DeliverySink)]) {
         if wakes.count == 1 || wakes.allSatisfy({ $0.1.eventLoop === wakes[0].1.eventLoop }) {
             let loop = wakes[0].1.eventLoop
             loop.execute { self.drain(wakes) }
@@ -420,7 +420,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     /// Hands the recorded session events to the observer, and logs drops no connection saw; called after the
     /// lock is released.
-    private func report() {
+    func report() {
         guard observer != nil || logger != nil else { return }
         let (events, drops) = lock.withLock { () -> ([SessionEvent], [(String, ConnectionType?)]) in
             var taken: [SessionEvent] = []
@@ -439,7 +439,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         }
     }
 
-    private func notify(_ notifications: [(any DeliverySink, DetachReason)]) {
+    func notify(_ notifications: [(any DeliverySink, DetachReason)]) {
         for (sink, reason) in notifications {
             sink.eventLoop.execute { sink.detached(reason) }
         }
@@ -468,111 +468,5 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             }
         }
         notify(notifications)
-    }
-}
-
-// MARK: The local store of a clustered engine
-
-/// A clustered engine keeps the sessions whose connections are on its node in a memory engine: the same sinks,
-/// bounded queues and wakeups. These calls move sessions in and out and queue events routed from other nodes.
-extension MemoryEngine {
-    public func hasSession(_ clientId: String) -> Bool {
-        lock.withLock { sessions[clientId] != nil }
-    }
-
-    /// Creates the session `clientId`, or sets the subscriptions of the existing one; false when it existed.
-    @discardableResult
-    public func adopt(_ clientId: String, subscriptions: [String], connectedOnce: Bool, now: NIODeadline) -> Bool {
-        lock.withLock {
-            let session: Session
-            let created: Bool
-            if let existing = sessions[clientId] {
-                session = existing
-                created = false
-            } else {
-                session = Session(id: clientId, expiresAt: now + lifetime)
-                sessions[clientId] = session
-                created = true
-            }
-            session.connectedOnce = session.connectedOnce || connectedOnce
-            let wanted = Set(subscriptions)
-            for channel in session.subscriptions.subtracting(wanted) {
-                session.subscriptions.remove(channel)
-                removeFromIndex(channel, clientId)
-            }
-            for channel in wanted.subtracting(session.subscriptions) {
-                session.subscriptions.insert(channel)
-                index[channel, default: [:]][clientId] = session
-                stats.subscriptions += 1
-            }
-            return created
-        }
-    }
-
-    /// Removes the session, detaching its sink with `reason`, and returns what was queued for it; nil when absent.
-    /// `.expired` and `.overflow` are counted as for a session of this engine.
-    @discardableResult
-    public func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
-        var notifications: [(any DeliverySink, DetachReason)] = []
-        let queue = lock.withLock { () -> CircularBuffer<ByteBuffer>? in
-            guard let session = sessions[clientId] else { return nil }
-            let queue = session.queue
-            if reason == .expired { stats.expired += 1 }
-            remove(session, reason: reason, notifications: &notifications)
-            return queue
-        }
-        notify(notifications)
-        report()
-        return queue
-    }
-
-    /// Queues an event encoded elsewhere for every local subscriber of `channel` (no history, no statistics of
-    /// publishing); returns the ids of the clients dropped because their queue was full.
-    public func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
-        let keys = Channel.expand(channel)
-        var wakes: [(Session, any DeliverySink)] = []
-        var notifications: [(any DeliverySink, DetachReason)] = []
-        let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
-        if !wakes.isEmpty { wakeUp(wakes) }
-        if !notifications.isEmpty { notify(notifications) }
-        if !overflowed.isEmpty { report() }
-        return overflowed
-    }
-
-    /// Puts events before (`atFront`: handed over by another node) or after (a replay) the session's queue.
-    /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
-    public func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, atFront: Bool) -> Bool? {
-        var wake: [(Session, any DeliverySink)] = []
-        var notifications: [(any DeliverySink, DetachReason)] = []
-        let result = lock.withLock { () -> Bool? in
-            guard let session = sessions[clientId] else { return nil }
-            guard !events.isEmpty else { return true }
-            guard session.queue.count + events.count <= configuration.maxQueue else {
-                remove(session, reason: .overflow, notifications: &notifications)
-                return false
-            }
-            if atFront {
-                var merged = events
-                merged.append(contentsOf: session.queue)
-                session.queue = merged
-            } else {
-                session.queue.append(contentsOf: events)
-            }
-            stats.queued += UInt64(events.count)
-            if let sink = session.sink, !session.wakeScheduled {
-                session.wakeScheduled = true
-                wake.append((session, sink))
-            }
-            return true
-        }
-        if !wake.isEmpty { wakeUp(wake) }
-        if !notifications.isEmpty { notify(notifications) }
-        if result == false { report() }
-        return result
-    }
-
-    /// Every session and its subscriptions.
-    public func snapshot() -> [(id: String, subscriptions: [String])] {
-        lock.withLock { sessions.values.map { ($0.id, Array($0.subscriptions)) } }
     }
 }

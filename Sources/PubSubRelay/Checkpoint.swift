@@ -17,12 +17,6 @@ public struct Checkpoint: Sendable, Equatable {
     }
 }
 
-public struct CheckpointError: Error, Sendable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}
-
 /// Where checkpoints are kept. `save` returns only once the checkpoint survives a crash of the process or the
 /// machine.
 public protocol CheckpointStore: Sendable {
@@ -54,7 +48,7 @@ public struct FileCheckpointStore: CheckpointStore {
         let fd = open(path, O_RDONLY)
         if fd < 0 {
             if errno == ENOENT { return nil }
-            throw CheckpointError("cannot read checkpoint \(path): \(Self.errorText())")
+            throw RelayError(.checkpoint, "cannot read checkpoint \(path): \(Self.errorText())")
         }
         defer { close(fd) }
         var bytes: [UInt8] = []
@@ -63,16 +57,17 @@ public struct FileCheckpointStore: CheckpointStore {
             let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 {
                 if errno == EINTR { continue }
-                throw CheckpointError("cannot read checkpoint \(path): \(Self.errorText())")
+                throw RelayError(.checkpoint, "cannot read checkpoint \(path): \(Self.errorText())")
             }
             if n == 0 { break }
             bytes += chunk[0..<n]
-            if bytes.count > 1 << 20 { throw CheckpointError("checkpoint \(path) is too large") }
+            if bytes.count > 1 << 20 { throw RelayError(.checkpoint, "checkpoint \(path) is too large") }
         }
         guard let value = try? JSONParser().parse(bytes), let object = value.objectValue,
               let source = object["source"]?.stringValue, let position = object["position"]?.stringValue
         else {
-            throw CheckpointError("checkpoint \(path) is not a relay checkpoint (expected {\"source\", \"position\"})")
+            throw RelayError(
+                .checkpoint, "checkpoint \(path) is not a relay checkpoint (expected {\"source\", \"position\"})")
         }
         return Checkpoint(sourceID: source, position: position)
     }
@@ -84,7 +79,7 @@ public struct FileCheckpointStore: CheckpointStore {
 
         try beforeStep?(.writeTemporary)
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        if fd < 0 { throw CheckpointError("cannot write checkpoint \(temporary): \(Self.errorText())") }
+        if fd < 0 { throw RelayError(.checkpoint, "cannot write checkpoint \(temporary): \(Self.errorText())") }
         var closed = false
         defer { if !closed { close(fd) } }
         var offset = 0
@@ -92,25 +87,25 @@ public struct FileCheckpointStore: CheckpointStore {
             let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
             if n < 0 {
                 if errno == EINTR { continue }
-                throw CheckpointError("cannot write checkpoint \(temporary): \(Self.errorText())")
+                throw RelayError(.checkpoint, "cannot write checkpoint \(temporary): \(Self.errorText())")
             }
             offset += n
         }
         try beforeStep?(.syncTemporary)
-        if fsync(fd) != 0 { throw CheckpointError("cannot sync checkpoint \(temporary): \(Self.errorText())") }
+        if fsync(fd) != 0 { throw RelayError(.checkpoint, "cannot sync checkpoint \(temporary): \(Self.errorText())") }
         closed = true
-        if close(fd) != 0 { throw CheckpointError("cannot close checkpoint \(temporary): \(Self.errorText())") }
+        if close(fd) != 0 { throw RelayError(.checkpoint, "cannot close checkpoint \(temporary): \(Self.errorText())") }
 
         try beforeStep?(.rename)
         if rename(temporary, path) != 0 {
-            throw CheckpointError("cannot replace checkpoint \(path): \(Self.errorText())")
+            throw RelayError(.checkpoint, "cannot replace checkpoint \(path): \(Self.errorText())")
         }
         try beforeStep?(.syncDirectory)
         let directory = Self.directory(of: path)
         let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd < 0 { throw CheckpointError("cannot open directory \(directory): \(Self.errorText())") }
+        if dfd < 0 { throw RelayError(.checkpoint, "cannot open directory \(directory): \(Self.errorText())") }
         defer { close(dfd) }
-        if fsync(dfd) != 0 { throw CheckpointError("cannot sync directory \(directory): \(Self.errorText())") }
+        if fsync(dfd) != 0 { throw RelayError(.checkpoint, "cannot sync directory \(directory): \(Self.errorText())") }
     }
 
     static func directory(of path: String) -> String {

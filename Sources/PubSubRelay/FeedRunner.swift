@@ -34,11 +34,11 @@ public struct MessagePublisher: Publisher {
             }
             let replies = try await send(requests)
             guard replies.count == requests.count else {
-                throw PublishError("the broker answered \(replies.count) of \(requests.count) messages")
+                throw RelayError(.publish, "the broker answered \(replies.count) of \(requests.count) messages")
             }
             let refused = replies.indices.filter { replies[$0].fields["successful"] != .bool(true) }
             if let first = refused.first {
-                throw PublishError(
+                throw RelayError(.publish,
                     "the broker refused \(refused.count) of \(replies.count) messages (first on \(chunk[chunk.startIndex + first].channel): \(replies[first].error ?? "refused"))")
             }
         }

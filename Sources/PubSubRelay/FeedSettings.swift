@@ -1,14 +1,6 @@
 import Bayeux
 import Logging
 
-/// A bad relay configuration: a missing or mistyped setting, an unknown source. Names the setting
-/// (`feeds[1].url: …`), so one line tells what to fix.
-public struct RelayConfigurationError: Error, Sendable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}
-
 /// One feed's settings, read from an object of a relay configuration file (`"feeds": [{…}, …]`) with typed
 /// accessors whose errors name the setting. Keys are the long CLI option names in snake_case (`--poll-interval` is
 /// `poll_interval`), so the file and the command line read alike.
@@ -22,8 +14,8 @@ public struct FeedSettings: Sendable {
         self.context = context
     }
 
-    func error(_ key: String, _ problem: String) -> RelayConfigurationError {
-        RelayConfigurationError("\(context).\(key): \(problem)")
+    func error(_ key: String, _ problem: String) -> RelayError {
+        RelayError(.configuration, "\(context).\(key): \(problem)")
     }
 
     public func string(_ key: String) throws -> String {
@@ -114,7 +106,7 @@ extension PostgresChangeSource.Configuration {
         let dsn: PostgresDSN
         do {
             dsn = try PostgresDSN(try settings.string("dsn"))
-        } catch let error as PostgresDSN.Error {
+        } catch let error as RelayError where error.code == .invalidURL {
             throw settings.error("dsn", error.message)
         }
         let slot = try settings.string("slot")

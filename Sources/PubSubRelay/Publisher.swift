@@ -4,9 +4,3 @@ public protocol Publisher: Sendable {
     /// broker acknowledged every one of them; throws otherwise (some may then have been delivered).
     func publish(_ messages: [RelayMessage]) async throws
 }
-
-public struct PublishError: Error, Sendable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}

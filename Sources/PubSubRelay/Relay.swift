@@ -44,7 +44,7 @@ public struct Relay: Sendable {
     public func start() async throws {
         let checkpoint = try store.load()
         if let checkpoint, checkpoint.sourceID != source.sourceID {
-            throw CheckpointError(
+            throw RelayError(.checkpoint,
                 "the checkpoint belongs to \(checkpoint.sourceID), not \(source.sourceID): use another --checkpoint file")
         }
         logger.info("relay starting", metadata: [

@@ -55,30 +55,32 @@ public struct RelayFile: Sendable {
         do {
             value = try JSONParser().parse(bytes)
         } catch {
-            throw RelayConfigurationError("\(path): not valid JSON (\(error))")
+            throw RelayError(.configuration, "\(path): not valid JSON (\(error))")
         }
         do {
             try self.init(json: value, logger: logger)
-        } catch let error as RelayConfigurationError {
-            throw RelayConfigurationError("\(path): \(error.message)")
+        } catch let error as RelayError where error.code == .configuration {
+            throw RelayError(.configuration, "\(path): \(error.message)")
         }
     }
 
     public init(json value: JSONValue, logger: Logger) throws {
-        guard let object = value.objectValue else { throw RelayConfigurationError("expected a JSON object") }
+        guard let object = value.objectValue else { throw RelayError(.configuration, "expected a JSON object") }
         let top = FeedSettings(object, context: "relay")
         try top.rejectUnknown(["url", "secret", "feeds"])
         url = try top.optionalString("url")
         secret = try top.optionalString("secret")
         guard let list = object["feeds"]?.arrayValue, !list.isEmpty else {
-            throw RelayConfigurationError("feeds: expected a non-empty array of feeds")
+            throw RelayError(.configuration, "feeds: expected a non-empty array of feeds")
         }
         var feeds: [Feed] = []
         var names = Set<String>()
         var checkpoints = Set<String>()
         for (index, element) in list.enumerated() {
             let context = "feeds[\(index)]"
-            guard let feedObject = element.objectValue else { throw RelayConfigurationError("\(context): expected an object") }
+            guard let feedObject = element.objectValue else {
+                throw RelayError(.configuration, "\(context): expected an object")
+            }
             let settings = FeedSettings(feedObject, context: context)
             let name = try settings.optionalString("name") ?? "feed\(index)"
             guard names.insert(name).inserted else { throw settings.error("name", "\(name) names two feeds") }
@@ -112,7 +114,7 @@ public struct RelayFile: Sendable {
 
     static func contents(of path: String) throws -> [UInt8] {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
-        if fd < 0 { throw RelayConfigurationError("cannot read \(path): \(String(cString: strerror(errno)))") }
+        if fd < 0 { throw RelayError(.configuration, "cannot read \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
@@ -120,11 +122,11 @@ public struct RelayFile: Sendable {
             let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 {
                 if errno == EINTR { continue }
-                throw RelayConfigurationError("cannot read \(path): \(String(cString: strerror(errno)))")
+                throw RelayError(.configuration, "cannot read \(path): \(String(cString: strerror(errno)))")
             }
             if n == 0 { return bytes }
             bytes += chunk[0..<n]
-            if bytes.count > 4 << 20 { throw RelayConfigurationError("\(path) is larger than 4 MiB") }
+            if bytes.count > 4 << 20 { throw RelayError(.configuration, "\(path) is larger than 4 MiB") }
         }
     }
 }

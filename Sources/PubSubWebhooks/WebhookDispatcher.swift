@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Bayeux
 import CoreMetrics
 import Foundation
 import Logging
@@ -70,10 +71,12 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
             let scheme = url.prefix { $0 != ":" }
             let rest = url.dropFirst(scheme.count + 3)
             let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
-            if let at = authority.lastIndex(of: "@") {
-                let userInfo = authority[..<at]
-                let username = userInfo.prefix { $0 != ":" }
-                self.basicAuth = (String(username), String(userInfo.dropFirst(username.count + 1)))
+            // User and password are percent-encoded in a URL (`p%40ss` for `p@ss`); Basic auth sends them decoded.
+            let parsed = try? URLAuthority(authority)
+            if let at = authority.lastIndex(of: "@"), let user = parsed?.user {
+                self.basicAuth = (
+                    PercentDecoding.decodeLeniently(user), PercentDecoding.decodeLeniently(parsed?.password ?? "")
+                )
                 self.url = "\(scheme)://" + rest[rest.index(after: at)...]
             } else {
                 self.basicAuth = nil

@@ -155,7 +155,7 @@ struct CouchDBFakeHandler: Sendable {
         {
             return error(.unauthorized, "unauthorized", "Name or password is incorrect.")
         }
-        guard let db = context.parameters.get("db"), percentDecode(db) == store.database else {
+        guard let db = context.parameters.get("db"), PercentDecoding.decodeLeniently(db) == store.database else {
             return error(.notFound, "not_found", "Database does not exist.")
         }
         return nil
@@ -168,7 +168,7 @@ struct CouchDBFakeHandler: Sendable {
 
     func put(_ request: Request, _ context: BasicRequestContext) async throws -> Response {
         if let missing = checkDatabase(request, context) { return missing }
-        let id = percentDecode(context.parameters.get("id") ?? "")
+        let id = PercentDecoding.decodeLeniently(context.parameters.get("id") ?? "")
         let bytes = try await request.body.collect(upTo: 1 << 20)
         guard let value = try? JSONParser().parse(bytes), var body = value.objectValue else {
             return error(.badRequest, "bad_request", "Request body must be a JSON object")
@@ -187,7 +187,7 @@ struct CouchDBFakeHandler: Sendable {
 
     func delete(_ request: Request, _ context: BasicRequestContext) -> Response {
         if let missing = checkDatabase(request, context) { return missing }
-        let id = percentDecode(context.parameters.get("id") ?? "")
+        let id = PercentDecoding.decodeLeniently(context.parameters.get("id") ?? "")
         guard let rev = request.uri.queryParameters.get("rev") else {
             return error(.conflict, "conflict", "Document update conflict.")
         }
@@ -359,23 +359,6 @@ func base64(_ bytes: [UInt8]) -> String {
             out.append(position <= chunk.count ? alphabet[(value >> (18 - 6 * position)) & 0x3F] : UInt8(ascii: "="))
         }
         index += 3
-    }
-    return String(decoding: out, as: UTF8.self)
-}
-
-/// `%XX` decoding of a path segment.
-func percentDecode(_ text: String) -> String {
-    var out: [UInt8] = []
-    var bytes = Array(text.utf8)[...]
-    while let byte = bytes.popFirst() {
-        if byte == UInt8(ascii: "%"), bytes.count >= 2,
-           let value = UInt8(String(decoding: bytes.prefix(2), as: UTF8.self), radix: 16)
-        {
-            out.append(value)
-            bytes = bytes.dropFirst(2)
-        } else {
-            out.append(byte)
-        }
     }
     return String(decoding: out, as: UTF8.self)
 }

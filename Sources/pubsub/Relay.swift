@@ -169,7 +169,7 @@ struct BayeuxPublisher: Publisher {
         })
         if let index = results.firstIndex(where: { !$0.successful }) {
             let refused = results.filter { !$0.successful }.count
-            throw PublishError(
+            throw RelayError(.publish,
                 "the broker refused \(refused) of \(results.count) messages (first on \(messages[index].channel): \(results[index].error ?? "refused"))")
         }
     }

@@ -52,7 +52,7 @@ struct RelayBLIP: AsyncParsableCommand {
     func validate() throws {
         do {
             _ = try BLIPURL(sgUrl)
-        } catch let error as BLIPURL.Error {
+        } catch let error as RelayError where error.code == .invalidURL {
             throw ValidationError("--sg-url \(error.message)")
         }
         guard batch > 0 else { throw ValidationError("--batch must be positive") }

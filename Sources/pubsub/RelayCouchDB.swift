@@ -58,7 +58,7 @@ struct RelayCouchDB: AsyncParsableCommand {
     func validate() throws {
         do {
             _ = try CouchDBURL(dbURL)
-        } catch let error as CouchDBURL.Error {
+        } catch let error as RelayError where error.code == .invalidURL {
             throw ValidationError(error.message)
         }
         guard CouchDBChangeSource.Feed(rawValue: feed) != nil else {

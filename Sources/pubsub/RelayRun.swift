@@ -55,7 +55,7 @@ struct RelayRun: AsyncParsableCommand {
         let relayFile: RelayFile
         do {
             relayFile = try RelayFile(path: file, logger: logger)
-        } catch let error as RelayConfigurationError {
+        } catch let error as RelayError where error.code == .configuration {
             throw failure(error.message, ExitStatus.usage)
         }
         if check {

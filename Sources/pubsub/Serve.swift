@@ -179,7 +179,7 @@ struct Serve: AsyncParsableCommand {
         if let path = relay ?? Environment.string("PUBSUB_RELAY") {
             do {
                 relayFile = try RelayFile(path: path, logger: Logger(label: "pubsub.relay"))
-            } catch let error as RelayConfigurationError {
+            } catch let error as RelayError where error.code == .configuration {
                 printError("pubsub: \(error.message)")
                 throw ExitCode(ExitStatus.usage)
             }

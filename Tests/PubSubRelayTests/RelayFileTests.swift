@@ -50,7 +50,7 @@ import Testing
             do {
                 _ = try parse(text)
                 Issue.record("accepted \(text)")
-            } catch let error as RelayConfigurationError {
+            } catch let error as RelayError where error.code == .configuration {
                 #expect(error.message.contains(expected), "\(error.message) for \(text)")
             } catch {
                 Issue.record("unexpected \(error)")
@@ -77,6 +77,6 @@ import Testing
         #expect(batches[0][0].ext?["private_pub_token"] == "s3cret")
 
         refuse.withLockedValue { $0 = "/c/4" }
-        await #expect(throws: PublishError.self) { try await publisher.publish(messages) }
+        await expectRelayError(.publish) { try await publisher.publish(messages) }
     }
 }

@@ -57,7 +57,7 @@ final class FakePublisher: Publisher {
         }
         if fail {
             journal.record("publish failed")
-            throw PublishError("broker unavailable")
+            throw RelayError(.publish, "broker unavailable")
         }
         published.withLockedValue { $0 += messages }
         journal.record("publish \(messages.map { $0.data.objectValue!["id"]!.stringValue! }.joined(separator: ","))")
@@ -117,7 +117,7 @@ func change(_ id: String, _ seq: String) -> Change {
         let fd = open(path, O_WRONLY | O_TRUNC)
         _ = write(fd, "garbage", 7)
         close(fd)
-        #expect(throws: CheckpointError.self) { try FileCheckpointStore(path: path).load() }
+        expectRelayError(.checkpoint) { try FileCheckpointStore(path: path).load() }
     }
 
     @Test func publishThenAckThenPersistThenConfirm() async throws {
@@ -201,7 +201,7 @@ func change(_ id: String, _ seq: String) -> Change {
         let relay = Relay(
             source: FakeSource(journal: journal, batches: []), publisher: FakePublisher(journal: journal),
             store: FileCheckpointStore(path: directory + "/checkpoint"), logger: Logger(label: "test"))
-        await #expect(throws: CheckpointError.self) { try await relay.start() }
+        await expectRelayError(.checkpoint) { try await relay.start() }
     }
 }
 
@@ -237,7 +237,9 @@ struct WaitingForReadAheadPublisher: Publisher {
         if id == "a" {
             let deadline = ContinuousClock.now + .seconds(10)
             while !journal.events.contains("read 0/20") {
-                guard ContinuousClock.now < deadline else { throw PublishError("the next batch was not read meanwhile") }
+                guard ContinuousClock.now < deadline else {
+                    throw RelayError(.publish, "the next batch was not read meanwhile")
+                }
                 try await Task.sleep(nanoseconds: 1_000_000)
             }
         }

@@ -34,6 +34,11 @@ import Testing
         #expect(endpoint.basicAuth?.username == "hooks")
         #expect(endpoint.basicAuth?.password == "pa:ss")
         #expect(endpoint.label == "https://example.com:8443")
+        let encoded = WebhookDispatcher.Endpoint(
+            url: "https://h%40oks:p%40ss%3Aw0rd@[::1]:8443/in", settings: WebhookQueueSettings())
+        #expect(encoded.url == "https://[::1]:8443/in")
+        #expect(encoded.basicAuth?.username == "h@oks")
+        #expect(encoded.basicAuth?.password == "p@ss:w0rd")
         let plain = WebhookDispatcher.Endpoint(url: "http://127.0.0.1:9/h", settings: WebhookQueueSettings())
         #expect(plain.url == "http://127.0.0.1:9/h")
         #expect(plain.basicAuth == nil)

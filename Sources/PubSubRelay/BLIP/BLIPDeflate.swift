@@ -21,7 +21,7 @@ final class BLIPDeflater {
         }
         var result = Array(output.readableBytesView)
         guard result.count >= 4, result.suffix(4).elementsEqual([0x00, 0x00, 0xFF, 0xFF]) else {
-            throw BLIPError("deflate did not end with a sync flush marker")
+            throw RelayError(.blipProtocol, "deflate did not end with a sync flush marker")
         }
         result.removeLast(4)
         return result
@@ -55,12 +55,14 @@ final class BLIPInflater {
             } catch let error as CompressNIOError where error == .inputBufferOverflow {
                 break  // all input consumed; the stream goes on in the next frame
             } catch {
-                throw BLIPError("bad deflate data in a compressed frame (\(error))")
+                throw RelayError(.blipProtocol, "bad deflate data in a compressed frame (\(error))")
             }
             if before == (input.readableBytes, output.readableBytes) && output.writableBytes > 0 {
-                throw BLIPError("bad deflate data in a compressed frame (the stream ended)")
+                throw RelayError(.blipProtocol, "bad deflate data in a compressed frame (the stream ended)")
             }
-            if output.readableBytes > maxOutput { throw BLIPError("a compressed frame inflates beyond \(maxOutput) bytes") }
+            if output.readableBytes > maxOutput {
+                throw RelayError(.blipProtocol, "a compressed frame inflates beyond \(maxOutput) bytes")
+            }
             output.reserveCapacity(minimumWritableBytes: max(4096, output.capacity))
         }
         return Array(output.readableBytesView)

@@ -1,6 +1,6 @@
 /// Decodes the frames one side receives (one WebSocket binary message each), checks the running checksum, inflates
 /// compressed frames and reassembles multi-frame messages. A plain state machine: frames in, events out; any
-/// thrown `BLIPError` is fatal for the connection.
+/// thrown `RelayError` is fatal for the connection.
 public struct BLIPFrameDecoder {
     public enum Event: Equatable, Sendable {
         /// A complete message.
@@ -40,27 +40,31 @@ public struct BLIPFrameDecoder {
         let bytes = Array(frame)
         var offset = 0
         guard let number = BLIPVarint.read(bytes, at: &offset) else {
-            throw BLIPError(bytes.isEmpty ? "empty frame" : "bad varint in the frame's message number")
+            throw RelayError(.blipProtocol, bytes.isEmpty ? "empty frame" : "bad varint in the frame's message number")
         }
-        guard let rawFlags = BLIPVarint.read(bytes, at: &offset) else { throw BLIPError("frame without flags") }
+        guard let rawFlags = BLIPVarint.read(bytes, at: &offset) else {
+            throw RelayError(.blipProtocol, "frame without flags")
+        }
         let flags = BLIPFlags(rawValue: UInt8(truncatingIfNeeded: rawFlags))
         let typeBits = UInt8(truncatingIfNeeded: rawFlags) & BLIPFlags.typeMask
         let type = BLIPFrameType(rawValue: typeBits)
 
         if type == .ackRequest || type == .ackResponse {
-            guard let received = BLIPVarint.read(bytes, at: &offset) else { throw BLIPError("bad varint in an ACK") }
+            guard let received = BLIPVarint.read(bytes, at: &offset) else {
+                throw RelayError(.blipProtocol, "bad varint in an ACK")
+            }
             // An ACKMSG acknowledges one of our requests, an ACKRPY one of our replies.
             return [.ack(type == .ackRequest ? .request : .response, number: number, received: received)]
         }
 
-        guard bytes.count - offset >= 4 else { throw BLIPError("frame too short for its checksum") }
+        guard bytes.count - offset >= 4 else { throw RelayError(.blipProtocol, "frame too short for its checksum") }
         let data = bytes[offset..<(bytes.count - 4)]
         let expected = bytes.suffix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
         let payload: [UInt8]
         if flags.contains(.compressed) {
             if inflater == nil {
                 do { inflater = try BLIPInflater(maxOutput: maxMessageSize) } catch {
-                    throw BLIPError("cannot start an inflater: \(error)")
+                    throw RelayError(.blipProtocol, "cannot start an inflater: \(error)")
                 }
             }
             payload = try inflater!.inflate(data)
@@ -69,7 +73,9 @@ public struct BLIPFrameDecoder {
         }
         checksum.update(payload)
         guard checksum.value == expected else {
-            throw BLIPError("checksum mismatch on frame \(number) (expected \(hex(expected)), computed \(hex(checksum.value)))")
+            throw RelayError(
+                .blipProtocol,
+                "checksum mismatch on frame \(number) (expected \(hex(expected)), computed \(hex(checksum.value)))")
         }
         guard let type else { return [] }  // unknown frame type: ignored
 
@@ -79,7 +85,7 @@ public struct BLIPFrameDecoder {
         partial.payload += payload
         partial.received += UInt64(data.count)
         guard partial.payload.count <= maxMessageSize else {
-            throw BLIPError("message \(number) is larger than \(maxMessageSize) bytes")
+            throw RelayError(.blipProtocol, "message \(number) is larger than \(maxMessageSize) bytes")
         }
         if flags.contains(.moreComing) {
             var events: [Event] = []

@@ -34,7 +34,11 @@ public struct BLIPFrameEncoder {
             checksum.update(chunk)
             if compress {
                 if deflater == nil {
-                    do { deflater = try BLIPDeflater() } catch { throw BLIPError("cannot start a deflater: \(error)") }
+                    do {
+                        deflater = try BLIPDeflater()
+                    } catch {
+                        throw RelayError(.blipProtocol, "cannot start a deflater: \(error)")
+                    }
                 }
                 frame += try deflater!.deflate(chunk)
             } else {

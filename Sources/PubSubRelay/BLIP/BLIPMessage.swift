@@ -22,13 +22,6 @@ public struct BLIPFlags: OptionSet, Sendable, Hashable {
     public static let moreComing = BLIPFlags(rawValue: 0x40)
 }
 
-/// A fatal protocol error: the connection is closed and the source reconnects.
-public struct BLIPError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { "BLIP: " + message }
-}
-
 /// A whole BLIP message: request, response or error, with its properties and body.
 public struct BLIPMessage: Sendable, Equatable {
     public var type: BLIPFrameType
@@ -78,10 +71,11 @@ public struct BLIPMessage: Sendable, Equatable {
     public static func decodePayload(_ payload: [UInt8]) throws -> (properties: [(String, String)], body: [UInt8]) {
         var offset = 0
         guard let length = BLIPVarint.read(payload, at: &offset) else {
-            throw BLIPError("bad properties length")
+            throw RelayError(.blipProtocol, "bad properties length")
         }
         guard length <= UInt64(payload.count - offset) else {
-            throw BLIPError("properties length \(length) exceeds the message (\(payload.count - offset) bytes)")
+            throw RelayError(
+                .blipProtocol, "properties length \(length) exceeds the message (\(payload.count - offset) bytes)")
         }
         let end = offset + Int(length)
         let propertyBytes = payload[offset..<end]
@@ -89,12 +83,12 @@ public struct BLIPMessage: Sendable, Equatable {
             String(decoding: $0, as: UTF8.self)
         }
         if !propertyBytes.isEmpty {
-            guard propertyBytes.last == 0 else { throw BLIPError("properties do not end with NUL") }
+            guard propertyBytes.last == 0 else { throw RelayError(.blipProtocol, "properties do not end with NUL") }
             strings.removeLast()
         } else {
             strings = []
         }
-        guard strings.count % 2 == 0 else { throw BLIPError("a property has no value") }
+        guard strings.count % 2 == 0 else { throw RelayError(.blipProtocol, "a property has no value") }
         var properties: [(String, String)] = []
         for index in stride(from: 0, to: strings.count, by: 2) {
             properties.append((strings[index], strings[index + 1]))

@@ -9,7 +9,7 @@ extension BLIPChangeSource.Configuration {
         do {
             url = try BLIPURL(try settings.string("sg_url"), username: try settings.optionalString("user"),
                               password: try settings.optionalString("password"))
-        } catch let error as BLIPURL.Error {
+        } catch let error as RelayError where error.code == .invalidURL {
             throw settings.error("sg_url", error.message)
         }
         let channels = try settings.strings("channel")

@@ -32,12 +32,6 @@ public actor PostgresChangeSource: ChangeSource {
         }
     }
 
-    public struct SourceError: Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public init(_ message: String) { self.message = message }
-        public var description: String { message }
-    }
-
     public nonisolated let sourceID: String
     public let configuration: Configuration
     private let logger: Logger
@@ -92,7 +86,9 @@ public actor PostgresChangeSource: ChangeSource {
 
     public func start(after position: String?) async throws {
         if let position {
-            guard let lsn = LSN(position) else { throw SourceError("checkpoint position \(position) is not an LSN") }
+            guard let lsn = LSN(position) else {
+                throw RelayError(.source, "checkpoint position \(position) is not an LSN")
+            }
             relayed = lsn
         }
         try await open()
@@ -126,9 +122,10 @@ public actor PostgresChangeSource: ChangeSource {
             }
             slot = try await readSlot(connection)
         }
-        guard let slot else { throw SourceError("replication slot \(configuration.slot) cannot be read") }
+        guard let slot else { throw RelayError(.source, "replication slot \(configuration.slot) cannot be read") }
         guard slot.plugin == "wal2json" else {
-            throw SourceError("replication slot \(configuration.slot) uses the plugin \(slot.plugin), not wal2json")
+            throw RelayError(
+                .source, "replication slot \(configuration.slot) uses the plugin \(slot.plugin), not wal2json")
         }
         confirmed = slot.confirmed
         resync = nil
@@ -185,7 +182,7 @@ public actor PostgresChangeSource: ChangeSource {
             }
             for text in rows {
                 guard let object = try? JSONParser().parse(Array(text.utf8)).objectValue else {
-                    throw SourceError("the server returned a row of \(table) that is not a JSON object")
+                    throw RelayError(.source, "the server returned a row of \(table) that is not a JSON object")
                 }
                 let row = Wal2JSONRecord.RowChange(
                     operation: .update, schema: parts[0], table: parts[1],
@@ -237,7 +234,7 @@ public actor PostgresChangeSource: ChangeSource {
         guard let connection = current else { return nil }
         if connection.isClosed {
             // The server closed it (restart, crash, terminated backend); a query on it would wait forever.
-            lostConnection(SourceError("connection closed by the server"))
+            lostConnection(RelayError(.source, "connection closed by the server"))
             return nil
         }
         do {
@@ -270,7 +267,7 @@ public actor PostgresChangeSource: ChangeSource {
         var changes: [Change] = []
         var position: String?
         for (lsnText, data) in fetched {
-            guard let lsn = LSN(lsnText) else { throw SourceError("the server returned a bad LSN \(lsnText)") }
+            guard let lsn = LSN(lsnText) else { throw RelayError(.source, "the server returned a bad LSN \(lsnText)") }
             if let batch = try assembler.feed(lsn: lsn, data: data) {
                 changes += batch.changes
                 position = batch.position
@@ -281,7 +278,7 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     public func confirm(_ position: String) async throws {
-        guard let lsn = LSN(position) else { throw SourceError("bad position \(position)") }
+        guard let lsn = LSN(position) else { throw RelayError(.source, "bad position \(position)") }
         relayed = max(relayed ?? lsn, lsn)
         guard lsn > confirmed, let connection, !connection.isClosed else { return }
         do {
@@ -343,7 +340,7 @@ public actor PostgresChangeSource: ChangeSource {
         do {
             configuration = try self.configuration.dsn.configuration()
         } catch {
-            throw SourceError("cannot set up TLS to PostgreSQL at \(self.configuration.dsn.endpoint): \(error)")
+            throw RelayError(.source, "cannot set up TLS to PostgreSQL at \(self.configuration.dsn.endpoint): \(error)")
         }
         configuration.options.connectTimeout = self.configuration.connectTimeout
         do {
@@ -351,9 +348,10 @@ public actor PostgresChangeSource: ChangeSource {
                 on: eventLoopGroup.next(), configuration: configuration, id: 1, logger: logger
             ).get()
         } catch let error as PSQLError {
-            throw SourceError("cannot connect to PostgreSQL at \(self.configuration.dsn.endpoint): \(Self.describe(error))")
+            throw RelayError(
+                .source, "cannot connect to PostgreSQL at \(self.configuration.dsn.endpoint): \(Self.describe(error))")
         } catch {
-            throw SourceError("cannot connect to PostgreSQL at \(self.configuration.dsn.endpoint): \(error)")
+            throw RelayError(.source, "cannot connect to PostgreSQL at \(self.configuration.dsn.endpoint): \(error)")
         }
     }
 
@@ -402,7 +400,8 @@ public actor PostgresChangeSource: ChangeSource {
                 guard done.claim() else { return }
                 work.cancel()
                 try? await connection.close()
-                continuation.resume(throwing: SourceError("no answer from PostgreSQL within \(timeout.nanoseconds / 1_000_000_000) s"))
+                let seconds = timeout.nanoseconds / 1_000_000_000
+                continuation.resume(throwing: RelayError(.source, "no answer from PostgreSQL within \(seconds) s"))
             }
         }
     }

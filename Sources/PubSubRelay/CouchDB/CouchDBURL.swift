@@ -1,11 +1,7 @@
+import Bayeux
+
 /// A database URL `http[s]://[user[:password]@]host[:port]/db` (or a Sync Gateway keyspace `/db.scope.collection`).
 public struct CouchDBURL: Sendable, Equatable {
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public init(_ message: String) { self.message = message }
-        public var description: String { message }
-    }
-
     public var tls: Bool
     /// The host as written in the URL (an IPv6 address keeps its brackets).
     public var host: String
@@ -25,51 +21,41 @@ public struct CouchDBURL: Sendable, Equatable {
         } else if text.hasPrefix("https://") {
             (scheme, rest) = ("https", text.dropFirst(8))
         } else {
-            throw Error("--db-url must start with http:// or https:// (got \(text))")
+            throw RelayError(.invalidURL, "--db-url must start with http:// or https:// (got \(text))")
         }
         tls = scheme == "https"
         if rest.contains("?") || rest.contains("#") {
-            throw Error("--db-url takes no query or fragment: http[s]://[user:password@]host[:port]/db")
+            throw RelayError(
+                .invalidURL, "--db-url takes no query or fragment: http[s]://[user:password@]host[:port]/db")
         }
         guard let slash = rest.firstIndex(of: "/") else {
-            throw Error("--db-url needs the database: http[s]://[user:password@]host[:port]/db")
+            throw RelayError(.invalidURL, "--db-url needs the database: http[s]://[user:password@]host[:port]/db")
         }
-        let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<slash])
-        var authority = hostAndPort
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest[..<slash])
+        } catch {
+            switch error {
+            case .unclosedBracket: throw RelayError(.invalidURL, "--db-url: unclosed [ in the host")
+            case .junkAfterBracket(let junk): throw RelayError(.invalidURL, "--db-url: bad host …]\(junk)")
+            case .badPort(let port): throw RelayError(.invalidURL, "--db-url: bad port \(port)")
+            }
+        }
         var path = String(rest[slash...])
         while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
         rest = ""
-        user = userInfo?.user
-        password = userInfo?.password
-        if authority.hasPrefix("[") {
-            guard let close = authority.firstIndex(of: "]") else { throw Error("--db-url: unclosed [ in the host") }
-            host = String(authority[...close])
-            authority = authority[authority.index(after: close)...]
-            if !authority.isEmpty {
-                guard authority.hasPrefix(":") else { throw Error("--db-url: bad host \(host)\(authority)") }
-                authority = authority.dropFirst()
-                guard let number = Int(authority), (1...65535).contains(number) else {
-                    throw Error("--db-url: bad port \(authority)")
-                }
-                port = number
-            }
-        } else if let colon = authority.lastIndex(of: ":") {
-            host = String(authority[..<colon])
-            let portText = authority[authority.index(after: colon)...]
-            guard let number = Int(portText), (1...65535).contains(number) else {
-                throw Error("--db-url: bad port \(portText)")
-            }
-            port = number
-        } else {
-            host = String(authority)
-        }
-        guard !host.isEmpty, !host.contains(" ") else { throw Error("--db-url needs a host") }
+        user = authority.user.map(PercentDecoding.decodeLeniently)
+        password = authority.password.map(PercentDecoding.decodeLeniently)
+        host = authority.hostInURL
+        port = authority.port
+        guard !host.isEmpty, !host.contains(" ") else { throw RelayError(.invalidURL, "--db-url needs a host") }
         let segments = path.split(separator: "/")
         guard let last = segments.last, !last.isEmpty, !last.hasPrefix("_") else {
-            throw Error("--db-url needs the database as its last path segment: http[s]://host[:port]/db")
+            throw RelayError(
+                .invalidURL, "--db-url needs the database as its last path segment: http[s]://host[:port]/db")
         }
         self.path = path
-        database = URLUserInfo.percentDecoded(last)
+        database = PercentDecoding.decodeLeniently(last)
     }
 
     /// `scheme://host[:port]/path`, without credentials.

@@ -1,14 +1,6 @@
 import Bayeux
 import NIOCore
 
-/// Something wrong with what the server sent (a malformed row, a status, a dropped connection); the source
-/// reconnects after it.
-public struct CouchDBFeedError: Error, Sendable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}
-
 /// One row of a `_changes` feed: `{"seq":S,"id":"doc","changes":[{"rev":"2-abc"}],"deleted":true?,
 /// "removed":["channel"]? (Sync Gateway),"doc":{…}?}`.
 public struct CouchDBRow: Sendable, Equatable {
@@ -66,7 +58,7 @@ public enum CouchDBFeedParser {
 
     /// Reads one JSON object of a feed: a row, or the final `last_seq` object.
     public static func event(_ value: JSONValue) throws -> CouchDBFeedEvent {
-        guard let object = value.objectValue else { throw CouchDBFeedError("a _changes row is not a JSON object") }
+        guard let object = value.objectValue else { throw RelayError(.feed, "a _changes row is not a JSON object") }
         if object["id"] == nil, let lastSeq = object["last_seq"] {
             return .end(lastSeq: sinceText(lastSeq), pending: pending(object))
         }
@@ -74,8 +66,8 @@ public enum CouchDBFeedParser {
     }
 
     public static func row(_ object: JSONObject) throws -> CouchDBRow {
-        guard let seq = object["seq"], !seq.isNull else { throw CouchDBFeedError("a _changes row has no seq") }
-        guard let id = object["id"]?.stringValue else { throw CouchDBFeedError("a _changes row has no string id") }
+        guard let seq = object["seq"], !seq.isNull else { throw RelayError(.feed, "a _changes row has no seq") }
+        guard let id = object["id"]?.stringValue else { throw RelayError(.feed, "a _changes row has no string id") }
         let rev = object["changes"]?.arrayValue?.first?.objectValue?["rev"]?.stringValue
         var removed: [String]?
         if let array = object["removed"]?.arrayValue {
@@ -96,13 +88,13 @@ public enum CouchDBFeedParser {
         do {
             value = try JSONParser().parse(bytes)
         } catch {
-            throw CouchDBFeedError("malformed _changes body: \(error)")
+            throw RelayError(.feed, "malformed _changes body: \(error)")
         }
         guard let object = value.objectValue, let results = object["results"]?.arrayValue,
               let lastSeq = object["last_seq"]
-        else { throw CouchDBFeedError("a _changes body without results and last_seq") }
+        else { throw RelayError(.feed, "a _changes body without results and last_seq") }
         let rows = try results.map { result in
-            guard let row = result.objectValue else { throw CouchDBFeedError("a _changes row is not a JSON object") }
+            guard let row = result.objectValue else { throw RelayError(.feed, "a _changes row is not a JSON object") }
             return try Self.row(row)
         }
         return (rows, sinceText(lastSeq), pending(object))
@@ -139,7 +131,7 @@ public struct LineSplitter: Sendable {
             partial.append(contentsOf: bytes[start...])
         }
         if partial.count > CouchDBFeedParser.maxLine {
-            throw CouchDBFeedError("a _changes line longer than \(CouchDBFeedParser.maxLine) bytes")
+            throw RelayError(.feed, "a _changes line longer than \(CouchDBFeedParser.maxLine) bytes")
         }
         return lines
     }
@@ -158,7 +150,7 @@ public struct ContinuousFeedParser: Sendable {
             do {
                 value = try JSONParser().parse(line)
             } catch {
-                throw CouchDBFeedError("malformed _changes line: \(error)")
+                throw RelayError(.feed, "malformed _changes line: \(error)")
             }
             return try CouchDBFeedParser.event(value)
         }
@@ -201,7 +193,7 @@ public struct EventSourceFeedParser: Sendable {
                 break
             }
             if data.count > CouchDBFeedParser.maxLine {
-                throw CouchDBFeedError("an event longer than \(CouchDBFeedParser.maxLine) bytes")
+                throw RelayError(.feed, "an event longer than \(CouchDBFeedParser.maxLine) bytes")
             }
         }
         return events
@@ -220,9 +212,9 @@ public struct EventSourceFeedParser: Sendable {
         do {
             value = try JSONParser().parse(trimmed)
         } catch {
-            throw CouchDBFeedError("malformed event data: \(error)")
+            throw RelayError(.feed, "malformed event data: \(error)")
         }
-        guard var object = value.objectValue else { throw CouchDBFeedError("event data is not a JSON object") }
+        guard var object = value.objectValue else { throw RelayError(.feed, "event data is not a JSON object") }
         if object["seq"] == nil, object["id"] != nil, let lastID, let seq = try? JSONParser().parse(lastID) {
             object["seq"] = seq
         }

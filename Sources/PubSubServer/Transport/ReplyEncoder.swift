@@ -52,29 +52,3 @@ enum ReplyEncoder {
         return out
     }
 }
-
-extension Broker {
-    /// Collects what a batch of outcomes means for a transport: the replies to send now, the events to
-    /// deliver now, and the connect (if any) whose reply is still to come.
-    func split(_ outcomes: [Outcome], context: RequestContext)
-        -> (replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
-    {
-        var replies: [Message] = []
-        var events = CircularBuffer<ByteBuffer>()
-        var pending: PendingConnect?
-        for outcome in outcomes {
-            switch outcome {
-            case .reply(let reply): replies.append(reply)
-            case .none: break
-            case .connect(let connect):
-                events.append(contentsOf: connect.result.events)
-                if connect.result.answerNow {
-                    if let reply = finish(connect.reply, context: context) { replies.append(reply) }
-                } else {
-                    pending = connect
-                }
-            }
-        }
-        return (replies, events, pending)
-    }
-}

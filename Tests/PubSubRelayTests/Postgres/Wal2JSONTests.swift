@@ -50,10 +50,10 @@ import Testing
     }
 
     @Test func refusesWhatIsNotVersion2() {
-        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"change":[]}"#) }
-        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse("not json") }
-        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"action":"I","columns":[]}"#) }
-        #expect(throws: Wal2JSONRecord.ParseError.self) { try Wal2JSONRecord.parse(#"{"action":"Z"}"#) }
+        expectRelayError(.malformedWal2JSON) { try Wal2JSONRecord.parse(#"{"change":[]}"#) }
+        expectRelayError(.malformedWal2JSON) { try Wal2JSONRecord.parse("not json") }
+        expectRelayError(.malformedWal2JSON) { try Wal2JSONRecord.parse(#"{"action":"I","columns":[]}"#) }
+        expectRelayError(.malformedWal2JSON) { try Wal2JSONRecord.parse(#"{"action":"Z"}"#) }
     }
 
     @Test func assemblesTransactionsAndSkipsReplays() throws {
@@ -105,11 +105,18 @@ import Testing
         #expect(socket.socketDirectory == "/tmp/pg" && socket.port == 5433 && socket.endpoint == "/tmp/pg/.s.PGSQL.5433")
         let defaults = try PostgresDSN("postgres://")
         #expect(defaults.user == "postgres" && defaults.database == "postgres" && defaults.port == 5432)
-        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("mysql://x") }
-        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h:99999/db") }
+        expectRelayError(.invalidURL) { try PostgresDSN("mysql://x") }
+        let badPort = expectRelayError(.invalidURL) { try PostgresDSN("postgres://h:99999/db") }
+        #expect(badPort?.message == "invalid --dsn postgres://h:99999/db: bad port 99999")
+        let v6 = try PostgresDSN("postgres://u@[::1]:5433/d%C3%A9j%C3%A0")
+        #expect(v6.host == "::1" && v6.port == 5433 && v6.user == "u" && v6.password == nil && v6.database == "déjà")
+        let badEscape = expectRelayError(.invalidURL) { try PostgresDSN("postgres://u%zz@h/db") }
+        #expect(badEscape?.message == "invalid --dsn: bad percent-escape in u%zz")
+        let notUTF8 = expectRelayError(.invalidURL) { try PostgresDSN("postgres://u:%FF@h/db") }
+        #expect(notUTF8?.message == "invalid --dsn: %FF is not UTF-8")
         #expect(defaults.sslMode == .prefer && defaults.sslRootCertificate == nil)
         #expect(try PostgresDSN("postgres://h/db?sslmode=verify-full").sslMode == .verifyFull)
-        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslmode=sometimes") }
-        #expect(throws: PostgresDSN.Error.self) { try PostgresDSN("postgres://h/db?sslrootcert=/nonexistent/ca.pem") }
+        expectRelayError(.invalidURL) { try PostgresDSN("postgres://h/db?sslmode=sometimes") }
+        expectRelayError(.invalidURL) { try PostgresDSN("postgres://h/db?sslrootcert=/nonexistent/ca.pem") }
     }
 }

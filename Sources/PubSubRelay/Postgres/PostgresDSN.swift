@@ -1,3 +1,4 @@
+import Bayeux
 import NIOSSL
 import PostgresNIO
 
@@ -31,19 +32,14 @@ public struct PostgresDSN: Sendable, Equatable {
     /// PEM file of the certificate authorities trusted for the server's certificate.
     public var sslRootCertificate: String?
 
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public var description: String { message }
-    }
-
-    public init(_ text: String) throws(Error) {
+    public init(_ text: String) throws(RelayError) {
         var rest = Substring(text)
         if rest.hasPrefix("postgres://") {
             rest = rest.dropFirst("postgres://".count)
         } else if rest.hasPrefix("postgresql://") {
             rest = rest.dropFirst("postgresql://".count)
         } else {
-            throw Error(message: "invalid --dsn \(text): expected postgres://user@host:port/database")
+            throw RelayError(.invalidURL, "invalid --dsn \(text): expected postgres://user@host:port/database")
         }
         var query = Substring("")
         if let mark = rest.firstIndex(of: "?") {
@@ -55,37 +51,19 @@ public struct PostgresDSN: Sendable, Equatable {
             path = rest[rest.index(after: slash)...]
             rest = rest[..<slash]
         }
-        var userInfo: Substring?
-        if let at = rest.lastIndex(of: "@") {
-            userInfo = rest[..<at]
-            rest = rest[rest.index(after: at)...]
-        }
-        user = "postgres"
-        if let userInfo {
-            if let colon = userInfo.firstIndex(of: ":") {
-                user = try Self.decode(userInfo[..<colon])
-                password = try Self.decode(userInfo[userInfo.index(after: colon)...])
-            } else {
-                user = try Self.decode(userInfo)
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest)
+        } catch {
+            switch error {
+            case .badPort(let port): throw RelayError(.invalidURL, "invalid --dsn \(text): bad port \(port)")
+            case .unclosedBracket, .junkAfterBracket: throw RelayError(.invalidURL, "invalid --dsn \(text): bad host")
             }
         }
-        host = "127.0.0.1"
-        port = 5432
-        if !rest.isEmpty {
-            var hostPart = rest
-            if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
-                host = String(rest[rest.index(after: rest.startIndex)..<close])
-                hostPart = rest[rest.index(after: close)...]
-                if hostPart.hasPrefix(":") { hostPart = hostPart.dropFirst() } else { hostPart = "" }
-                if !hostPart.isEmpty { port = try Self.port(hostPart, text) }
-            } else if let colon = rest.lastIndex(of: ":") {
-                host = String(rest[..<colon])
-                port = try Self.port(rest[rest.index(after: colon)...], text)
-            } else {
-                host = String(hostPart)
-            }
-            if host.isEmpty { host = "127.0.0.1" }
-        }
+        user = try authority.user.map(Self.decode) ?? "postgres"
+        password = try authority.password.map(Self.decode)
+        host = authority.host.isEmpty ? "127.0.0.1" : authority.host
+        port = authority.port ?? 5432
         database = path.isEmpty ? user : try Self.decode(path)
         for pair in query.split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
@@ -105,18 +83,18 @@ public struct PostgresDSN: Sendable, Equatable {
             case "sslmode":
                 guard let mode = SSLMode(rawValue: value) else {
                     let modes = SSLMode.allCases.map(\.rawValue).joined(separator: ", ")
-                    throw Error(message: "invalid --dsn: sslmode=\(value) (expected one of \(modes))")
+                    throw RelayError(.invalidURL, "invalid --dsn: sslmode=\(value) (expected one of \(modes))")
                 }
                 sslMode = mode
             case "sslrootcert":
                 guard access(value, R_OK) == 0 else {
-                    throw Error(message: "invalid --dsn: sslrootcert=\(value) cannot be read")
+                    throw RelayError(.invalidURL, "invalid --dsn: sslrootcert=\(value) cannot be read")
                 }
                 sslRootCertificate = value
             case "application_name", "connect_timeout":
                 break
             default:
-                throw Error(message: "invalid --dsn: unknown parameter \(name)")
+                throw RelayError(.invalidURL, "invalid --dsn: unknown parameter \(name)")
             }
         }
     }
@@ -156,29 +134,21 @@ public struct PostgresDSN: Sendable, Equatable {
         socketDirectory.map { "\($0)/.s.PGSQL.\(port)" } ?? "\(host):\(port)"
     }
 
-    private static func port(_ text: Substring, _ dsn: String) throws(Error) -> Int {
+    private static func port(_ text: Substring, _ dsn: String) throws(RelayError) -> Int {
         guard let port = Int(text), (1...65535).contains(port) else {
-            throw Error(message: "invalid --dsn \(dsn): bad port \(text)")
+            throw RelayError(.invalidURL, "invalid --dsn \(dsn): bad port \(text)")
         }
         return port
     }
 
-    private static func decode(_ text: Substring) throws(Error) -> String {
-        var bytes: [UInt8] = []
-        var iterator = Array(text.utf8).makeIterator()
-        while let byte = iterator.next() {
-            if byte == UInt8(ascii: "%") {
-                guard let high = iterator.next(), let low = iterator.next(),
-                      let value = UInt8(String(decoding: [high, low], as: UTF8.self), radix: 16)
-                else { throw Error(message: "invalid --dsn: bad percent-escape in \(text)") }
-                bytes.append(value)
-            } else {
-                bytes.append(byte)
+    private static func decode(_ text: some StringProtocol) throws(RelayError) -> String {
+        do throws(PercentDecoding.Failure) {
+            return try PercentDecoding.decode(text)
+        } catch {
+            switch error {
+            case .badEscape: throw RelayError(.invalidURL, "invalid --dsn: bad percent-escape in \(text)")
+            case .notUTF8: throw RelayError(.invalidURL, "invalid --dsn: \(text) is not UTF-8")
             }
         }
-        guard let string = String(validating: bytes, as: UTF8.self) else {
-            throw Error(message: "invalid --dsn: \(text) is not UTF-8")
-        }
-        return string
     }
 }

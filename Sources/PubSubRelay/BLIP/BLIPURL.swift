@@ -1,3 +1,5 @@
+import Bayeux
+
 /// A Sync Gateway database URL for BLIP, `ws[s]://[user:password@]host[:port]/db` (a trailing `/_blipsync` is
 /// accepted); user and password are percent-decoded and sent as Basic authorization, never logged.
 public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
@@ -9,11 +11,6 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
     public var username: String?
     public var password: String?
 
-    public struct Error: Swift.Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public var description: String { message }
-    }
-
     public init(_ text: String, username: String? = nil, password: String? = nil) throws {
         let rest: Substring
         if text.hasPrefix("ws://") {
@@ -23,30 +20,29 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
             secure = true
             rest = text.dropFirst(6)
         } else {
-            throw Error(message: "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
+            throw RelayError(.invalidURL, "\(Self.redacted(text)): expected ws://host:4984/db or wss://…")
         }
         let authorityEnd = rest.firstIndex(of: "/") ?? rest.endIndex
-        let (userInfo, hostAndPort) = URLUserInfo.split(authority: rest[..<authorityEnd])
-        var authority = hostAndPort
-        var path = rest[authorityEnd...].drop { $0 == "/" }
-        self.username = username ?? userInfo?.user
-        self.password = password ?? userInfo?.password
-        if authority.hasPrefix("["), let close = authority.firstIndex(of: "]") {
-            host = String(authority[...close])
-            authority = authority[authority.index(after: close)...]
-            if authority.hasPrefix(":") { port = Int(authority.dropFirst()) ?? -1 } else if !authority.isEmpty { port = -1 }
-        } else if let colon = authority.lastIndex(of: ":") {
-            host = String(authority[..<colon])
-            port = Int(authority[authority.index(after: colon)...]) ?? -1
-        } else {
-            host = String(authority)
+        let authority: URLAuthority
+        do throws(URLAuthority.Failure) {
+            authority = try URLAuthority(rest[..<authorityEnd])
+        } catch {
+            switch error {
+            case .badPort: throw RelayError(.invalidURL, "\(Self.redacted(text)): bad port")
+            case .unclosedBracket, .junkAfterBracket: throw RelayError(.invalidURL, "\(Self.redacted(text)): bad host")
+            }
         }
-        guard !host.isEmpty else { throw Error(message: "\(Self.redacted(text)): no host") }
-        if let port, !(1...65535).contains(port) { throw Error(message: "\(Self.redacted(text)): bad port") }
+        var path = rest[authorityEnd...].drop { $0 == "/" }
+        self.username = username ?? authority.user.map(PercentDecoding.decodeLeniently)
+        self.password = password ?? authority.password.map(PercentDecoding.decodeLeniently)
+        host = authority.hostInURL
+        port = authority.port
+        guard !authority.host.isEmpty else { throw RelayError(.invalidURL, "\(Self.redacted(text)): no host") }
         if path.hasSuffix("/_blipsync") { path = path.dropLast("/_blipsync".count) }
         while path.hasSuffix("/") { path = path.dropLast() }
         guard !path.isEmpty, !path.contains("/"), !path.contains("?"), !path.contains("#") else {
-            throw Error(message: "\(Self.redacted(text)): expected one database name in the path, e.g. ws://host:4984/db")
+            throw RelayError(
+                .invalidURL, "\(Self.redacted(text)): expected one database name in the path, e.g. ws://host:4984/db")
         }
         database = String(path)
     }

@@ -124,7 +124,7 @@ public actor BLIPChangeSource: ChangeSource {
             do {
                 _ = try JSONParser().parse(position)
             } catch {
-                throw BLIPError("checkpoint position \(position) is not a JSON Sync Gateway sequence")
+                throw RelayError(.blipProtocol, "checkpoint position \(position) is not a JSON Sync Gateway sequence")
             }
         }
         confirmed = position
@@ -257,7 +257,7 @@ public actor BLIPChangeSource: ChangeSource {
                 var decoder = BLIPFrameDecoder()
                 for try await message in inbound.messages(maxSize: 1 << 22) {
                     guard case .binary(let buffer) = message else {
-                        throw BLIPError("Sync Gateway sent a text WebSocket message")
+                        throw RelayError(.blipProtocol, "Sync Gateway sent a text WebSocket message")
                     }
                     traffic.withLockedValue { $0 = true }
                     for event in try decoder.receive(buffer.readableBytesView) {
@@ -347,7 +347,7 @@ public actor BLIPChangeSource: ChangeSource {
         case .error where message.number == session.subscription?.number:
             let since = session.subscription?.since
             guard let since, since != "0" else {
-                throw BLIPError("Sync Gateway refused subChanges: \(message.errorDescription)")
+                throw RelayError(.blipProtocol, "Sync Gateway refused subChanges: \(message.errorDescription)")
             }
             let reason = "Sync Gateway refused subChanges since=\(since) (\(message.errorDescription)); resyncing from since=0"
             logger.error("unknown position: FULL RESYNC from since=0", metadata: metadata(["pubsub.relay.reason": "\(reason)"]))
@@ -369,13 +369,15 @@ public actor BLIPChangeSource: ChangeSource {
     private func received(revision message: BLIPMessage, session: BLIPSession) async throws {
         let key = (message["id"] ?? "") + "\u{0}" + (message["rev"] ?? "")
         guard let slot = awaitingRevisions.firstIndex(where: { $0.missing[key] != nil }) else {
-            throw BLIPError("\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for")
+            throw RelayError(
+                .blipProtocol,
+                "\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for")
         }
         let index = awaitingRevisions[slot].missing.removeValue(forKey: key)!
         if message.profile == "rev" {
             let document: JSONValue
             do { document = try JSONParser().parse(message.body) } catch {
-                throw BLIPError("the body of rev \(message["id"] ?? "?") is not JSON: \(error)")
+                throw RelayError(.blipProtocol, "the body of rev \(message["id"] ?? "?") is not JSON: \(error)")
             }
             awaitingRevisions[slot].delivery.changes[index].document = document.objectValue
         }
@@ -392,14 +394,17 @@ public actor BLIPChangeSource: ChangeSource {
     func parseChanges(_ body: [UInt8]) throws -> [Change] {
         let value: JSONValue
         do { value = try JSONParser().parse(body) } catch {
-            throw BLIPError("a changes message's body is not JSON: \(error)")
+            throw RelayError(.blipProtocol, "a changes message's body is not JSON: \(error)")
         }
-        guard let entries = value.arrayValue else { throw BLIPError("a changes message's body is not a JSON array") }
+        guard let entries = value.arrayValue else {
+            throw RelayError(.blipProtocol, "a changes message's body is not a JSON array")
+        }
         return try entries.map { entry in
             guard let fields = entry.arrayValue, fields.count >= 3, !fields[0].isNull,
                   let id = fields[1].stringValue, let rev = fields[2].stringValue
             else {
-                throw BLIPError("bad changes entry \(entry.jsonString): expected [seq, docID, revID, deleted?, …]")
+                throw RelayError(
+                    .blipProtocol, "bad changes entry \(entry.jsonString): expected [seq, docID, revID, deleted?, …]")
             }
             var deleted = false
             if fields.count > 3 {

@@ -67,12 +67,6 @@ public final class CouchDBChangeSource: ChangeSource {
         }
     }
 
-    public struct SourceError: Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public init(_ message: String) { self.message = message }
-        public var description: String { message }
-    }
-
     /// The server refused the `since` it was given (HTTP 400): a full resync follows.
     struct UnknownSince: Error {
         var reason: String
@@ -117,11 +111,11 @@ public final class CouchDBChangeSource: ChangeSource {
             try await probe()
             if position == nil && since == "now" { since = try await list(since: "now", feed: "normal").lastSeq }
         } catch let error as UnknownSince {
-            throw SourceError("the server refused the feed: \(error.reason)")
-        } catch let error as SourceError {
+            throw RelayError(.source, "the server refused the feed: \(error.reason)")
+        } catch let error as RelayError where error.code == .source {
             throw error
         } catch {
-            throw SourceError("cannot read \(configuration.url.base): \(FeedTLS.describe(error))")
+            throw RelayError(.source, "cannot read \(configuration.url.base): \(FeedTLS.describe(error))")
         }
         state.withLock { $0.confirmed = position }
         let start = since
@@ -141,10 +135,12 @@ public final class CouchDBChangeSource: ChangeSource {
         guard response.status == .ok else {
             let detail = "HTTP \(response.status.code) \((body.map { String(buffer: $0) } ?? "").trimmingWhitespace)"
             if response.status == .unauthorized || response.status == .forbidden {
-                throw SourceError("\(configuration.url.base): authentication refused: \(detail)")
+                throw RelayError(.source, "\(configuration.url.base): authentication refused: \(detail)")
             }
-            if response.status == .notFound { throw SourceError("\(configuration.url.base): not found: \(detail)") }
-            throw SourceError("\(configuration.url.base): \(detail)")
+            if response.status == .notFound {
+                throw RelayError(.source, "\(configuration.url.base): not found: \(detail)")
+            }
+            throw RelayError(.source, "\(configuration.url.base): \(detail)")
         }
     }
 
@@ -294,10 +290,12 @@ public final class CouchDBChangeSource: ChangeSource {
             let detail = "HTTP \(response.status.code) \(text.trimmingWhitespace) (since=\(since))"
             if response.status == .badRequest, since != "0", since != "now" { throw UnknownSince(reason: detail) }
             if response.status == .unauthorized || response.status == .forbidden {
-                throw SourceError("\(configuration.url.base): authentication refused: \(detail)")
+                throw RelayError(.source, "\(configuration.url.base): authentication refused: \(detail)")
             }
-            if response.status == .notFound { throw SourceError("\(configuration.url.base): not found: \(detail)") }
-            throw CouchDBFeedError("\(configuration.url.base)/_changes: \(detail)")
+            if response.status == .notFound {
+                throw RelayError(.source, "\(configuration.url.base): not found: \(detail)")
+            }
+            throw RelayError(.feed, "\(configuration.url.base)/_changes: \(detail)")
         }
         return response
     }
@@ -312,7 +310,7 @@ public final class CouchDBChangeSource: ChangeSource {
             for try await chunk in chunks {
                 bytes += chunk.readableBytesView
                 Activity.touch()
-                if bytes.count > 256 << 20 { throw CouchDBFeedError("a _changes body larger than 256 MiB") }
+                if bytes.count > 256 << 20 { throw RelayError(.feed, "a _changes body larger than 256 MiB") }
             }
             return bytes
         }
@@ -348,7 +346,7 @@ public final class CouchDBChangeSource: ChangeSource {
                 Activity.touch()
             }
             if continuous.lines.hasPartialLine || events.lines.hasPartialLine {
-                throw CouchDBFeedError("the feed ended in the middle of a row")
+                throw RelayError(.feed, "the feed ended in the middle of a row")
             }
             return since
         }
@@ -366,7 +364,7 @@ public final class CouchDBChangeSource: ChangeSource {
                 while true {
                     try await Task.sleep(nanoseconds: UInt64(max(limit.nanoseconds / 4, 1_000_000)))
                     if activity.silence > limit {
-                        throw CouchDBFeedError("no heartbeat for \(limit.nanoseconds / 1_000_000) ms")
+                        throw RelayError(.feed, "no heartbeat for \(limit.nanoseconds / 1_000_000) ms")
                     }
                 }
             }

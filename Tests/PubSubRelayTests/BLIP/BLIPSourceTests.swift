@@ -314,10 +314,10 @@ import Testing
     }
 
     @Test func badURLsAreRefused() {
-        #expect(throws: BLIPURL.Error.self) { try BLIPURL("http://host/db") }
-        #expect(throws: BLIPURL.Error.self) { try BLIPURL("ws://host:4984/") }
-        #expect(throws: BLIPURL.Error.self) { try BLIPURL("ws://host:99999/db") }
-        #expect(throws: BLIPURL.Error.self) { try BLIPURL("ws://host/a/b") }
+        expectRelayError(.invalidURL) { try BLIPURL("http://host/db") }
+        expectRelayError(.invalidURL) { try BLIPURL("ws://host:4984/") }
+        expectRelayError(.invalidURL) { try BLIPURL("ws://host:99999/db") }
+        expectRelayError(.invalidURL) { try BLIPURL("ws://host/a/b") }
         let url = try? BLIPURL("wss://me:p%40ss@sg.example:4984/db/_blipsync")
         #expect(url?.endpoint == "wss://sg.example:4984/db/_blipsync")
         #expect(url?.password == "p@ss")

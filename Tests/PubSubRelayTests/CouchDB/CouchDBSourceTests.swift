@@ -432,7 +432,7 @@ let allFeedCases: [FeedCase] = [
         try fake.store.put("a")
         let refused = CouchDBChangeSource(
             configuration: .init(url: try CouchDBURL("http://relay:wrong@127.0.0.1:\(fake.port)/db")), logger: logger)
-        let error = await #expect(throws: CouchDBChangeSource.SourceError.self) { try await refused.start(after: nil) }
+        let error = await expectRelayError(.source) { try await refused.start(after: nil) }
         #expect(error?.message.contains("authentication refused") == true)
         await refused.close()
         let source = CouchDBChangeSource(
@@ -452,10 +452,10 @@ let allFeedCases: [FeedCase] = [
             logger.logLevel = .critical
             let missing = CouchDBChangeSource(
                 configuration: .init(url: try CouchDBURL("http://127.0.0.1:\(h.fake.port)/nope")), logger: logger)
-            await #expect(throws: CouchDBChangeSource.SourceError.self) { try await missing.start(after: nil) }
+            await expectRelayError(.source) { try await missing.start(after: nil) }
             await missing.close()
             let down = CouchDBChangeSource(configuration: .init(url: try CouchDBURL("http://127.0.0.1:1/db")), logger: logger)
-            await #expect(throws: CouchDBChangeSource.SourceError.self) { try await down.start(after: nil) }
+            await expectRelayError(.source) { try await down.start(after: nil) }
             await down.close()
         }
     }

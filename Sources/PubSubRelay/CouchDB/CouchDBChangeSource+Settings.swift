@@ -11,7 +11,7 @@ extension CouchDBChangeSource.Configuration {
         let url: CouchDBURL
         do {
             url = try CouchDBURL(try settings.string("db_url"))
-        } catch let error as CouchDBURL.Error {
+        } catch let error as RelayError where error.code == .invalidURL {
             throw settings.error("db_url", error.message)
         }
         let feedName = try settings.optionalString("feed") ?? "continuous"

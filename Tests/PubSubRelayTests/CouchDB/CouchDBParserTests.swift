@@ -33,7 +33,7 @@ import Testing
     @Test func malformedRowsAreErrorsNotCrashes() {
         for bad in ["{\"seq\":1,\"id\":\n", "[1,2]\n", "{\"id\":\"a\"}\n", "{\"seq\":1,\"id\":5}\n", "nonsense\n"] {
             var parser = ContinuousFeedParser()
-            #expect(throws: CouchDBFeedError.self, "\(bad)") { try parser.feed(ByteBuffer(string: bad)) }
+            expectRelayError(.feed, "\(bad)") { try parser.feed(ByteBuffer(string: bad)) }
         }
     }
 
@@ -51,7 +51,7 @@ import Testing
         // PouchDB Server leaves out `pending`; an empty wait is only heartbeats.
         let empty = try CouchDBFeedParser.list(Array("{\"results\":[\n\n\n\n],\n\"last_seq\":9}\n".utf8))
         #expect(empty.rows.isEmpty && empty.lastSeq == "9" && empty.pending == nil)
-        #expect(throws: CouchDBFeedError.self) { try CouchDBFeedParser.list(Array("{\"results\":[\n".utf8)) }
+        expectRelayError(.feed) { try CouchDBFeedParser.list(Array("{\"results\":[\n".utf8)) }
     }
 
     @Test func eventSourceDataIdAndHeartbeatEvents() throws {
@@ -92,8 +92,12 @@ import Testing
         #expect(keyspace.feedName == "[::1]:4984/travel.inventory.hotels")
         for bad in ["couch.example/db", "http://host:99999/db", "http://host", "http://host/", "http://host/db?x=1",
                     "http://host/db/_changes", "ftp://host/db"] {
-            #expect(throws: CouchDBURL.Error.self, "\(bad)") { try CouchDBURL(bad) }
+            expectRelayError(.invalidURL, "\(bad)") { try CouchDBURL(bad) }
         }
+        let unclosed = expectRelayError(.invalidURL) { try CouchDBURL("http://u@[::1:5984/db") }
+        #expect(unclosed?.message == "--db-url: unclosed [ in the host")
+        let port = expectRelayError(.invalidURL) { try CouchDBURL("http://u:p@[::1]:x/db") }
+        #expect(port?.message == "--db-url: bad port x")
         #expect(CouchDBURL.queryEncode("12::34") == "12%3A%3A34")
     }
 }
@@ -117,14 +121,14 @@ import Testing
             (#"{"db_url":"http://h/db","heartbeat":0}"#, "feeds[0].heartbeat"),
         ]
         for (json, key) in bad {
-            let error = #expect(throws: RelayConfigurationError.self) {
+            let error = expectRelayError(.configuration) {
                 try CouchDBChangeSource.Configuration(settings: try settings(json))
             }
             #expect(error?.message.hasPrefix(key) == true, "\(json)")
         }
         var logger = Logger(label: "test")
         logger.logLevel = .critical
-        #expect(throws: RelayConfigurationError.self) {
+        expectRelayError(.configuration) {
             try FeedKind.couchdb.makeSource(try settings(#"{"db_url":"http://h/db","slot":"x"}"#), logger: logger)
         }
         let source = try FeedKind.couchdb.makeSource(try settings(#"{"db_url":"http://h:1/db"}"#), logger: logger)

@@ -1,12 +1,5 @@
 import Bayeux
 
-/// A malformed or unexpected message on a Simperium stream.
-public struct SimperiumProtocolError: Error, Sendable, Hashable, CustomStringConvertible {
-    public var message: String
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
-}
-
 /// One entry of an index page: an entity id and its current version.
 public struct SimperiumIndexEntry: Sendable, Hashable {
     public var id: String
@@ -67,7 +60,7 @@ public struct SimperiumChange: Sendable, Hashable {
     }
 
     init(json value: JSONValue) throws {
-        guard let object = value.objectValue else { throw SimperiumProtocolError("a change is not an object") }
+        guard let object = value.objectValue else { throw RelayError(.simperiumProtocol, "a change is not an object") }
         if let code = object["error"], !code.isNull {
             self.init(id: object["id"]?.stringValue ?? "", cv: object["cv"]?.stringValue ?? "", endVersion: nil,
                       sourceVersion: nil, operation: object["o"]?.stringValue ?? "",
@@ -75,18 +68,18 @@ public struct SimperiumChange: Sendable, Hashable {
             return
         }
         guard let id = object["id"]?.stringValue, !id.isEmpty else {
-            throw SimperiumProtocolError("a change has no id")
+            throw RelayError(.simperiumProtocol, "a change has no id")
         }
         guard let cv = object["cv"]?.stringValue, !cv.isEmpty else {
-            throw SimperiumProtocolError("change of \(id) has no cv")
+            throw RelayError(.simperiumProtocol, "change of \(id) has no cv")
         }
         guard let operation = object["o"]?.stringValue, operation == "M" || operation == "-" else {
-            throw SimperiumProtocolError("change of \(id) has no operation o of M or -")
+            throw RelayError(.simperiumProtocol, "change of \(id) has no operation o of M or -")
         }
         func version(_ key: String) throws -> Int64? {
             guard let value = object[key], !value.isNull else { return nil }
             guard let int = value.integerValue else {
-                throw SimperiumProtocolError("change of \(id): \(key) is not an integer")
+                throw RelayError(.simperiumProtocol, "change of \(id): \(key) is not an integer")
             }
             return int
         }
@@ -123,16 +116,18 @@ public enum SimperiumMessage {
         if let colon = rest.firstIndex(of: ":"), !rest[..<colon].isEmpty,
            rest[..<colon].allSatisfy({ $0.isASCII && $0.isNumber }) {
             guard let number = Int(rest[..<colon]) else {
-                throw SimperiumProtocolError("bad channel prefix in \(preview(text))")
+                throw RelayError(.simperiumProtocol, "bad channel prefix in \(preview(text))")
             }
             channel = number
             rest = rest[rest.index(after: colon)...]
         }
         guard let colon = rest.firstIndex(of: ":") else {
-            throw SimperiumProtocolError("message without a command: \(preview(text))")
+            throw RelayError(.simperiumProtocol, "message without a command: \(preview(text))")
         }
         let command = String(rest[..<colon])
-        guard !command.isEmpty else { throw SimperiumProtocolError("message without a command: \(preview(text))") }
+        guard !command.isEmpty else {
+            throw RelayError(.simperiumProtocol, "message without a command: \(preview(text))")
+        }
         return (channel, command, rest[rest.index(after: colon)...])
     }
 
@@ -141,7 +136,9 @@ public enum SimperiumMessage {
         let (channel, command, body) = try split(text)
         switch command {
         case "h":
-            guard let count = Int64(body) else { throw SimperiumProtocolError("bad heartbeat \(preview(text))") }
+            guard let count = Int64(body) else {
+                throw RelayError(.simperiumProtocol, "bad heartbeat \(preview(text))")
+            }
             return (channel, .heartbeat(count))
         case "auth":
             if body == "expired" { return (channel, .authenticationFailed(reason: "the token has expired")) }
@@ -151,46 +148,46 @@ public enum SimperiumMessage {
                 let code = object?["code"].flatMap { $0.integerValue }.map { " (\($0))" } ?? ""
                 return (channel, .authenticationFailed(reason: message + code))
             }
-            guard !body.isEmpty else { throw SimperiumProtocolError("empty auth reply") }
+            guard !body.isEmpty else { throw RelayError(.simperiumProtocol, "empty auth reply") }
             return (channel, .authenticated(user: String(body)))
         case "cv":
-            guard body == "?" else { throw SimperiumProtocolError("unexpected cv message \(preview(text))") }
+            guard body == "?" else { throw RelayError(.simperiumProtocol, "unexpected cv message \(preview(text))") }
             return (channel, .unknownVersion)
         case "c" where body == "?":
             return (channel, .unknownVersion)
         case "c":
             guard let array = try parseJSON(body, what: "changes").arrayValue else {
-                throw SimperiumProtocolError("changes are not an array: \(preview(text))")
+                throw RelayError(.simperiumProtocol, "changes are not an array: \(preview(text))")
             }
             return (channel, .changes(try array.map(SimperiumChange.init(json:))))
         case "i":
             guard let object = try parseJSON(body, what: "index page").objectValue else {
-                throw SimperiumProtocolError("index page is not an object: \(preview(text))")
+                throw RelayError(.simperiumProtocol, "index page is not an object: \(preview(text))")
             }
             guard let current = object["current"]?.stringValue else {
-                throw SimperiumProtocolError("index page without current: \(preview(text))")
+                throw RelayError(.simperiumProtocol, "index page without current: \(preview(text))")
             }
             guard let index = object["index"]?.arrayValue else {
-                throw SimperiumProtocolError("index page without index: \(preview(text))")
+                throw RelayError(.simperiumProtocol, "index page without index: \(preview(text))")
             }
             let entries = try index.map { value -> SimperiumIndexEntry in
                 guard let entry = value.objectValue, let id = entry["id"]?.stringValue,
                       let version = entry["v"]?.integerValue
-                else { throw SimperiumProtocolError("index entry without id and v: \(value.jsonString)") }
+                else { throw RelayError(.simperiumProtocol, "index entry without id and v: \(value.jsonString)") }
                 return SimperiumIndexEntry(id: id, version: version)
             }
             let mark = object["mark"].flatMap { $0.stringValue }.flatMap { $0.isEmpty ? nil : $0 }
             return (channel, .index(SimperiumIndexPage(current: current, entries: entries, mark: mark)))
         case "e":
             guard let newline = body.firstIndex(of: "\n") else {
-                throw SimperiumProtocolError("entity without a body: \(preview(text))")
+                throw RelayError(.simperiumProtocol, "entity without a body: \(preview(text))")
             }
             let key = String(body[..<newline])
             let rest = body[body.index(after: newline)...]
             if rest == "?" { return (channel, .entity(key: key, data: nil)) }
             return (channel, .entity(key: key, data: try parseJSON(rest, what: "entity")))
         default:
-            throw SimperiumProtocolError("unknown command \(command) in \(preview(text))")
+            throw RelayError(.simperiumProtocol, "unknown command \(command) in \(preview(text))")
         }
     }
 
@@ -222,7 +219,7 @@ public enum SimperiumMessage {
         do {
             return try JSONParser().parse(Array(text.utf8))
         } catch {
-            throw SimperiumProtocolError("malformed \(what) JSON (\(error)): \(preview(String(text)))")
+            throw RelayError(.simperiumProtocol, "malformed \(what) JSON (\(error)): \(preview(String(text)))")
         }
     }
 

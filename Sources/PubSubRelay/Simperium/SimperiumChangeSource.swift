@@ -71,21 +71,10 @@ public final class SimperiumChangeSource: ChangeSource {
         }
     }
 
-    /// A failure of the source: `fatal` ones (a refused token) end the relay; others cause a reconnection.
-    public struct SourceError: Error, Sendable, CustomStringConvertible {
-        public var message: String
-        public var fatal: Bool
-        public init(_ message: String, fatal: Bool = false) {
-            self.message = message
-            self.fatal = fatal
-        }
-        public var description: String { message }
-    }
-
     private struct State {
         /// Where the next connection resumes: the last confirmed position ("" or nil: no change version yet).
         var confirmed: String?
-        var fatal: SourceError?
+        var fatal: RelayError?
         var starting: CheckedContinuation<Void, any Error>?
         var task: Task<Void, Never>?
         var connections = 0
@@ -179,21 +168,21 @@ public final class SimperiumChangeSource: ChangeSource {
                 ) { inbound, outbound, _ in
                     try await session.run(inbound: inbound, outbound: outbound)
                 }
-                session.fail(SourceError("the server closed the connection"))
+                session.fail(RelayError(.source, "the server closed the connection"))
             } catch {
                 session.fail(error)
             }
             buffer.clear()
             if Task.isCancelled { break }
-            let error = session.error ?? SourceError("the connection ended")
-            if error.fatal {
+            let error = session.error ?? RelayError(.source, "the connection ended")
+            if error.isFatal {
                 let fatal = error
                 state.withLockedValue { $0.fatal = fatal }
                 finishStarting(fatal)
                 return
             }
             if !session.authenticated && state.withLockedValue({ $0.starting != nil }) {
-                let failure = SourceError("cannot open \(configuration.url): \(Self.describe(error))", fatal: true)
+                let failure = RelayError(.sourceFatal, "cannot open \(configuration.url): \(Self.describe(error))")
                 state.withLockedValue { $0.fatal = failure }
                 finishStarting(failure)
                 return
@@ -210,8 +199,7 @@ public final class SimperiumChangeSource: ChangeSource {
     }
 
     static func describe(_ error: any Error) -> String {
-        if let error = error as? SourceError { return error.message }
-        if let error = error as? SimperiumProtocolError { return error.message }
+        if let error = error as? RelayError { return error.message }
         return FeedTLS.describe(error)
     }
 }
@@ -234,7 +222,7 @@ final class SimperiumSession: Sendable {
         var heartbeatSent: NIODeadline?
         /// The number the next heartbeat carries: 0 first, then the last number the server sent back.
         var heartbeatCount: Int64 = 0
-        var error: SimperiumChangeSource.SourceError?
+        var error: RelayError?
         var authenticated = false
     }
 
@@ -261,13 +249,12 @@ final class SimperiumSession: Sendable {
         self.onAuthenticated = onAuthenticated
     }
 
-    var error: SimperiumChangeSource.SourceError? { activity.withLockedValue { $0.error } }
+    var error: RelayError? { activity.withLockedValue { $0.error } }
     var authenticated: Bool { activity.withLockedValue { $0.authenticated } }
 
     /// Records why the connection ended (the first reason wins).
     func fail(_ error: any Error) {
-        let failure = error as? SimperiumChangeSource.SourceError
-            ?? SimperiumChangeSource.SourceError(SimperiumChangeSource.describe(error))
+        let failure = error as? RelayError ?? RelayError(.source, SimperiumChangeSource.describe(error))
         activity.withLockedValue { if $0.error == nil { $0.error = failure } }
     }
 
@@ -298,7 +285,8 @@ final class SimperiumSession: Sendable {
                 if activity.blocked { return nil }
                 if let sent = activity.heartbeatSent {
                     if now - sent > configuration.heartbeatTimeout {
-                        throw SimperiumChangeSource.SourceError(
+                        throw RelayError(
+                            .source,
                             "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms")
                     }
                     return nil
@@ -374,7 +362,7 @@ final class SimperiumSession: Sendable {
         for try await message in inbound.messages(maxSize: 1 << 24) {
             activity.withLockedValue { $0.lastReceived = .now() }
             guard case .text(let text) = message else {
-                throw SimperiumProtocolError("unexpected binary message")
+                throw RelayError(.simperiumProtocol, "unexpected binary message")
             }
             let (channel, decoded) = try SimperiumMessage.decode(text)
             if let channel, channel != 0 { continue }
@@ -386,11 +374,12 @@ final class SimperiumSession: Sendable {
                 }
 
             case .authenticationFailed(let reason):
-                throw SimperiumChangeSource.SourceError(
-                    "authentication refused for bucket \(bucket) of app \(configuration.appID): \(reason)", fatal: true)
+                throw RelayError(
+                    .sourceFatal,
+                    "authentication refused for bucket \(bucket) of app \(configuration.appID): \(reason)")
 
             case .authenticated(let user):
-                guard phase == .authenticating else { throw SimperiumProtocolError("unexpected auth reply") }
+                guard phase == .authenticating else { throw RelayError(.simperiumProtocol, "unexpected auth reply") }
                 activity.withLockedValue { $0.authenticated = true }
                 logger.debug("simperium: authenticated", metadata: ["pubsub.relay.user": "\(user)"])
                 onAuthenticated()
@@ -404,7 +393,7 @@ final class SimperiumSession: Sendable {
                 }
 
             case .unknownVersion:
-                guard phase == .catchingUp else { throw SimperiumProtocolError("unexpected unknown cv reply") }
+                guard phase == .catchingUp else { throw RelayError(.simperiumProtocol, "unexpected unknown cv reply") }
                 let reason = "the server does not know change version \(requested ?? "?") (cv:?): full index of bucket \(bucket)"
                 logger.error("simperium: \(reason)")
                 resync = Resync(reason: reason)
@@ -413,7 +402,7 @@ final class SimperiumSession: Sendable {
                 try await send(SimperiumMessage.index(mark: nil, limit: configuration.indexPageSize))
 
             case .index(let page):
-                guard phase == .indexing else { throw SimperiumProtocolError("unexpected index page") }
+                guard phase == .indexing else { throw RelayError(.simperiumProtocol, "unexpected index page") }
                 let current = indexCurrent ?? page.current
                 indexCurrent = current
                 let last = page.mark == nil
@@ -462,6 +451,6 @@ final class SimperiumSession: Sendable {
                 try await flush()
             }
         }
-        throw SimperiumChangeSource.SourceError("the server closed the connection")
+        throw RelayError(.source, "the server closed the connection")
     }
 }

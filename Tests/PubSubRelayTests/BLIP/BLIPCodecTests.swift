@@ -188,19 +188,19 @@ import Testing
         var decoder = BLIPFrameDecoder()
         var frame = Self.replyFrame
         frame[frame.count - 1] ^= 0x01
-        #expect(throws: BLIPError.self) { try decoder.receive(frame) }
+        expectRelayError(.blipProtocol) { try decoder.receive(frame) }
         var second = BLIPFrameDecoder()
         _ = try second.receive(Self.replyFrame)
         // A frame valid on its own but out of order fails the running checksum.
-        #expect(throws: BLIPError.self) { try second.receive(Self.errorFrame) }
+        expectRelayError(.blipProtocol) { try second.receive(Self.errorFrame) }
     }
 
     @Test func badDeflateDataAndEmptyFramesAreFatal() {
         var decoder = BLIPFrameDecoder()
-        #expect(throws: BLIPError.self) { try decoder.receive([0x01, 0x09, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]) }
+        expectRelayError(.blipProtocol) { try decoder.receive([0x01, 0x09, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]) }
         var empty = BLIPFrameDecoder()
-        #expect(throws: BLIPError.self) { try empty.receive([]) }
-        #expect(throws: BLIPError.self) { try empty.receive([0x01]) }
+        expectRelayError(.blipProtocol) { try empty.receive([]) }
+        expectRelayError(.blipProtocol) { try empty.receive([0x01]) }
     }
 
     @Test func garbageNeverCrashes() {
@@ -211,7 +211,7 @@ import Testing
             for _ in 0..<frames {
                 var frame = (0..<Int.random(in: 0...64, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
                 if round % 2 == 0, frame.count > 2 { frame[1] = UInt8.random(in: 0...0x7F, using: &generator) }
-                do { _ = try decoder.receive(frame) } catch is BLIPError {} catch {
+                do { _ = try decoder.receive(frame) } catch is RelayError {} catch {
                     Issue.record("unexpected error type \(error)")
                 }
             }

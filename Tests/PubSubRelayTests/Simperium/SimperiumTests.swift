@@ -51,7 +51,7 @@ import Testing
                      #"0:c:[{"id":"a","cv":"x","o":"Z"}]"#, #"0:c:[{"id":"a","cv":"x","o":"M","ev":"two"}]"#,
                      "0:i:{\"index\":[]}", #"0:i:{"current":"c","index":[{"id":"a"}]}"#, "0:i:[", "h:x",
                      "0:cv:abc", "0:zz:1", "0:e:n1.2", "0:auth:", "0:auth:{broken"] {
-            #expect(throws: SimperiumProtocolError.self, "\(text)") { try SimperiumMessage.decode(text) }
+            expectRelayError(.simperiumProtocol, "\(text)") { try SimperiumMessage.decode(text) }
         }
     }
 
@@ -91,12 +91,12 @@ import Testing
             #expect {
                 _ = try FeedKind.simperium.makeSource(FeedSettings(bad, context: "feeds[0]"), logger: logger)
             } throws: { error in
-                (error as? RelayConfigurationError)?.message.hasPrefix(problem) == true
+                (error as? RelayError)?.message.hasPrefix(problem) == true
             }
         }
         if SimperiumChangeSource.Configuration.environmentToken() == nil {
             object["token"] = nil
-            #expect(throws: RelayConfigurationError.self) {
+            expectRelayError(.configuration) {
                 _ = try FeedKind.simperium.makeSource(FeedSettings(object, context: "feeds[0]"), logger: logger)
             }
         }
@@ -330,8 +330,8 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
             do {
                 try await source.start(after: nil)
                 Issue.record("\(token) was accepted")
-            } catch let error as SimperiumChangeSource.SourceError {
-                #expect(error.fatal)
+            } catch let error as RelayError {
+                #expect(error.code == .sourceFatal && error.isFatal)
                 #expect(error.message.contains("authentication refused") && error.message.contains(expected), "\(error)")
             }
             await source.close()
@@ -342,7 +342,7 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
         let nowhere = SimperiumChangeSource(
             configuration: .init(url: "ws://127.0.0.1:1/sock/1/a/websocket", appID: "a", token: "t", bucket: "b"),
             logger: logger)
-        await #expect(throws: SimperiumChangeSource.SourceError.self) { try await nowhere.start(after: nil) }
+        await expectRelayError(.sourceFatal) { try await nowhere.start(after: nil) }
         await nowhere.close()
     }
 

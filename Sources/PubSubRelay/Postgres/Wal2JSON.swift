@@ -36,21 +36,16 @@ public enum Wal2JSONRecord: Sendable, Equatable {
     /// `pg_logical_emit_message` output; ignored by the relay.
     case message
 
-    public struct ParseError: Error, Sendable, Equatable, CustomStringConvertible {
-        public var message: String
-        public var description: String { message }
-    }
-
     /// Parses one `data` column.
-    public static func parse(_ text: String) throws(ParseError) -> Wal2JSONRecord {
+    public static func parse(_ text: String) throws(RelayError) -> Wal2JSONRecord {
         let value: JSONValue
         do {
             value = try JSONParser(maxDepth: 32).parse(text)
         } catch {
-            throw ParseError(message: "wal2json row is not JSON: \(error)")
+            throw RelayError(.malformedWal2JSON, "wal2json row is not JSON: \(error)")
         }
         guard let object = value.objectValue, let action = object["action"]?.stringValue else {
-            throw ParseError(message: "wal2json row has no action (format-version 2 expected)")
+            throw RelayError(.malformedWal2JSON, "wal2json row has no action (format-version 2 expected)")
         }
         let xid = object["xid"].flatMap { $0.stringValue ?? ($0.integerValue.map { String($0) }) }
         switch action {
@@ -60,7 +55,7 @@ public enum Wal2JSONRecord: Sendable, Equatable {
             return .commit(xid: xid, nextLSN: object["nextlsn"]?.stringValue.flatMap { LSN($0) })
         case "I", "U", "D":
             guard let schema = object["schema"]?.stringValue, let table = object["table"]?.stringValue else {
-                throw ParseError(message: "wal2json \(action) row without schema or table")
+                throw RelayError(.malformedWal2JSON, "wal2json \(action) row without schema or table")
             }
             let operation: Change.Operation = action == "I" ? .insert : action == "U" ? .update : .delete
             return .row(RowChange(
@@ -69,24 +64,26 @@ public enum Wal2JSONRecord: Sendable, Equatable {
                 primaryKey: try columns(object["pk"]).map(\.name)))
         case "T":
             guard let schema = object["schema"]?.stringValue, let table = object["table"]?.stringValue else {
-                throw ParseError(message: "wal2json T row without schema or table")
+                throw RelayError(.malformedWal2JSON, "wal2json T row without schema or table")
             }
             return .truncate(schema: schema, table: table)
         case "M":
             return .message
         default:
-            throw ParseError(message: "wal2json row with unknown action \(action)")
+            throw RelayError(.malformedWal2JSON, "wal2json row with unknown action \(action)")
         }
     }
 
-    private static func columns(_ value: JSONValue?) throws(ParseError) -> [Column] {
+    private static func columns(_ value: JSONValue?) throws(RelayError) -> [Column] {
         guard let value, !value.isNull else { return [] }
-        guard let array = value.arrayValue else { throw ParseError(message: "wal2json columns are not an array") }
+        guard let array = value.arrayValue else {
+            throw RelayError(.malformedWal2JSON, "wal2json columns are not an array")
+        }
         var result: [Column] = []
         result.reserveCapacity(array.count)
         for element in array {
             guard let object = element.objectValue, let name = object["name"]?.stringValue else {
-                throw ParseError(message: "wal2json column without a name")
+                throw RelayError(.malformedWal2JSON, "wal2json column without a name")
             }
             result.append(Column(name: name, type: object["type"]?.stringValue, value: object["value"] ?? .null))
         }
@@ -137,7 +134,7 @@ public struct Wal2JSONAssembler: Sendable {
 
     /// Feeds one peeked row (`lsn` is the function's `lsn` column); returns a batch when it completes a
     /// transaction above `after`.
-    public mutating func feed(lsn: LSN, data: String) throws(Wal2JSONRecord.ParseError) -> ChangeBatch? {
+    public mutating func feed(lsn: LSN, data: String) throws(RelayError) -> ChangeBatch? {
         let record = try Wal2JSONRecord.parse(data)
         switch record {
         case .begin(let xid):

@@ -1,0 +1,107 @@
+import Bayeux
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// A clustered engine keeps the sessions whose connections are on its node in a memory engine: the same sinks,
+/// bounded queues and wakeups. These calls move sessions in and out and queue events routed from other nodes.
+extension MemoryEngine {
+    public func hasSession(_ clientId: String) -> Bool {
+        lock.withLock { sessions[clientId] != nil }
+    }
+
+    /// Creates the session `clientId`, or sets the subscriptions of the existing one; false when it existed.
+    @discardableResult
+    public func adopt(_ clientId: String, subscriptions: [String], connectedOnce: Bool, now: NIODeadline) -> Bool {
+        lock.withLock {
+            let session: Session
+            let created: Bool
+            if let existing = sessions[clientId] {
+                session = existing
+                created = false
+            } else {
+                session = Session(id: clientId, expiresAt: now + lifetime)
+                sessions[clientId] = session
+                created = true
+            }
+            session.connectedOnce = session.connectedOnce || connectedOnce
+            let wanted = Set(subscriptions)
+            for channel in session.subscriptions.subtracting(wanted) {
+                session.subscriptions.remove(channel)
+                removeFromIndex(channel, clientId)
+            }
+            for channel in wanted.subtracting(session.subscriptions) {
+                session.subscriptions.insert(channel)
+                index[channel, default: [:]][clientId] = session
+                stats.subscriptions += 1
+            }
+            return created
+        }
+    }
+
+    /// Removes the session, detaching its sink with `reason`, and returns what was queued for it; nil when absent.
+    /// `.expired` and `.overflow` are counted as for a session of this engine.
+    @discardableResult
+    public func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        let queue = lock.withLock { () -> CircularBuffer<ByteBuffer>? in
+            guard let session = sessions[clientId] else { return nil }
+            let queue = session.queue
+            if reason == .expired { stats.expired += 1 }
+            remove(session, reason: reason, notifications: &notifications)
+            return queue
+        }
+        notify(notifications)
+        report()
+        return queue
+    }
+
+    /// Queues an event encoded elsewhere for every local subscriber of `channel` (no history, no statistics of
+    /// publishing); returns the ids of the clients dropped because their queue was full.
+    public func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
+        let keys = Channel.expand(channel)
+        var wakes: [(Session, any DeliverySink)] = []
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
+        if !wakes.isEmpty { wakeUp(wakes) }
+        if !notifications.isEmpty { notify(notifications) }
+        if !overflowed.isEmpty { report() }
+        return overflowed
+    }
+
+    /// Puts events before (`atFront`: handed over by another node) or after (a replay) the session's queue.
+    /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
+    public func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, atFront: Bool) -> Bool? {
+        var wake: [(Session, any DeliverySink)] = []
+        var notifications: [(any DeliverySink, DetachReason)] = []
+        let result = lock.withLock { () -> Bool? in
+            guard let session = sessions[clientId] else { return nil }
+            guard !events.isEmpty else { return true }
+            guard session.queue.count + events.count <= configuration.maxQueue else {
+                remove(session, reason: .overflow, notifications: &notifications)
+                return false
+            }
+            if atFront {
+                var merged = events
+                merged.append(contentsOf: session.queue)
+                session.queue = merged
+            } else {
+                session.queue.append(contentsOf: events)
+            }
+            stats.queued += UInt64(events.count)
+            if let sink = session.sink, !session.wakeScheduled {
+                session.wakeScheduled = true
+                wake.append((session, sink))
+            }
+            return true
+        }
+        if !wake.isEmpty { wakeUp(wake) }
+        if !notifications.isEmpty { notify(notifications) }
+        if result == false { report() }
+        return result
+    }
+
+    /// Every session and its subscriptions.
+    public func snapshot() -> [(id: String, subscriptions: [String])] {
+        lock.withLock { sessions.values.map { ($0.id, Array($0.subscriptions)) } }
+    }
+}

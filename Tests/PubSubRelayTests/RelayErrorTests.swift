@@ -1,0 +1,56 @@
+import PubSubRelay
+import Testing
+
+/// Expects `body` to throw a `RelayError` of `code`, and returns it.
+@discardableResult
+func expectRelayError<R>(
+    _ code: RelayError.Code, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> R
+) -> RelayError? {
+    do {
+        _ = try body()
+        Issue.record("expected a RelayError \(code); nothing was thrown", sourceLocation: sourceLocation)
+    } catch let error as RelayError {
+        #expect(error.code == code, comment, sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected a RelayError \(code), got \(error)", sourceLocation: sourceLocation)
+    }
+    return nil
+}
+
+/// Expects `body` to throw a `RelayError` of `code`, and returns it.
+@discardableResult
+func expectRelayError<R>(
+    _ code: RelayError.Code, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () async throws -> R
+) async -> RelayError? {
+    do {
+        _ = try await body()
+        Issue.record("expected a RelayError \(code); nothing was thrown", sourceLocation: sourceLocation)
+    } catch let error as RelayError {
+        #expect(error.code == code, comment, sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected a RelayError \(code), got \(error)", sourceLocation: sourceLocation)
+    }
+    return nil
+}
+
+@Suite struct RelayErrorTests {
+    @Test func theMessageIsWhatIsPrintedAndABLIPErrorSaysItIsOne() {
+        #expect("\(RelayError(.configuration, "feeds[0].slot: required"))" == "feeds[0].slot: required")
+        #expect("\(RelayError(.blipProtocol, "bad frame"))" == "BLIP: bad frame")
+        #expect(RelayError(.blipProtocol, "bad frame").message == "bad frame")
+    }
+
+    @Test func onlyASourceFatalErrorEndsTheRelay() {
+        #expect(RelayError(.sourceFatal, "authentication refused").isFatal)
+        let others: [RelayError.Code] = [
+            .configuration, .invalidURL, .checkpoint, .publish, .source, .feed, .blipProtocol, .simperiumProtocol,
+            .malformedWal2JSON,
+        ]
+        #expect(others.allSatisfy { !RelayError($0, "x").isFatal })
+        #expect(Set(others.map(\.description)).count == others.count)
+    }
+}
