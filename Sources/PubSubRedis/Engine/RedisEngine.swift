@@ -13,7 +13,11 @@ import PubSubCore
 
 /// Settings of the Redis engine beyond the broker's own.
 public struct RedisEngineConfiguration: Sendable {
+    /// The Redis server; with `sentinel`, how to talk to the master (password, database, TLS), whose address
+    /// the sentinels give.
     public var redis: RedisConfiguration
+    /// Redis Sentinel: the master is found through the sentinels and followed through failovers.
+    public var sentinel: RedisSentinelConfiguration?
     /// Prepended to every key; nodes sharing a prefix (and a database) form one cluster.
     public var keyPrefix: String
     /// This node's name in Redis; unique per process.
@@ -31,9 +35,11 @@ public struct RedisEngineConfiguration: Sendable {
         nodeID: String = String(ClientID.random().prefix(12)),
         sweepPeriod: TimeAmount = .seconds(1),
         handoffTimeout: TimeAmount = .seconds(1),
-        sweepBatch: Int = 1000
+        sweepBatch: Int = 1000,
+        sentinel: RedisSentinelConfiguration? = nil
     ) {
         self.redis = redis
+        self.sentinel = sentinel
         self.keyPrefix = keyPrefix
         self.nodeID = nodeID
         self.sweepPeriod = sweepPeriod
@@ -63,6 +69,16 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     public var sweptSessions: UInt64 = 0
     /// Events received from Redis (one per publish that has a subscriber here, whatever their number).
     public var eventsReceived: UInt64 = 0
+    /// Sessions of this node that Redis no longer had when the node put them back after a reconnect (Redis
+    /// restarted empty, or a Sentinel failover promoted a replica that had not received them).
+    public var sessionsRestored: UInt64 = 0
+    /// Sentinel: new masters this node moved to.
+    public var failovers: UInt64 = 0
+    /// Sentinel: publishes of this node that were acknowledged by the old master but that the new master does
+    /// not have (not replicated in time): gone from the history, though delivered when they were published.
+    public var failoverLostPublishes: UInt64 = 0
+    /// Sentinel: positions this node had seen (delivered or published) beyond the new master's last one.
+    public var failoverLostPositions: UInt64 = 0
 }
 
 /// The clustered engine: sessions, subscriptions and routing live in Redis, so every node sees every session;
@@ -79,6 +95,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     let local: MemoryEngine
     let commands: RedisClient
     var subscriber: RedisClient!
+    /// Sentinel mode: finds the master and watches for failovers.
+    let sentinel: SentinelMonitor?
     let group: MultiThreadedEventLoopGroup
     let logger: Logger
     /// Told about the session events that happen on this node (webhooks); see `RedisEngine+SessionEvents.swift`.
@@ -122,6 +140,11 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         var outageSince: NIODeadline?
         var outageLocalPublishes: UInt64 = 0
         var pendingDestroys: [(String, DetachReason)] = []
+        /// Sentinel: the master this node's positions come from (set at each connection, see `reseat`).
+        var termMaster: RedisEndpoint?
+        /// Sentinel: the positions of this node's acknowledged publishes since `termMaster` (the newest, bounded),
+        /// to count those a new master lacks.
+        var acknowledged = CircularBuffer<UInt64>(initialCapacity: 64)
         var redis = RedisEngineStatistics()
         var closed = false
     }
@@ -152,11 +175,34 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         let loop = group.next()
         let setup = RedisScripts.all.map { RESPCommand("SCRIPT", "LOAD", .string($0.source)) }
         let box = NIOLockedValueBox<RedisEngine?>(nil)
+        let sentinel = settings.sentinel.map { sentinelSettings in
+            SentinelMonitor(settings: sentinelSettings, eventLoop: loop, logger: logger) { why in
+                box.withLockedValue { $0 }?.rediscover(because: why)
+            }
+        }
+        self.sentinel = sentinel
+        var resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)?
+        var verifyCommands: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
+        var verifySubscriber: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
+        var onReadOnly: (@Sendable () -> Void)?
+        if let monitor = sentinel {
+            resolve = { monitor.resolve() }
+            verifyCommands = { endpoint, send in
+                monitor.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
+                    guard let engine = box.withLockedValue({ $0 }) else { return loop.makeSucceededVoidFuture() }
+                    return engine.reseat(at: endpoint, send: send)
+                }
+            }
+            verifySubscriber = { endpoint, send in monitor.verify(endpoint, send: send).map { _ in } }
+            onReadOnly = { monitor.readOnly() }
+        }
         self.commands = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "commands", setup: setup, logger: logger,
+            resolve: resolve, verify: verifyCommands, onReadOnly: onReadOnly,
             onEvent: { event in box.withLockedValue { $0 }?.commandsEvent(event) })
         self.subscriber = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "notifications", logger: logger,
+            resolve: resolve, verify: verifySubscriber,
             onPush: { push in box.withLockedValue { $0 }?.received(push) },
             onEvent: { event in box.withLockedValue { $0 }?.subscriberEvent(event) })
         box.withLockedValue { $0 = self }
@@ -166,6 +212,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     /// (the engine keeps trying in the background either way).
     @discardableResult
     public func start(timeout: TimeAmount = .seconds(5)) -> EventLoopFuture<Void> {
+        sentinel?.start()
         commands.start()
         subscriber.start()
         let loop = commands.eventLoop
@@ -174,7 +221,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         @Sendable func check() {
             if isReady { return promise.succeed(()) }
             if NIODeadline.now() > deadline {
-                return promise.fail(RedisError(.notConnected, "no connection to \(settings.redis.redacted)"))
+                return promise.fail(RedisError(.notConnected, "no connection to \(redisDescription)"))
             }
             loop.scheduleTask(in: .milliseconds(10)) { check() }
         }
@@ -189,6 +236,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     }
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }
+
+    /// Where Redis is, for logs: the URL (without password), or the sentinels and the master's name.
+    public var redisDescription: String {
+        guard let sentinel = settings.sentinel else { return settings.redis.redacted }
+        return "master '\(sentinel.masterName)' of sentinels "
+            + sentinel.sentinels.map(\.description).joined(separator: ",")
+    }
 
     /// `RedisEngineStatistics` on `/metrics`.
     public var extraMetrics: [EngineMetric] {
@@ -211,6 +265,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             counter("claims", s.claims, "Sessions moved to this node."),
             counter("swept_sessions", s.sweptSessions, "Sessions expired by this node's sweeps."),
             counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
+            counter("sessions_restored", s.sessionsRestored,
+                    "Sessions of this node that Redis no longer had after a reconnect or failover, put back."),
+            counter("failovers", s.failovers, "Sentinel: new Redis masters this node moved to."),
+            counter("failover_lost_publishes", s.failoverLostPublishes,
+                    "Sentinel: this node's acknowledged publishes that the new master does not have (not replicated)."),
+            counter("failover_lost_positions", s.failoverLostPositions,
+                    "Sentinel: positions this node had seen beyond the new master's last one at a failover."),
         ]
     }
 
@@ -592,7 +653,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
             let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
-            self.state.withLockedValue { $0.published += 1 }
+            self.state.withLockedValue { s in
+                s.published += 1
+                if self.sentinel != nil, sequence > 0 {
+                    if s.acknowledged.count >= 100_000 { s.acknowledged.removeFirst() }
+                    s.acknowledged.append(sequence)
+                }
+            }
             self.learn(sequence: sequence, epoch: epoch, key: key)
             guard self.configuration.historySize > 0, let epoch else { return nil }
             // The token the script wrote into the event: the permutation of this publish's sequence.
@@ -712,6 +779,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         let group = self.group
         let subscriber = self.subscriber!
         let commands = self.commands
+        _ = sentinel?.close()
         // Stop listening first, so that nodes taking our sessions over do not wait for a handoff.
         subscriber.close().flatMap { _ in
             commands.send(RESPCommand("DEL", .string(self.keyPrefix + "alive:" + self.node))).map { _ in }
@@ -729,6 +797,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             return s.closed
         }
         guard !closed else { return }
+        _ = try? await sentinel?.close().get()
         _ = try? await commands.close().and(subscriber.close()).get()
         try? await group.shutdownGracefully()
     }
