@@ -39,6 +39,7 @@ public final class RedisClient: Sendable {
         var closed = false
         var attempt = 0
         var reconnect: Scheduled<Void>?
+        var lastError: (any Error)?
     }
     private let state = NIOLockedValueBox(State())
 
@@ -73,6 +74,9 @@ public final class RedisClient: Sendable {
 
     public var isConnected: Bool { state.withLockedValue { $0.connected } }
 
+    /// Why the last connection attempt failed (nil once connected), for the operator.
+    public var lastError: (any Error)? { state.withLockedValue { $0.lastError } }
+
     /// Where the current connection goes (nil while disconnected).
     public var endpoint: RedisEndpoint? { state.withLockedValue { $0.connected ? $0.endpoint : nil } }
 
@@ -103,6 +107,7 @@ public final class RedisClient: Sendable {
                     s.endpoint = endpoint
                     s.connected = true
                     s.attempt = 0
+                    s.lastError = nil
                     return true
                 }
                 guard keep else {
@@ -115,7 +120,10 @@ public final class RedisClient: Sendable {
                 ])
                 self.onEvent(.connected)
             case .failure(let error):
-                self.state.withLockedValue { $0.connecting = false }
+                self.state.withLockedValue { s in
+                    s.connecting = false
+                    s.lastError = error
+                }
                 self.scheduleReconnect(after: error)
             }
         }
@@ -174,6 +182,8 @@ public final class RedisClient: Sendable {
             commands.append(RESPCommand("SELECT", .integer(Int64(configuration.database))))
         }
         commands += setup
+        // Over TLS, a first round trip makes the handshake (and a certificate refused) happen here.
+        if commands.isEmpty, configuration.tls { commands.append(RESPCommand("PING")) }
         let verify = self.verify
         let sent = commands.isEmpty ? channel.eventLoop.makeSucceededFuture([]) : Self.write(commands, to: channel)
         return sent.flatMapThrowing { [commands] replies in

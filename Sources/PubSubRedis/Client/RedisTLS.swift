@@ -9,8 +9,10 @@ enum RedisTLS {
         let context: NIOSSLContext
 
         func handler(serverHostname: String) throws -> NIOSSLClientHandler {
-            // An IP address is checked against the certificate's IP SANs; SNI carries names only.
-            try NIOSSLClientHandler(context: context, serverHostname: serverHostname)
+            // An IP address is checked against the certificate's IP SANs (the address connected to); SNI carries
+            // names only.
+            let isAddress = (try? SocketAddress(ipAddress: serverHostname, port: 0)) != nil
+            return try NIOSSLClientHandler(context: context, serverHostname: isAddress ? nil : serverHostname)
         }
     }
 

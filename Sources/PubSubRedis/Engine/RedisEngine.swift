@@ -221,7 +221,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         @Sendable func check() {
             if isReady { return promise.succeed(()) }
             if NIODeadline.now() > deadline {
-                return promise.fail(RedisError(.notConnected, "no connection to \(redisDescription)"))
+                let cause = (self.commands.lastError ?? self.subscriber.lastError).map { ": \($0)" } ?? ""
+                return promise.fail(RedisError(.notConnected, "no connection to \(self.redisDescription)\(cause)"))
             }
             loop.scheduleTask(in: .milliseconds(10)) { check() }
         }
