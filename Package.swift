@@ -305,6 +305,7 @@ let package = Package(
                 "PubSubRedis",
                 "PubSubCore",
                 "Bayeux",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

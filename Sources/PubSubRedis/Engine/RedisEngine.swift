@@ -92,7 +92,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         self.events = events
         var localConfiguration = configuration
         localConfiguration.historySize = 0
-        self.local = MemoryEngine(configuration: localConfiguration)
+        // The local store logs what no connection sees: a client dropped for overflow between two polls.
+        self.local = MemoryEngine(configuration: localConfiguration, logger: logger)
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         self.keyPrefix = settings.keyPrefix
         self.channelPrefix = settings.keyPrefix + String(settings.redis.database) + ":"
