@@ -140,6 +140,7 @@ def received(client, name):
 def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_setup):
     master, replica, sentinels, (a, b) = sentinel_setup
     t0 = time.monotonic()
+    pids = (a.pid, b.pid)
     # Subscribers on both nodes, WebSocket, and a long-polling session made on a and used later through b.
     subscribers = {}
     for name, node in (("a", a), ("b", b)):
@@ -187,6 +188,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     else:
         pytest.fail(f"no failover followed: {m}\n{a.log()[-3000:]}")
     failover_seconds = time.monotonic() - killed_at
+    assert a.alive() and b.alive() and a.pid == pids[0] and b.pid == pids[1], "a node restarted"
     assert "role:master" in replica.command("INFO", "replication")
     # Publishing goes on through the new master for a while.
     started = {name: len(p.positioned) for name, p in publishers.items()}

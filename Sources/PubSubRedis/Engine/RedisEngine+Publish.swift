@@ -58,8 +58,11 @@ extension RedisEngine {
             let positionKey = key ?? self.state.withLockedValue { $0.positionKey }
             return positionKey.map { Position(epoch: epoch, sequence: sequence).token(key: $0) }
         }.flatMapErrorThrowing { error -> String? in
-            if let e = error as? RedisError, e.code == .notConnected {
-                // Never sent: the connection went down just before.
+            if let e = error as? RedisError,
+                e.code == .notConnected || (e.code == .server && e.message.hasPrefix("READONLY"))
+            {
+                // Never sent (the connection went down just before), or refused by a master demoted to a replica
+                // (Sentinel; the connection is dropped and the master found again): it did not happen in Redis.
                 self.publishLocally(message, to: channel)
                 return nil
             }
