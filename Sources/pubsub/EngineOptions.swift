@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import Logging
 import NIOCore
 import PubSubCore
@@ -8,14 +9,69 @@ import PubSubRedis
 struct EngineOptions: ParsableArguments {
     @Option(help: "memory (one node) or redis (several nodes sharing sessions through Redis) (PUBSUB_ENGINE).")
     var engine: String?
-    @Option(help: "redis://[[user]:password@]host[:port][/db] for --engine redis (PUBSUB_REDIS_URL).")
+    @Option(help: "redis[s]://[[user]:password@]host[:port][/db] for --engine redis (PUBSUB_REDIS_URL).")
     var redisUrl: String?
     @Option(help: "Prefix of every Redis key; nodes with the same prefix and database form one cluster (PUBSUB_REDIS_PREFIX).")
     var redisPrefix: String?
+    @Option(help: ArgumentHelp(
+        "Redis Sentinel instead of --redis-url: host:port,host:port (or redis[s]://[:password@]host:port each) (PUBSUB_REDIS_SENTINELS).",
+        valueName: "sentinels"))
+    var redisSentinels: String?
+    @Option(help: ArgumentHelp(
+        "The master's name at the sentinels; redis[s]://[[user]:password@]NAME[/db] for its password, database, TLS (PUBSUB_REDIS_MASTER_NAME).",
+        valueName: "name"))
+    var redisMasterName: String?
+    @Option(help: "PEM file of the CAs to trust for rediss:// instead of the system's (PUBSUB_REDIS_CA_FILE).")
+    var redisCaFile: String?
 
     func validate() throws {
         let name = try resolvedEngine()
         if name != "redis", redisUrl != nil { throw ValidationError("--redis-url needs --engine redis") }
+        if name != "redis", redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
+        _ = try resolvedRedis()
+    }
+
+    /// Where Redis is: one server (a URL) or the sentinels and the master's name.
+    enum RedisTarget {
+        case server(RedisConfiguration)
+        case sentinel(RedisSentinelConfiguration, master: RedisConfiguration)
+    }
+
+    func resolvedRedis() throws -> RedisTarget {
+        let url = redisUrl ?? Environment.string("PUBSUB_REDIS_URL")
+        let sentinels = redisSentinels ?? Environment.string("PUBSUB_REDIS_SENTINELS")
+        let masterName = redisMasterName ?? Environment.string("PUBSUB_REDIS_MASTER_NAME")
+        let caFile = redisCaFile ?? Environment.string("PUBSUB_REDIS_CA_FILE")
+        if url != nil, sentinels != nil {
+            throw ValidationError(
+                "--redis-url (PUBSUB_REDIS_URL) and --redis-sentinels (PUBSUB_REDIS_SENTINELS) cannot be used together: one Redis server, or the sentinels that name the master")
+        }
+        if sentinels == nil, masterName != nil {
+            throw ValidationError("--redis-master-name needs --redis-sentinels")
+        }
+        if let caFile, !FileManager.default.isReadableFile(atPath: caFile) {
+            throw ValidationError("--redis-ca-file: cannot read \(caFile)")
+        }
+        if let sentinels {
+            guard let masterName else {
+                throw ValidationError("--redis-sentinels needs --redis-master-name (the name the sentinels monitor)")
+            }
+            do {
+                var (settings, master) = try RedisSentinelConfiguration.parse(sentinels: sentinels, masterName: masterName)
+                master.caFile = caFile
+                settings.sentinelConnection.caFile = caFile
+                return .sentinel(settings, master: master)
+            } catch {
+                throw ValidationError("--redis-sentinels: \(error)")
+            }
+        }
+        do {
+            var redis = try RedisConfiguration(url: url ?? "redis://127.0.0.1:6379/0")
+            redis.caFile = caFile
+            return .server(redis)
+        } catch {
+            throw ValidationError("\(error)")
+        }
     }
 
     func resolvedEngine() throws -> String {
@@ -32,24 +88,23 @@ struct EngineOptions: ParsableArguments {
         guard try resolvedEngine() == "redis" else {
             return events.map { MemoryEngine(configuration: configuration, events: $0, logger: logger) }
         }
-        let url = redisUrl ?? Environment.string("PUBSUB_REDIS_URL") ?? "redis://127.0.0.1:6379/0"
-        let redis: RedisConfiguration
-        do {
-            redis = try RedisConfiguration(url: url)
-        } catch {
-            throw ValidationError("\(error)")
+        var settings: RedisEngineConfiguration
+        switch try resolvedRedis() {
+        case .server(let redis):
+            settings = RedisEngineConfiguration(redis: redis)
+        case .sentinel(let sentinel, let master):
+            settings = RedisEngineConfiguration(redis: master, sentinel: sentinel)
         }
-        var settings = RedisEngineConfiguration(redis: redis)
         if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
         let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)
         do {
             try await engine.start(timeout: .seconds(5)).get()
             logger.info(
-                "redis engine: node \(settings.nodeID) on \(redis.redacted)",
+                "redis engine: node \(settings.nodeID) on \(engine.redisDescription)",
                 metadata: ["pubsub.redis.node": "\(settings.nodeID)"])
         } catch {
             // Serving this node's clients goes on; /readyz says not ready until Redis answers.
-            logger.error("redis engine: \(redis.redacted) not reachable yet, retrying: \(error)")
+            logger.error("redis engine: \(engine.redisDescription) not reachable yet, retrying: \(error)")
         }
         return engine
     }

@@ -9,7 +9,7 @@ import Testing
 @Suite(.serialized, .timeLimit(.minutes(2))) struct EngineQueryConformanceTests {
     @Test(arguments: EngineKind.allCases)
     func channelsAndPresenceFollowSubscriptions(_ kind: EngineKind) async throws {
-        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+        try await withCluster(kind, nodes: kind.isRedis ? 2 : 1) { cluster in
             let h = cluster.first
             let other = cluster.nodes.last!
             let a = try await h.handshake()
@@ -40,7 +40,7 @@ import Testing
 
     @Test(arguments: EngineKind.allCases)
     func kickEndsTheSessionAndTellsItsSink(_ kind: EngineKind) async throws {
-        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+        try await withCluster(kind, nodes: kind.isRedis ? 2 : 1) { cluster in
             let home = cluster.nodes.last!
             let cid = try await home.handshake()
             let sink = RecordingSink(loop: home.loop, persistent: false)
@@ -90,7 +90,7 @@ import Testing
 
     @Test(arguments: EngineKind.allCases)
     func nodesReportTheirSessions(_ kind: EngineKind) async throws {
-        try await withCluster(kind, nodes: kind == .redis ? 2 : 1) { cluster in
+        try await withCluster(kind, nodes: kind.isRedis ? 2 : 1) { cluster in
             for node in cluster.nodes {
                 let cid = try await node.handshake()
                 _ = try await node.connect(cid)

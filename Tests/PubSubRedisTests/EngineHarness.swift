@@ -8,7 +8,11 @@ import NIOPosix
 enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case memory
     case redis
+    /// The Redis engine finding its master through a sentinel.
+    case sentinel
     var testDescription: String { rawValue }
+    /// Several nodes can share it.
+    var isRedis: Bool { self != .memory }
 }
 
 import Testing
@@ -127,19 +131,30 @@ final class Cluster: @unchecked Sendable {
     let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
     private(set) var nodes: [Node] = []
     let server: RedisServer?
+    let sentinel: RedisSentinelServer?
     let configuration: BrokerConfiguration
 
-    private init(kind: EngineKind, server: RedisServer?, configuration: BrokerConfiguration) {
+    private init(kind: EngineKind, server: RedisServer?, sentinel: RedisSentinelServer?, configuration: BrokerConfiguration) {
         self.kind = kind
         self.server = server
+        self.sentinel = sentinel
         self.configuration = configuration
     }
 
     static func start(_ kind: EngineKind, nodes count: Int = 1, configuration: BrokerConfiguration = .init())
         async throws -> Cluster
     {
-        let server = kind == .redis ? try await RedisServer.start() : nil
-        let cluster = Cluster(kind: kind, server: server, configuration: configuration)
+        let server = kind.isRedis ? try await RedisServer.start() : nil
+        var sentinel: RedisSentinelServer?
+        if kind == .sentinel, let server {
+            do {
+                sentinel = try await RedisSentinelServer.start(watching: server)
+            } catch {
+                server.stop()
+                throw error
+            }
+        }
+        let cluster = Cluster(kind: kind, server: server, sentinel: sentinel, configuration: configuration)
         for _ in 0..<count { try await cluster.addNode() }
         return cluster
     }
@@ -153,9 +168,14 @@ final class Cluster: @unchecked Sendable {
             let node = Node(broker: broker, redis: nil, loop: loop)
             nodes.append(node)
             return node
-        case .redis:
-            let settings = RedisEngineConfiguration(
+        case .redis, .sentinel:
+            var settings = RedisEngineConfiguration(
                 redis: try RedisConfiguration(url: server!.url), sweepPeriod: sweepPeriod, handoffTimeout: handoffTimeout)
+            if let sentinel {
+                // The master's address comes from the sentinel only: the URL's host and port are not used.
+                settings.redis.port = 1
+                settings.sentinel = RedisSentinelConfiguration(sentinels: [sentinel.endpoint], masterName: sentinel.masterName)
+            }
             let engine = RedisEngine(configuration: configuration, settings: settings)
             try await engine.start(timeout: .seconds(10)).get()
             let node = Node(broker: Broker(configuration: configuration, engine: engine), redis: engine, loop: loop)
@@ -168,6 +188,7 @@ final class Cluster: @unchecked Sendable {
 
     func close() async {
         for node in nodes { await node.redis?.close() }
+        sentinel?.stop()
         server?.stop()
         try? await group.shutdownGracefully()
     }

@@ -88,4 +88,48 @@ import Testing
         #expect(pong == "PONG")
         try await client.close().get()
     }
+
+    /// A write refused with READONLY (the server is a replica now) drops the connection and says so; a connection
+    /// whose check fails (here: ROLE is not master) is never used, and the next attempt is resolved again.
+    @Test func readOnlyDropsTheConnectionAndAFailedCheckIsNeverUsed() async throws {
+        let master = try await RedisServer.start()
+        defer { master.stop() }
+        let replica = try await RedisServer.start(arguments: ["--replicaof", "127.0.0.1", String(master.port)])
+        defer { replica.stop() }
+        let readOnly = NIOLockedValueBox(0)
+        let client = RedisClient(
+            configuration: try RedisConfiguration(url: replica.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            onReadOnly: { readOnly.withLockedValue { $0 += 1 } })
+        client.start()
+        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        let reply = try await client.send([RESPCommand("SET", "k", "v")]).get()
+        #expect(RedisClient.isReadOnly(reply[0]))
+        #expect(readOnly.withLockedValue { $0 } == 1)
+        for _ in 0..<100 where client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        try await client.close().get()
+
+        // Resolved at each attempt: the replica first (refused by the check), then the master.
+        let attempts = NIOLockedValueBox<[Int]>([])
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let checked = RedisClient(
+            configuration: RedisConfiguration(backoff: (.milliseconds(10), .milliseconds(20))), eventLoop: loop,
+            resolve: {
+                let port = attempts.withLockedValue { a -> Int in
+                    a.append(a.isEmpty ? replica.port : master.port)
+                    return a.last!
+                }
+                return loop.makeSucceededFuture(RedisEndpoint(host: "127.0.0.1", port: port))
+            },
+            verify: { endpoint, send in
+                send([RESPCommand("ROLE")]).flatMapThrowing { replies in
+                    guard SentinelStateMachine.parseRole(replies[0]) == "master" else { throw RedisError(.notMaster) }
+                }
+            })
+        checked.start()
+        for _ in 0..<300 where !checked.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        #expect(checked.endpoint?.port == master.port)
+        #expect(attempts.withLockedValue { $0 } == [replica.port, master.port])
+        #expect(try await checked.send(RESPCommand("SET", "k", "v")).get().string == "OK")
+        try await checked.close().get()
+    }
 }

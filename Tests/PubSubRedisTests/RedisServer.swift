@@ -103,7 +103,7 @@ final class RedisServer: @unchecked Sendable {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    private static func freePort() throws -> Int {
+    static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw StartError(description: "socket() failed") }
         defer { close(fd) }
@@ -120,5 +120,76 @@ final class RedisServer: @unchecked Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
         }
         return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
+
+/// A Redis Sentinel watching `master` as `mymaster` (quorum 1), on a free loopback port, for one test: the same
+/// binary as redis-server, started with `--sentinel`. Not starting is a failure, never a skip.
+final class RedisSentinelServer: @unchecked Sendable {
+    let port: Int
+    let masterName = "mymaster"
+    private let process: Process
+    private let directory: URL
+
+    static func start(watching master: RedisServer) async throws -> RedisSentinelServer {
+        let candidates = ["/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"]
+        guard let binary = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
+            throw RedisServer.StartError(description: "redis-server not found (scripts/install-test-deps installs it)")
+        }
+        let sentinel = try RedisSentinelServer(binary: binary, port: try RedisServer.freePort(), masterPort: master.port)
+        let deadline = NIODeadline.now() + .seconds(10)
+        while NIODeadline.now() < deadline, sentinel.process.isRunning {
+            let client = RedisClient(
+                configuration: RedisConfiguration(port: sentinel.port, connectTimeout: .milliseconds(200)),
+                eventLoop: MultiThreadedEventLoopGroup.singleton.next())
+            client.start()
+            for _ in 0..<20 where !client.isConnected { try? await Task.sleep(nanoseconds: 10_000_000) }
+            let reply = try? await client.send(RESPCommand("SENTINEL", "get-master-addr-by-name", "mymaster")).get()
+            try? await client.close().get()
+            if reply?.array?.count == 2 { return sentinel }
+            try? await Task.sleep(nanoseconds: 50_000_000)
+        }
+        let log = (try? String(contentsOf: sentinel.directory.appendingPathComponent("log"), encoding: .utf8)) ?? ""
+        sentinel.stop()
+        throw RedisServer.StartError(description: "redis-sentinel did not start: \(log)")
+    }
+
+    private init(binary: String, port: Int, masterPort: Int) throws {
+        self.port = port
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-sentinel-\(port)-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let config = directory.appendingPathComponent("sentinel.conf")
+        try """
+            port \(port)
+            bind 127.0.0.1
+            daemonize no
+            dir \(directory.path)
+            logfile \(directory.appendingPathComponent("log").path)
+            sentinel monitor mymaster 127.0.0.1 \(masterPort) 1
+            sentinel down-after-milliseconds mymaster 1000
+            sentinel failover-timeout mymaster 5000
+
+            """.write(to: config, atomically: true, encoding: .utf8)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+        process.arguments = ["--signal=KILL", "900", binary, config.path, "--sentinel"]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+    }
+
+    var endpoint: RedisEndpoint { RedisEndpoint(host: "127.0.0.1", port: port) }
+
+    func stop() {
+        if process.isRunning {
+            let pid = process.processIdentifier
+            if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
+                for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGKILL) }
+            }
+            kill(pid, SIGKILL)
+            for _ in 0..<500 where process.isRunning { usleep(10_000) }
+        }
+        try? FileManager.default.removeItem(at: directory)
     }
 }

@@ -30,7 +30,7 @@ import Testing
     @Test(arguments: EngineKind.allCases)
     func resumeIsExactOrHonest(_ kind: EngineKind) async throws {
         let configuration = BrokerConfiguration(historySize: 1000, historyBytes: 2000)
-        try await withCluster(kind, nodes: kind == .redis ? 2 : 1, configuration: configuration) { cluster in
+        try await withCluster(kind, nodes: kind.isRedis ? 2 : 1, configuration: configuration) { cluster in
             for seed in UInt64(1)...30 {
                 var rng = SplitMix(state: seed)
                 let nodes = cluster.nodes

@@ -23,23 +23,40 @@ public final class RedisClient: Sendable {
     private let onPush: (@Sendable (RESPValue) -> Void)?
     private let name: String
     private let setup: [RESPCommand]
+    private let resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)?
+    private let verify: (@Sendable (RedisEndpoint, _ send: @escaping @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>) -> EventLoopFuture<Void>)?
+    private let onReadOnly: (@Sendable () -> Void)?
+
+    /// Sends commands on a connection that is being prepared (before anyone else may use it).
+    public typealias Sender = @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>
 
     private struct State {
         var channel: (any Channel)?
+        var endpoint: RedisEndpoint?
         var connected = false
+        /// A connection attempt is under way (at most one at a time).
+        var connecting = false
         var closed = false
         var attempt = 0
         var reconnect: Scheduled<Void>?
+        var lastError: (any Error)?
     }
     private let state = NIOLockedValueBox(State())
 
     /// `onPush` makes this a subscriber connection: pushes (`message`, `subscribe`, …) go there.
+    /// `resolve` says where to connect at each attempt (Sentinel discovery); without it, the configuration's
+    /// host and port. `verify` runs on each new connection after the setup commands, before it is used (a
+    /// failed future drops it). `onReadOnly` makes a `READONLY` error reply drop the connection (the server was
+    /// demoted to a replica) and is told so.
     public init(
         configuration: RedisConfiguration,
         eventLoop: any EventLoop,
         name: String = "commands",
         setup: [RESPCommand] = [],
         logger: Logger = Logger(label: "pubsub.redis"),
+        resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)? = nil,
+        verify: (@Sendable (RedisEndpoint, _ send: @escaping Sender) -> EventLoopFuture<Void>)? = nil,
+        onReadOnly: (@Sendable () -> Void)? = nil,
         onPush: (@Sendable (RESPValue) -> Void)? = nil,
         onEvent: @escaping @Sendable (Event) -> Void = { _ in }
     ) {
@@ -48,11 +65,20 @@ public final class RedisClient: Sendable {
         self.name = name
         self.setup = setup
         self.logger = logger
+        self.resolve = resolve
+        self.verify = verify
+        self.onReadOnly = onReadOnly
         self.onPush = onPush
         self.onEvent = onEvent
     }
 
     public var isConnected: Bool { state.withLockedValue { $0.connected } }
+
+    /// Why the last connection attempt failed (nil once connected), for the operator.
+    public var lastError: (any Error)? { state.withLockedValue { $0.lastError } }
+
+    /// Where the current connection goes (nil while disconnected).
+    public var endpoint: RedisEndpoint? { state.withLockedValue { $0.connected ? $0.endpoint : nil } }
 
     /// Starts connecting; `Event.connected` follows when it worked.
     public func start() {
@@ -62,68 +88,113 @@ public final class RedisClient: Sendable {
     private func connect() {
         let canStart = state.withLockedValue { s -> Bool in
             s.reconnect = nil
-            return !s.closed && s.channel == nil
+            guard !s.closed, s.channel == nil, !s.connecting else { return false }
+            s.connecting = true
+            return true
         }
         guard canStart else { return }
+        let target = resolve?() ?? eventLoop.makeSucceededFuture(RedisEndpoint(host: configuration.host, port: configuration.port))
+        target.flatMap { endpoint in
+            Self.open(configuration: self.configuration, to: endpoint, on: self.eventLoop, onPush: self.onPush)
+                .flatMap { channel in self.prepare(channel, endpoint: endpoint).map { (channel, endpoint) } }
+        }.whenComplete { result in
+            switch result {
+            case .success(let (channel, endpoint)):
+                let keep = self.state.withLockedValue { s -> Bool in
+                    s.connecting = false
+                    guard !s.closed else { return false }
+                    s.channel = channel
+                    s.endpoint = endpoint
+                    s.connected = true
+                    s.attempt = 0
+                    s.lastError = nil
+                    return true
+                }
+                guard keep else {
+                    channel.close(promise: nil)
+                    return
+                }
+                channel.closeFuture.whenComplete { _ in self.lost(channel, RedisError(.connectionClosed)) }
+                self.logger.debug("redis connected", metadata: [
+                    "pubsub.redis.connection": "\(self.name)", "pubsub.redis.endpoint": "\(endpoint)",
+                ])
+                self.onEvent(.connected)
+            case .failure(let error):
+                self.state.withLockedValue { s in
+                    s.connecting = false
+                    s.lastError = error
+                }
+                self.scheduleReconnect(after: error)
+            }
+        }
+    }
+
+    /// A connection with the RESP codec and the pipelining handler (and TLS when the configuration says so).
+    static func open(
+        configuration: RedisConfiguration, to endpoint: RedisEndpoint, on eventLoop: any EventLoop,
+        onPush: (@Sendable (RESPValue) -> Void)?
+    ) -> EventLoopFuture<any Channel> {
         let decoderLimits = configuration.decoderLimits
         let timeout = configuration.commandTimeout
-        let onPush = self.onPush
-        ClientBootstrap(group: eventLoop)
+        let tls: RedisTLS.Context?
+        do {
+            tls = try RedisTLS.context(for: configuration)
+        } catch {
+            return eventLoop.makeFailedFuture(error)
+        }
+        return ClientBootstrap(group: eventLoop)
             .connectTimeout(configuration.connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
+                    if let tls { try sync.addHandler(try tls.handler(serverHostname: configuration.tlsServerName ?? endpoint.host)) }
                     try sync.addHandler(ByteToMessageHandler(RESPMessageDecoder(decoder: RESPDecoder(limits: decoderLimits))))
                     try sync.addHandler(RedisConnectionHandler(timeout: timeout, onPush: onPush))
                 }
             }
-            .connect(host: configuration.host, port: configuration.port)
-            .flatMap { channel in self.prepare(channel).map { channel } }
-            .whenComplete { result in
-                switch result {
-                case .success(let channel):
-                    let keep = self.state.withLockedValue { s -> Bool in
-                        guard !s.closed else { return false }
-                        s.channel = channel
-                        s.connected = true
-                        s.attempt = 0
-                        return true
-                    }
-                    guard keep else {
-                        channel.close(promise: nil)
-                        return
-                    }
-                    channel.closeFuture.whenComplete { _ in self.lost(channel, RedisError(.connectionClosed)) }
-                    self.logger.debug("redis connected", metadata: ["pubsub.redis.connection": "\(self.name)"])
-                    self.onEvent(.connected)
-                case .failure(let error):
-                    self.scheduleReconnect(after: error)
-                }
-            }
+            .connect(host: endpoint.host, port: endpoint.port)
+    }
+
+    /// One request on a connection of its own, closed after the replies (asking a sentinel).
+    static func request(
+        _ commands: [RESPCommand], configuration: RedisConfiguration, to endpoint: RedisEndpoint,
+        on eventLoop: any EventLoop
+    ) -> EventLoopFuture<[RESPValue]> {
+        open(configuration: configuration, to: endpoint, on: eventLoop, onPush: nil).flatMap { channel in
+            write(authentication(configuration) + commands, to: channel).always { _ in channel.close(promise: nil) }
+                .map { Array($0.dropFirst($0.count - commands.count)) }
+        }
+    }
+
+    static func authentication(_ configuration: RedisConfiguration) -> [RESPCommand] {
+        guard let password = configuration.password else { return [] }
+        if let user = configuration.username {
+            return [RESPCommand("AUTH", .string(user), .string(password))]
+        }
+        return [RESPCommand("AUTH", .string(password))]
     }
 
     /// AUTH, SELECT and the setup commands (SCRIPT LOAD), before anyone else may use the connection.
-    private func prepare(_ channel: any Channel) -> EventLoopFuture<Void> {
-        var commands: [RESPCommand] = []
-        if let password = configuration.password {
-            if let user = configuration.username {
-                commands.append(RESPCommand("AUTH", .string(user), .string(password)))
-            } else {
-                commands.append(RESPCommand("AUTH", .string(password)))
-            }
-        }
+    private func prepare(_ channel: any Channel, endpoint: RedisEndpoint) -> EventLoopFuture<Void> {
+        var commands = Self.authentication(configuration)
         if configuration.database != 0 {
             commands.append(RESPCommand("SELECT", .integer(Int64(configuration.database))))
         }
         commands += setup
-        guard !commands.isEmpty else { return channel.eventLoop.makeSucceededVoidFuture() }
-        return Self.write(commands, to: channel).flatMapThrowing { [commands] replies in
+        // Over TLS, a first round trip makes the handshake (and a certificate refused) happen here.
+        if commands.isEmpty, configuration.tls { commands.append(RESPCommand("PING")) }
+        let verify = self.verify
+        let sent = commands.isEmpty ? channel.eventLoop.makeSucceededFuture([]) : Self.write(commands, to: channel)
+        return sent.flatMapThrowing { [commands] replies in
             for (command, reply) in zip(commands, replies) {
                 if case .error(let message) = reply {
                     throw RedisError(.server, "\(command) failed: \(message)")
                 }
             }
+        }.flatMap { () -> EventLoopFuture<Void> in
+            guard let verify else { return channel.eventLoop.makeSucceededVoidFuture() }
+            return verify(endpoint) { commands in Self.write(commands, to: channel) }
         }.flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error
@@ -181,7 +252,21 @@ public final class RedisClient: Sendable {
         guard let channel = state.withLockedValue({ $0.connected ? $0.channel : nil }) else {
             return eventLoop.makeFailedFuture(RedisError(.notConnected))
         }
-        return Self.write(commands, to: channel)
+        let replies = Self.write(commands, to: channel)
+        guard let onReadOnly else { return replies }
+        return replies.map { replies in
+            if replies.contains(where: Self.isReadOnly) {
+                // A replica now: nothing written here counts. Drop the connection; the reconnect finds the master.
+                channel.close(promise: nil)
+                onReadOnly()
+            }
+            return replies
+        }
+    }
+
+    static func isReadOnly(_ reply: RESPValue) -> Bool {
+        if case .error(let message) = reply { return message.hasPrefix("READONLY") }
+        return false
     }
 
     /// Writes commands whose replies nobody waits for (SUBSCRIBE on a subscriber connection).
@@ -206,6 +291,23 @@ public final class RedisClient: Sendable {
     /// Drops the connection (as a cut would); a reconnect follows as usual. For tests and operators.
     public func dropConnection() {
         state.withLockedValue { $0.channel }?.close(promise: nil)
+    }
+
+    /// Drops the connection, and when none is up, tries again now instead of after the pending delay (a new
+    /// master was announced).
+    public func reconnectNow() {
+        let (channel, pending) = state.withLockedValue { s -> ((any Channel)?, Scheduled<Void>?) in
+            guard !s.closed else { return (nil, nil) }
+            if s.channel != nil { return (s.channel, nil) }
+            defer { s.reconnect = nil; s.attempt = 0 }
+            return (nil, s.reconnect)
+        }
+        if let channel {
+            channel.close(promise: nil)
+        } else if let pending {
+            pending.cancel()
+            eventLoop.execute { self.connect() }
+        }
     }
 
     /// Closes for good.

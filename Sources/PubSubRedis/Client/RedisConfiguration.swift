@@ -1,9 +1,15 @@
 import NIOCore
 
-/// Where Redis is and how to talk to it, usually read from a `redis://[[user]:password@]host[:port][/db]` URL.
+/// Where Redis is and how to talk to it, usually read from a `redis[s]://[[user]:password@]host[:port][/db]` URL.
 public struct RedisConfiguration: Sendable, Hashable {
     public var host: String
     public var port: Int
+    /// TLS (`rediss://`): the server's certificate is checked against the system trust store, or `caFile`.
+    public var tls: Bool
+    /// PEM file of the certificate authorities to trust instead of the system's.
+    public var caFile: String?
+    /// The name the server's certificate must carry, when it is not the host connected to.
+    public var tlsServerName: String?
     public var username: String?
     public var password: String?
     public var database: Int
@@ -18,10 +24,14 @@ public struct RedisConfiguration: Sendable, Hashable {
         host: String = "127.0.0.1", port: Int = 6379, username: String? = nil, password: String? = nil,
         database: Int = 0, commandTimeout: TimeAmount = .seconds(5), connectTimeout: TimeAmount = .seconds(2),
         backoff: (first: TimeAmount, last: TimeAmount) = (.milliseconds(50), .seconds(2)),
-        decoderLimits: RESPDecoder.Limits = .init()
+        decoderLimits: RESPDecoder.Limits = .init(), tls: Bool = false, caFile: String? = nil,
+        tlsServerName: String? = nil
     ) {
         self.host = host
         self.port = port
+        self.tls = tls
+        self.caFile = caFile
+        self.tlsServerName = tlsServerName
         self.username = username
         self.password = password
         self.database = database
@@ -37,17 +47,20 @@ public struct RedisConfiguration: Sendable, Hashable {
         public var description: String { "invalid Redis URL '\(url)': \(reason)" }
     }
 
-    /// Parses `redis://[[user]:password@]host[:port][/db]`; user and password are percent-decoded.
+    /// Parses `redis[s]://[[user]:password@]host[:port][/db]`; user and password are percent-decoded;
+    /// `rediss://` is TLS.
     public init(url: String) throws {
+        let scheme = url.hasPrefix("rediss://") ? "rediss://" : "redis://"
         func fail(_ reason: String) -> URLError {
             // Never echo a password back.
-            URLError(url: url.contains("@") ? "redis://…@" + (url.split(separator: "@").last.map(String.init) ?? "") : url,
+            URLError(url: url.contains("@") ? scheme + "…@" + (url.split(separator: "@").last.map(String.init) ?? "") : url,
                 reason: reason)
         }
-        guard url.hasPrefix("redis://") else { throw fail("it must start with redis://") }
-        var rest = Substring(url.dropFirst("redis://".count))
+        guard url.hasPrefix(scheme) else { throw fail("it must start with redis:// or rediss://") }
+        var rest = Substring(url.dropFirst(scheme.count))
         if let q = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) { rest = rest[..<q] }
         self.init()
+        tls = scheme == "rediss://"
         if let at = rest.lastIndex(of: "@") {
             let userinfo = rest[..<at]
             rest = rest[rest.index(after: at)...]
@@ -110,14 +123,15 @@ public struct RedisConfiguration: Sendable, Hashable {
     public var redacted: String {
         let auth = password == nil ? "" : (username ?? "") + ":***@"
         let shownHost = host.contains(":") ? "[\(host)]" : host
-        return "redis://\(auth)\(shownHost):\(port)/\(database)"
+        return (tls ? "rediss://" : "redis://") + "\(auth)\(shownHost):\(port)/\(database)"
     }
 
     public static func == (a: Self, b: Self) -> Bool {
         a.host == b.host && a.port == b.port && a.username == b.username && a.password == b.password
             && a.database == b.database && a.commandTimeout == b.commandTimeout
             && a.connectTimeout == b.connectTimeout && a.backoff.first == b.backoff.first
-            && a.backoff.last == b.backoff.last && a.decoderLimits == b.decoderLimits
+            && a.backoff.last == b.backoff.last && a.decoderLimits == b.decoderLimits && a.tls == b.tls
+            && a.caFile == b.caFile && a.tlsServerName == b.tlsServerName
     }
 
     public func hash(into hasher: inout Hasher) {

@@ -1,7 +1,7 @@
 /// What went wrong talking to Redis.
 public struct RedisError: Error, Hashable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        enum Base: Hashable, Sendable { case notConnected, connectionClosed, timeout, server, protocolViolation, closed }
+        enum Base: Hashable, Sendable { case notConnected, connectionClosed, timeout, server, protocolViolation, closed, notMaster, tls }
         let base: Base
         public static let notConnected = Code(base: .notConnected)
         public static let connectionClosed = Code(base: .connectionClosed)
@@ -12,6 +12,10 @@ public struct RedisError: Error, Hashable, CustomStringConvertible {
         public static let protocolViolation = Code(base: .protocolViolation)
         /// The client was closed.
         public static let closed = Code(base: .closed)
+        /// Sentinel mode: the server reached is not (or no longer) the master.
+        public static let notMaster = Code(base: .notMaster)
+        /// TLS could not be set up (a CA file that cannot be read).
+        public static let tls = Code(base: .tls)
         public var description: String { "\(base)" }
     }
 

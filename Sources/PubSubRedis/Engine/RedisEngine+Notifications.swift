@@ -213,7 +213,7 @@ extension RedisEngine {
             }
             logger.error(
                 "Redis unavailable: serving this node's clients only until it is back",
-                metadata: ["pubsub.error": "\(error)", "pubsub.redis.url": "\(settings.redis.redacted)"])
+                metadata: ["pubsub.error": "\(error)", "pubsub.redis.url": "\(redisDescription)"])
             // Whatever waits on a notification would wait for nothing.
             let (adopts, handoffs, barriers) = state.withLockedValue { s in
                 defer {
@@ -261,6 +261,8 @@ extension RedisEngine {
                 // Claimed by another node while this one was away: its move notification may never come.
                 if let values = reply.array, values.first?.int == 0, let home = values.last?.string {
                     self.handOver(id, to: home)
+                } else if let values = reply.array, values.count > 1, values[1].int == 0 {
+                    self.state.withLockedValue { $0.redis.sessionsRestored += 1 }
                 }
             })
         }

@@ -17,6 +17,8 @@ import PubSubCore
 ///   permutation (`PositionCipher`; made with the epoch); `P history`: capped list of events,
 ///   `P hbytes`: the bytes it holds
 /// - `P gc`: the expiry sweep lock; `P alive:<node>`: a node's heartbeat (for operators: `KEYS pubsub:alive:*`)
+/// - Sentinel only: `P master` the address of the master the positions were last taken on, `P termbase` that
+///   master's last position when the first node reached it (see `RedisEngine+Sentinel.swift`)
 /// Notification channel of a node: `C n:<node>` (C adds the database, as pub/sub ignores it).
 enum RedisScripts {
     struct Script: Sendable {
@@ -374,17 +376,19 @@ enum RedisScripts {
         """)
 
     /// Puts a node's session back after an outage, unless another node holds it now.
-    /// ARGV: id, node, expiry, n, channel × n. {1} registered, {0, home} held by another node now.
+    /// ARGV: id, node, expiry, n, channel × n. {1, 1 if Redis still had it else 0} registered,
+    /// {0, home} held by another node now.
     static let register = Script("""
         local id, me = ARGV[3], ARGV[4]
         local ck = P .. 'c:' .. id
         local home = redis.call('HGET', ck, 'home')
-        if home and home ~= me and redis.call('ZSCORE', P .. 'clients', id) then return {0, home} end
+        local known = redis.call('ZSCORE', P .. 'clients', id)
+        if home and home ~= me and known then return {0, home} end
         redis.call('ZADD', P .. 'clients', ARGV[5], id)
         redis.call('HSET', ck, 'home', me, 'connected', '1')
         redis.call('DEL', ck .. ':s')
         for i = 1, tonumber(ARGV[6]) do redis.call('SADD', ck .. ':s', ARGV[6 + i]) end
-        return {1}
+        return {1, known and 1 or 0}
         """)
 
     /// Rewrites a node's routing entries from its own sessions. ARGV: node, n, (channel, count) × n.

@@ -32,6 +32,15 @@ struct ServerAPI: Sendable {
             response.headers.add(name: "WWW-Authenticate", value: "apikey")
             return loop.makeSucceededFuture(response)
         }
+        // An engine that fails (Redis lost in the middle of a call) is answered, never left without a response.
+        return answer(call: call, head: head, body: body, on: loop).recover { error in
+            Self.error(.serviceUnavailable, "the engine could not answer: \(error)")
+        }
+    }
+
+    private func answer(call: String, head: HTTPRequestHead, body: ByteBuffer?, on loop: any EventLoop)
+        -> EventLoopFuture<Response>
+    {
         let query = Query(uri: head.uri)
         let now = NIODeadline.now()
         let method = head.method == .HEAD ? .GET : head.method

@@ -1,0 +1,111 @@
+import Bayeux
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import PubSubCore
+
+/// Publishing: one script run in Redis, or this node's subscribers only while Redis is away; clients whose
+/// queue overflowed are dropped here and in Redis.
+extension RedisEngine {
+    public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<String?>
+    {
+        guard isConnected else {
+            publishLocally(message, to: channel)
+            return loop.makeSucceededFuture(nil)
+        }
+        let keys = Channel.expand(channel)
+        var head: ByteBuffer
+        var tail = ByteBuffer()
+        if configuration.historySize > 0 {
+            var positioned = message
+            switch positioned.fields["ext"] {
+            case nil, .null?: positioned.fields["ext"] = .object(["position": .string(positionMarker)])
+            case .object(var ext)?:
+                ext["position"] = .string(positionMarker)
+                positioned.fields["ext"] = .object(ext)
+            default: break
+            }
+            head = positioned.encodedEvent()
+            if let at = Self.find(positionMarker, in: head) {
+                tail = head.getSlice(at: at + positionMarker.utf8.count, length: head.writerIndex - at - positionMarker.utf8.count)!
+                head.moveWriterIndex(to: at)
+            }
+        } else {
+            head = message.encodedEvent()
+        }
+        var arguments: [RESPArgument] = [
+            .string(String(epochCandidate)), .string(positionKeyCandidate), .integer(Int64(configuration.historySize)),
+            .integer(Int64(configuration.historyBytes)), .string(channel),
+            .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
+        ]
+        arguments += keys.map { .string($0) }
+        return eval(RedisScripts.publish, arguments).map { reply -> String? in
+            let values = reply.array ?? []
+            let sequence = values.first?.int.map { UInt64($0) } ?? 0
+            let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
+            let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
+            self.state.withLockedValue { s in
+                s.published += 1
+                if self.sentinel != nil, sequence > 0 {
+                    if s.acknowledged.count >= 100_000 { s.acknowledged.removeFirst() }
+                    s.acknowledged.append(sequence)
+                }
+            }
+            self.learn(sequence: sequence, epoch: epoch, key: key)
+            guard self.configuration.historySize > 0, let epoch else { return nil }
+            // The token the script wrote into the event: the permutation of this publish's sequence.
+            let positionKey = key ?? self.state.withLockedValue { $0.positionKey }
+            return positionKey.map { Position(epoch: epoch, sequence: sequence).token(key: $0) }
+        }.flatMapErrorThrowing { error -> String? in
+            if let e = error as? RedisError,
+                e.code == .notConnected || (e.code == .server && e.message.hasPrefix("READONLY"))
+            {
+                // Never sent (the connection went down just before), or refused by a master demoted to a replica
+                // (Sentinel; the connection is dropped and the master found again): it did not happen in Redis.
+                self.publishLocally(message, to: channel)
+                return nil
+            }
+            self.state.withLockedValue { $0.redis.uncertainPublishes += 1 }
+            throw error
+        }.hop(to: loop)
+    }
+
+    /// Redis is away: this node's subscribers get the event now; other nodes never will (counted, logged).
+    func publishLocally(_ message: Message, to channel: String) {
+        dropOverflowed(local.enqueue(message.encodedEvent(), on: channel))
+        state.withLockedValue { s in
+            s.published += 1
+            s.redis.localOnlyPublishes += 1
+            s.outageLocalPublishes += 1
+        }
+    }
+
+    static func find(_ marker: String, in buffer: ByteBuffer) -> Int? {
+        let needle = Array(marker.utf8)
+        let view = buffer.readableBytesView
+        guard view.count >= needle.count else { return nil }
+        var i = view.startIndex
+        let last = view.endIndex - needle.count
+        while i <= last {
+            if view[i] == needle[0], view[i..<(i + needle.count)].elementsEqual(needle) {
+                return buffer.readerIndex + (i - view.startIndex)
+            }
+            i += 1
+        }
+        return nil
+    }
+
+    /// Clients whose local queue overflowed: dropped locally already, now in Redis too.
+    func dropOverflowed(_ ids: [String]) {
+        guard !ids.isEmpty else { return }
+        reportEnded(ids, .overflow)
+        for id in ids {
+            if isConnected {
+                _ = destroyInRedis(id, reason: .overflow)
+            } else {
+                state.withLockedValue { $0.pendingDestroys.append((id, .overflow)) }
+            }
+        }
+    }
+}

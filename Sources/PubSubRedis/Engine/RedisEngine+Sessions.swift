@@ -1,0 +1,297 @@
+import Bayeux
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import PubSubCore
+
+/// The `Engine` calls on sessions: creating one, connecting (moving it to this node when another holds it),
+/// subscribing, unsubscribing, ending it.
+extension RedisEngine {
+    public func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String> {
+        create(now: now, on: loop).flatMap { id in
+            // The user is stored before the handshake is answered or reported, so every node sees it at once.
+            let stored = user.map { self.setUser(id, user: $0, on: loop) } ?? loop.makeSucceededVoidFuture()
+            return stored.recover { _ in }.map {
+                self.report([SessionEvent(kind: .handshake, clientId: id, user: user)])
+                return id
+            }
+        }
+    }
+
+    private func create(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
+        let id = ClientID.random()
+        local.adopt(id, subscriptions: [], connectedOnce: false, now: now)
+        guard isConnected else {
+            // Registered in Redis when it is back (see `resynchronise`).
+            return loop.makeSucceededFuture(id)
+        }
+        return eval(RedisScripts.create, [.string(id), .string(node), expiry(now)]).flatMap { reply in
+            let values = reply.array ?? []
+            if values.first?.int != 1 {
+                self.local.evict(id, reason: .superseded)
+                return self.create(now: now, on: loop)
+            }
+            if values.count > 3 {
+                self.learn(
+                    sequence: values[1].string.flatMap { UInt64($0) }, epoch: values[2].string.flatMap { UInt64($0) },
+                    key: values[3].string.flatMap { PositionKey(text: $0) })
+            }
+            self.noteCreated(id, now: now)
+            return loop.makeSucceededFuture(id)
+        }.recover { _ in id }.hop(to: loop)
+    }
+
+    public func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        if local.hasSession(clientId) { return loop.makeSucceededFuture(true) }
+        return commands.send(RESPCommand("ZSCORE", .string(keyPrefix + "clients"), .string(clientId)))
+            .map { !$0.isNull }.hop(to: loop)
+    }
+
+    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult>
+    {
+        residentOrClaimed(clientId, now: now, refresh: true, on: loop).flatMap { status in
+            guard status == .ok else { return self.refusedConnect(clientId, status: status, on: loop) }
+            return self.local.connect(clientId, now: now, sink: sink, on: loop)
+        }
+    }
+
+    public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        residentOrClaimed(clientId, now: .now(), refresh: false, on: loop).flatMap { status in
+            guard status == .ok else { return loop.makeSucceededFuture(false) }
+            return self.local.attach(clientId, sink: sink, on: loop)
+        }
+    }
+
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+        local.detach(clientId, sink: sink, takeEvents: takeEvents)
+    }
+
+    /// Makes sure the session lives on this node, moving it here if another node holds it.
+    func residentOrClaimed(_ clientId: String, now: NIODeadline, refresh: Bool, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult.Status>
+    {
+        let resident = local.hasSession(clientId)
+        guard isConnected else {
+            if resident { return loop.makeSucceededFuture(.ok) }
+            return loop.makeFailedFuture(RedisError(.notConnected))
+        }
+        guard resident else { return claim(clientId, now: now, refresh: refresh).hop(to: loop) }
+        let arguments: [RESPArgument] = [.string(clientId), .string(node), expiry(now), refresh ? "1" : "0"]
+        return eval(RedisScripts.touch, arguments).flatMap { reply -> EventLoopFuture<ConnectResult.Status> in
+            switch reply.array?.first?.int {
+            case 1?:
+                if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
+                // Moved away and back between the check and now: fetch it again.
+                return self.claim(clientId, now: now, refresh: refresh)
+            case 3?:
+                self.local.evict(clientId, reason: .superseded)
+                return self.claim(clientId, now: now, refresh: refresh)
+            case 2?:
+                self.local.evict(clientId, reason: .overflow)
+                return self.commands.eventLoop.makeSucceededFuture(.overflowed)
+            default:
+                self.local.evict(clientId, reason: .disconnected)
+                return self.commands.eventLoop.makeSucceededFuture(.unknownClient)
+            }
+        }.flatMapError { error in
+            // Redis went away mid-request: the local session goes on serving.
+            if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
+            return self.commands.eventLoop.makeFailedFuture(error)
+        }.hop(to: loop)
+    }
+
+    /// Moves the session here: waits for the `A` notification (its subscriptions) and, when the old node is
+    /// alive, for the queue it hands over.
+    func claim(_ clientId: String, now: NIODeadline, refresh: Bool) -> EventLoopFuture<ConnectResult.Status> {
+        let loop = commands.eventLoop
+        let adopted = loop.makePromise(of: Void.self)
+        let handedOver = loop.makePromise(of: Void.self)
+        state.withLockedValue { s in
+            s.adoptWaiters[clientId, default: []].append(adopted)
+            s.handoffWaiters[clientId]?.succeed(())
+            s.handoffWaiters[clientId] = handedOver
+            s.abandoned.remove(clientId)
+        }
+        let arguments: [RESPArgument] = [.string(clientId), .string(node), expiry(now), refresh ? "1" : "0"]
+        return eval(RedisScripts.claim, arguments).flatMap { reply -> EventLoopFuture<ConnectResult.Status> in
+            let values = reply.array ?? []
+            guard values.first?.int == 1 else {
+                self.state.withLockedValue { s in
+                    s.adoptWaiters[clientId]?.removeAll { $0.futureResult === adopted.futureResult }
+                    if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
+                        s.handoffWaiters[clientId] = nil
+                    }
+                }
+                adopted.succeed(())
+                handedOver.succeed(())
+                return loop.makeSucceededFuture(values.first?.int == 2 ? .overflowed : .unknownClient)
+            }
+            let old = values.count > 1 ? values[1].string ?? "" : ""
+            let oldAlive = values.count > 2 && (values[2].int ?? 0) > 0
+            self.state.withLockedValue { $0.redis.claims += 1 }
+            var waits = [self.bounded(adopted.futureResult, by: self.settings.redis.commandTimeout) {
+                RedisError(.timeout, "session \(clientId) was not adopted")
+            }]
+            if old != self.node && !old.isEmpty && oldAlive {
+                waits.append(self.bounded(handedOver.futureResult, by: self.settings.handoffTimeout) {
+                    self.state.withLockedValue { s in
+                        if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
+                            s.handoffWaiters[clientId] = nil
+                            // Remembered so a late handoff is dropped, not put before newer events; bounded.
+                            if s.abandoned.count >= 10_000 { s.abandoned.removeAll() }
+                            s.abandoned.insert(clientId)
+                            s.redis.abandonedHandoffs += 1
+                        }
+                    }
+                    self.logger.warning(
+                        "no handoff from the former node in time; its queued events are lost",
+                        metadata: ["pubsub.client.id": "\(clientId)", "pubsub.redis.node": "\(old)"])
+                    return nil
+                })
+            } else {
+                self.state.withLockedValue { s in
+                    if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
+                        s.handoffWaiters[clientId] = nil
+                    }
+                }
+                handedOver.succeed(())
+            }
+            return EventLoopFuture.andAllSucceed(waits, on: loop).map { .ok }
+        }
+    }
+
+    /// `future`, or after `timeout` what `onTimeout` says: an error to fail with, or nil to go on.
+    func bounded(_ future: EventLoopFuture<Void>, by timeout: TimeAmount, onTimeout: @escaping @Sendable () -> (any Error)?)
+        -> EventLoopFuture<Void>
+    {
+        let loop = commands.eventLoop
+        let promise = loop.makePromise(of: Void.self)
+        let timer = loop.scheduleTask(in: timeout) {
+            if let error = onTimeout() { promise.fail(error) } else { promise.succeed(()) }
+        }
+        future.whenComplete { result in
+            timer.cancel()
+            promise.completeWith(result)
+        }
+        return promise.futureResult
+    }
+
+    public func subscribe(
+        _ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop
+    ) -> EventLoopFuture<(SubscriptionResult, ResumeResult?)> {
+        let historyOn = configuration.historySize > 0
+        guard isConnected else {
+            guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
+            return local.subscribe(clientId, to: channels, resume: nil, now: now, on: loop).map { result, _ in
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
+            }
+        }
+        var arguments: [RESPArgument] = [
+            .string(clientId), .integer(Int64(configuration.maxSubscriptionsPerClient)),
+            .integer(Int64(channels.count)),
+        ]
+        arguments += channels.map { .string($0) }
+        if let resume, historyOn {
+            // Redis holds the key: the node passes the token's parts, the script undoes the permutation.
+            let parsed = Position.parse(resume)
+            arguments += [
+                "1",
+                .string(parsed.map { String($0.epoch) } ?? "-1"),
+                .integer(Int64(parsed.map { $0.permuted >> 32 } ?? 0)),
+                .integer(Int64(parsed.map { $0.permuted & 0xffff_ffff } ?? 0)),
+                .integer(Int64(configuration.maxQueue)),
+                .integer(configuration.historyTTL.map { $0.nanoseconds / 1_000_000 } ?? 0),
+                .integer(milliseconds(now)),
+            ]
+        } else {
+            arguments += ["0"]
+        }
+        return eval(RedisScripts.subscribe, arguments).map { reply -> (SubscriptionResult, ResumeResult?) in
+            let values = reply.array ?? []
+            switch values.first?.int {
+            case 1?:
+                let limit = values.count > 1 ? values[1].string ?? "" : ""
+                var resumed: ResumeResult?
+                if resume != nil {
+                    resumed =
+                        historyOn && values.count > 3
+                        ? ResumeResult(recovered: values[2].int == 1, missed: Int(values[3].int ?? 0))
+                        : ResumeResult(recovered: false, missed: 0)
+                }
+                let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
+                self.reportSubscribed(clientId, channels, result)
+                return (result, resumed)
+            case 2?: return (.overflowed, nil)
+            default: return (.unknownClient, nil)
+            }
+        }.hop(to: loop)
+    }
+
+    public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
+        -> EventLoopFuture<SubscriptionResult>
+    {
+        guard isConnected else {
+            guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
+            return local.unsubscribe(clientId, from: channels, on: loop).map { result in
+                self.reportUnsubscribed(clientId, channels, result)
+                return result
+            }
+        }
+        let arguments: [RESPArgument] = [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
+        return eval(RedisScripts.unsubscribe, arguments).map { reply -> SubscriptionResult in
+            switch reply.array?.first?.int {
+            case 1?:
+                self.reportUnsubscribed(clientId, channels, .ok)
+                return .ok
+            case 2?: return .overflowed
+            default: return .unknownClient
+            }
+        }.hop(to: loop)
+    }
+
+    public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop)
+        -> EventLoopFuture<Bool>
+    {
+        let wasLocal = local.evict(clientId, reason: reason) != nil
+        if reason == .kicked { rememberKicked(clientId) }
+        guard isConnected else {
+            guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
+            state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
+            reportEnded([clientId], reason)
+            return loop.makeSucceededFuture(true)
+        }
+        return destroyInRedis(clientId, reason: reason).map { destroyed in
+            if destroyed || wasLocal { self.reportEnded([clientId], reason) }
+            return destroyed || wasLocal
+        }.hop(to: loop)
+    }
+
+    func destroyInRedis(_ clientId: String, reason: DetachReason) -> EventLoopFuture<Bool> {
+        eval(RedisScripts.destroy, [.string(clientId), .string(Self.name(of: reason)), .integer(lifetimeMilliseconds)])
+            .map { $0.int == 1 }
+    }
+
+    static func name(of reason: DetachReason) -> String {
+        switch reason {
+        case .superseded: return "superseded"
+        case .disconnected: return "disconnected"
+        case .expired: return "expired"
+        case .overflow: return "overflow"
+        case .shutdown: return "shutdown"
+        case .kicked: return "kicked"
+        }
+    }
+
+    static func reason(named name: String) -> DetachReason {
+        switch name {
+        case "expired": return .expired
+        case "overflow": return .overflow
+        case "superseded": return .superseded
+        case "shutdown": return .shutdown
+        case "kicked": return .kicked
+        default: return .disconnected
+        }
+    }
+}

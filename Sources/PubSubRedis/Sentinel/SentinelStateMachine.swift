@@ -1,0 +1,173 @@
+/// Where a Redis server listens.
+public struct RedisEndpoint: Hashable, Sendable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+/// The decisions of Redis Sentinel discovery and failover, without sockets or clocks.
+///
+/// Discovery is a round over the sentinels, starting with the one that answered last: each is asked
+/// `SENTINEL get-master-addr-by-name`; the first address given is then verified on a connection to it with
+/// `ROLE` (a sentinel may still name a master that has just been demoted or killed). A node that is not a
+/// master sends the next discovery to the next sentinel. A failover is noticed by a `+switch-master` message
+/// from a sentinel, a `READONLY` error reply (the node was demoted), or a lost connection: the first two ask
+/// for the connections to be dropped; every reconnect discovers the master again.
+struct SentinelStateMachine: Sendable {
+    let sentinels: [RedisEndpoint]
+    let masterName: String
+    /// The last master verified with `ROLE`.
+    private(set) var master: RedisEndpoint?
+    /// The sentinel asked first in the next round.
+    private(set) var preferred = 0
+    /// Masters that replaced a verified one (failovers followed).
+    private(set) var switches: UInt64 = 0
+    /// The sentinel the pub/sub watcher (`+switch-master`) connects to next.
+    private var watchNext = 0
+    private var round: Round?
+
+    private struct Round {
+        var order: [Int]
+        var next = 0
+        var failures: [String] = []
+    }
+
+    init(sentinels: [RedisEndpoint], masterName: String) {
+        precondition(!sentinels.isEmpty, "at least one sentinel")
+        self.sentinels = sentinels
+        self.masterName = masterName
+    }
+
+    enum DiscoveryAction: Equatable {
+        /// Send `SENTINEL get-master-addr-by-name` to sentinel `index`.
+        case ask(sentinel: Int, RedisEndpoint)
+        /// Connect to this address and check with `ROLE` that it is a master (`sentinel` named it).
+        case connect(RedisEndpoint, sentinel: Int)
+        /// No sentinel named a master: try again later (the caller backs off).
+        case fail(String)
+    }
+
+    /// What a sentinel answered to `get-master-addr-by-name`.
+    enum SentinelReply: Equatable {
+        case master(RedisEndpoint)
+        /// A null reply: this sentinel monitors no master of that name.
+        case unknownName
+        /// No connection, a timeout, an error reply.
+        case failed(String)
+    }
+
+    /// Starts a discovery round.
+    mutating func discover() -> DiscoveryAction {
+        let n = sentinels.count
+        round = Round(order: (0..<n).map { (preferred + $0) % n })
+        return nextAsk()
+    }
+
+    private mutating func nextAsk() -> DiscoveryAction {
+        guard var r = round else { return .fail("no discovery running") }
+        guard r.next < r.order.count else {
+            round = nil
+            return .fail("no sentinel named a master '\(masterName)': " + r.failures.joined(separator: "; "))
+        }
+        let index = r.order[r.next]
+        r.next += 1
+        round = r
+        return .ask(sentinel: index, sentinels[index])
+    }
+
+    mutating func sentinelAnswered(_ index: Int, _ reply: SentinelReply) -> DiscoveryAction {
+        switch reply {
+        case .master(let endpoint):
+            round = nil
+            return .connect(endpoint, sentinel: index)
+        case .unknownName:
+            round?.failures.append("\(sentinels[index]) knows no master of that name")
+            return nextAsk()
+        case .failed(let reason):
+            round?.failures.append("\(sentinels[index]): \(reason)")
+            return nextAsk()
+        }
+    }
+
+    enum Verdict: Equatable {
+        /// Serve on this master; `switched` when it replaced another verified master (a failover).
+        case use(switched: Bool)
+        /// Not a master (or unreachable): drop the connection; the next discovery starts at the next sentinel.
+        case reject
+    }
+
+    /// What `ROLE` said on a connection to `endpoint`, which sentinel `index` named (nil: no answer).
+    mutating func roleChecked(_ endpoint: RedisEndpoint, named index: Int, role: String?) -> Verdict {
+        guard role == "master" else {
+            preferred = (index + 1) % sentinels.count
+            return .reject
+        }
+        preferred = index
+        let switched = master != nil && master != endpoint
+        if switched { switches += 1 }
+        master = endpoint
+        return .use(switched: switched)
+    }
+
+    /// The connection to this master could not be made: the sentinel that named it is asked last next time.
+    mutating func connectFailed(named index: Int) {
+        preferred = (index + 1) % sentinels.count
+    }
+
+    enum Signal: Equatable {
+        /// A sentinel announced a new master (`+switch-master <name> <old ip> <old port> <new ip> <new port>`).
+        case switchMaster(name: String, to: RedisEndpoint)
+        /// A write was refused with `READONLY`: the node serving it is a replica now.
+        case readOnly
+    }
+
+    enum Reaction: Equatable {
+        /// Drop the connections to Redis now and discover the master again.
+        case rediscover
+        case ignore
+    }
+
+    mutating func signal(_ signal: Signal) -> Reaction {
+        switch signal {
+        case .switchMaster(let name, let to):
+            guard name == masterName, to != master else { return .ignore }
+            return .rediscover
+        case .readOnly:
+            return .rediscover
+        }
+    }
+
+    /// The sentinel the `+switch-master` watcher connects to: each reconnect tries the next one.
+    mutating func nextWatchedSentinel() -> RedisEndpoint {
+        defer { watchNext = (watchNext + 1) % sentinels.count }
+        return sentinels[watchNext]
+    }
+
+    /// Parses a `+switch-master` payload: `<name> <old ip> <old port> <new ip> <new port>`.
+    static func parseSwitchMaster(_ text: String) -> (name: String, to: RedisEndpoint)? {
+        let parts = text.split(separator: " ")
+        guard parts.count == 5, let port = Int(parts[4]), (1...65535).contains(port) else { return nil }
+        return (String(parts[0]), RedisEndpoint(host: String(parts[3]), port: port))
+    }
+
+    /// Parses a `get-master-addr-by-name` reply: `[ip, port]`, or null.
+    static func parseMasterAddress(_ value: RESPValue) -> SentinelReply {
+        if value.isNull { return .unknownName }
+        if case .error(let message) = value { return .failed(message) }
+        guard let parts = value.array, parts.count == 2, let host = parts[0].string,
+            let port = parts[1].string.flatMap({ Int($0) }), (1...65535).contains(port)
+        else { return .failed("unexpected reply \(value)") }
+        return .master(RedisEndpoint(host: host, port: port))
+    }
+
+    /// The first element of a `ROLE` reply: `master`, `slave` or `sentinel`.
+    static func parseRole(_ value: RESPValue) -> String? {
+        value.array?.first?.string
+    }
+}

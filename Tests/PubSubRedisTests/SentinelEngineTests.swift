@@ -1,0 +1,71 @@
+import Bayeux
+import NIOCore
+import NIOPosix
+import Testing
+@testable import PubSubCore
+@testable import PubSubRedis
+
+/// The Redis engine on Sentinel, with real servers: a master, a replica and a sentinel (quorum 1).
+@Suite(.serialized, .timeLimit(.minutes(2))) struct SentinelEngineTests {
+    /// A manual failover (`SENTINEL FAILOVER`) leaves the old master running, as a replica: the node must leave
+    /// it (`+switch-master`, or `READONLY` on its next write), and its session, subscription and WebSocket-like
+    /// sink go on with the new master, without the node restarting.
+    @Test func aManualFailoverIsFollowedAndTheSessionGoesOn() async throws {
+        let master = try await RedisServer.start()
+        defer { master.stop() }
+        let replica = try await RedisServer.start(arguments: ["--replicaof", "127.0.0.1", String(master.port)])
+        defer { replica.stop() }
+        let sentinel = try await RedisSentinelServer.start(watching: master)
+        defer { sentinel.stop() }
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let probe = RedisClient(configuration: RedisConfiguration(port: sentinel.port), eventLoop: loop)
+        probe.start()
+        defer { _ = probe.close() }
+        // The sentinel learns of the replica from the master's INFO; a failover needs it.
+        var known = false
+        for _ in 0..<300 where !known {
+            try await Task.sleep(nanoseconds: 50_000_000)
+            let replicas = try? await probe.send(RESPCommand("SENTINEL", "REPLICAS", "mymaster")).get()
+            let link = try? await RedisClient.request(
+                [RESPCommand("INFO", "replication")], configuration: RedisConfiguration(), to: RedisEndpoint(host: "127.0.0.1", port: replica.port),
+                on: loop
+            ).get()
+            known = (replicas?.array?.isEmpty == false) && (link?.first?.string?.contains("master_link_status:up") ?? false)
+        }
+        #expect(known)
+
+        let configuration = BrokerConfiguration()
+        var settings = RedisEngineConfiguration(redis: RedisConfiguration(port: 1), sweepPeriod: .zero)
+        settings.sentinel = RedisSentinelConfiguration(sentinels: [sentinel.endpoint], masterName: "mymaster")
+        let engine = RedisEngine(configuration: configuration, settings: settings)
+        try await engine.start(timeout: .seconds(10)).get()
+        let node = Node(broker: Broker(configuration: configuration, engine: engine), redis: engine, loop: loop)
+        #expect(engine.commands.endpoint?.port == master.port)
+
+        let cid = try await node.handshake()
+        _ = try await node.subscribe(cid, "/f")
+        let sink = RecordingSink(loop: loop, persistent: true)
+        _ = try await node.connect(cid, sink: sink, type: "websocket")
+        _ = try await node.publish("/f", "1")
+        try await node.settle()
+
+        _ = try await probe.send(RESPCommand("SENTINEL", "FAILOVER", "mymaster")).get()
+        for _ in 0..<400 where !(engine.redisStatistics.failovers == 1 && engine.isReady) {
+            try await Task.sleep(nanoseconds: 25_000_000)
+        }
+        #expect(engine.redisStatistics.failovers == 1)
+        #expect(engine.isReady)
+        #expect(engine.commands.endpoint?.port == replica.port)
+        #expect(engine.subscriber.endpoint?.port == replica.port)
+
+        // The same session, its subscription and its sink, on the new master.
+        #expect(try await node.publish("/f", "2")["successful"] == true)
+        try await node.settle()
+        #expect(sink.data == [1, 2])
+        #expect(try await node.connectReply(cid)["successful"] == true)
+        // A manual failover waits for the replica to catch up: nothing was lost.
+        #expect(engine.redisStatistics.failoverLostPublishes == 0)
+        #expect(engine.redisStatistics.failoverLostPositions == 0)
+        await engine.close()
+    }
+}

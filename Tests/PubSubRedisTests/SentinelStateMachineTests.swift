@@ -1,0 +1,126 @@
+import NIOCore
+import Testing
+@testable import PubSubRedis
+
+/// Discovery and failover decisions, driven without sockets.
+@Suite struct SentinelStateMachineTests {
+    let s1 = RedisEndpoint(host: "10.0.0.1", port: 26379)
+    let s2 = RedisEndpoint(host: "10.0.0.2", port: 26379)
+    let s3 = RedisEndpoint(host: "10.0.0.3", port: 26379)
+    let m1 = RedisEndpoint(host: "10.0.1.1", port: 6379)
+    let m2 = RedisEndpoint(host: "10.0.1.2", port: 6379)
+
+    func machine() -> SentinelStateMachine {
+        SentinelStateMachine(sentinels: [s1, s2, s3], masterName: "mymaster")
+    }
+
+    @Test func asksEachSentinelInTurnUntilOneNamesAMaster() {
+        var m = machine()
+        #expect(m.discover() == .ask(sentinel: 0, s1))
+        #expect(m.sentinelAnswered(0, .failed("connection refused")) == .ask(sentinel: 1, s2))
+        #expect(m.sentinelAnswered(1, .unknownName) == .ask(sentinel: 2, s3))
+        #expect(m.sentinelAnswered(2, .master(m1)) == .connect(m1, sentinel: 2))
+        #expect(m.roleChecked(m1, named: 2, role: "master") == .use(switched: false))
+        #expect(m.master == m1)
+        // The sentinel that answered is asked first next time.
+        #expect(m.discover() == .ask(sentinel: 2, s3))
+    }
+
+    @Test func noSentinelAnsweringFailsTheRoundWithEveryReason() {
+        var m = machine()
+        _ = m.discover()
+        _ = m.sentinelAnswered(0, .failed("refused"))
+        _ = m.sentinelAnswered(1, .failed("timeout"))
+        guard case .fail(let reason) = m.sentinelAnswered(2, .unknownName) else {
+            Issue.record("expected a failure")
+            return
+        }
+        #expect(reason.contains("refused") && reason.contains("timeout") && reason.contains("knows no master"))
+        // The next round starts again.
+        #expect(m.discover() == .ask(sentinel: 0, s1))
+    }
+
+    @Test func aNodeThatIsNoLongerMasterIsRejectedAndTheNextSentinelAskedFirst() {
+        var m = machine()
+        _ = m.discover()
+        #expect(m.sentinelAnswered(0, .master(m1)) == .connect(m1, sentinel: 0))
+        // Demoted, or a stale answer: ROLE says slave.
+        #expect(m.roleChecked(m1, named: 0, role: "slave") == .reject)
+        #expect(m.master == nil)
+        #expect(m.discover() == .ask(sentinel: 1, s2))
+        // No answer to ROLE at all counts the same.
+        #expect(m.roleChecked(m1, named: 1, role: nil) == .reject)
+        #expect(m.discover() == .ask(sentinel: 2, s3))
+    }
+
+    @Test func aNewMasterAfterAVerifiedOneIsAFailover() {
+        var m = machine()
+        #expect(m.roleChecked(m1, named: 0, role: "master") == .use(switched: false))
+        // The same master again (a reconnect after a cut) is no failover.
+        #expect(m.roleChecked(m1, named: 0, role: "master") == .use(switched: false))
+        #expect(m.switches == 0)
+        #expect(m.roleChecked(m2, named: 1, role: "master") == .use(switched: true))
+        #expect(m.switches == 1)
+        #expect(m.master == m2)
+    }
+
+    @Test func switchMasterForThisNameAndANewAddressAsksForRediscovery() {
+        var m = machine()
+        _ = m.roleChecked(m1, named: 0, role: "master")
+        #expect(m.signal(.switchMaster(name: "other", to: m2)) == .ignore)
+        #expect(m.signal(.switchMaster(name: "mymaster", to: m1)) == .ignore)  // already there
+        #expect(m.signal(.switchMaster(name: "mymaster", to: m2)) == .rediscover)
+        #expect(m.signal(.readOnly) == .rediscover)
+    }
+
+    @Test func theWatcherGoesRoundTheSentinels() {
+        var m = machine()
+        #expect((0..<4).map { _ in m.nextWatchedSentinel() } == [s1, s2, s3, s1])
+    }
+
+    @Test func parsesSentinelReplies() {
+        #expect(
+            SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379 10.0.1.2 6380")! == ("mymaster", RedisEndpoint(host: "10.0.1.2", port: 6380)))
+        #expect(SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379") == nil)
+        #expect(SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379 10.0.1.2 99999") == nil)
+        let address = RESPValue.array([.bulkString(ByteBuffer(string: "10.0.1.2")), .bulkString(ByteBuffer(string: "6380"))])
+        #expect(SentinelStateMachine.parseMasterAddress(address) == .master(RedisEndpoint(host: "10.0.1.2", port: 6380)))
+        #expect(SentinelStateMachine.parseMasterAddress(.array(nil)) == .unknownName)
+        #expect(SentinelStateMachine.parseMasterAddress(.error("ERR no such")) == .failed("ERR no such"))
+        #expect(SentinelStateMachine.parseMasterAddress(.integer(1)) != .unknownName)
+        #expect(SentinelStateMachine.parseRole(.array([.bulkString(ByteBuffer(string: "master")), .integer(0)])) == "master")
+        #expect(SentinelStateMachine.parseRole(.integer(1)) == nil)
+    }
+
+    @Test func readsTheSentinelListAndTheMasterName() throws {
+        let (plain, master) = try RedisSentinelConfiguration.parse(
+            sentinels: "127.0.0.1:26379, 127.0.0.2 ,[::1]:26380", masterName: "mymaster")
+        #expect(plain.sentinels == [
+            RedisEndpoint(host: "127.0.0.1", port: 26379), RedisEndpoint(host: "127.0.0.2", port: 26379),
+            RedisEndpoint(host: "::1", port: 26380),
+        ])
+        #expect(plain.masterName == "mymaster")
+        #expect(!master.tls && master.password == nil && master.database == 0)
+        #expect(!plain.sentinelConnection.tls)
+
+        let (secure, secureMaster) = try RedisSentinelConfiguration.parse(
+            sentinels: "rediss://:pw@s1:26379,rediss://:pw@s2", masterName: "rediss://:masterpw@prod/2")
+        #expect(secure.sentinelConnection.tls && secure.sentinelConnection.password == "pw")
+        #expect(secure.sentinels.map(\.port) == [26379, 26379])
+        #expect(secure.masterName == "prod")
+        #expect(secureMaster.tls && secureMaster.password == "masterpw" && secureMaster.database == 2)
+
+        #expect(throws: RedisSentinelConfiguration.ParseError.self) {
+            try RedisSentinelConfiguration.parse(sentinels: "rediss://s1,redis://s2", masterName: "m")
+        }
+        #expect(throws: RedisSentinelConfiguration.ParseError.self) {
+            try RedisSentinelConfiguration.parse(sentinels: " , ", masterName: "m")
+        }
+        #expect(throws: RedisSentinelConfiguration.ParseError.self) {
+            try RedisSentinelConfiguration.parse(sentinels: "s1:notaport", masterName: "m")
+        }
+        #expect(throws: RedisSentinelConfiguration.ParseError.self) {
+            try RedisSentinelConfiguration.parse(sentinels: "s1", masterName: "my master")
+        }
+    }
+}

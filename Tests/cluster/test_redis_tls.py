@@ -1,0 +1,189 @@
+"""`rediss://`: the Redis engine over TLS to a redis-server that listens on TLS only, with a certificate from a test
+authority made here by openssl; once to one server, once through a sentinel that also speaks TLS only."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+import requests
+
+from cluster_helpers import Broker, RedisServer, Sentinel, WSClient, handshake, publish, subscribe, wait_ready
+
+
+@pytest.fixture(scope="module")
+def certificates():
+    """A private certificate authority, and a certificate it signed for 127.0.0.1 (server and client use)."""
+    d = tempfile.mkdtemp(prefix="pubsub-redis-certs-")
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=pubsub redis test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    yield {name: os.path.join(d, name) for name in ("ca.pem", "server.pem", "server.key")}
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def tls_args(c):
+    return ["--tls-cert-file", c["server.pem"], "--tls-key-file", c["server.key"], "--tls-ca-cert-file", c["ca.pem"],
+            "--tls-auth-clients", "no"]
+
+
+class TLSRedis(RedisServer):
+    """redis-server listening on TLS only (`--port 0 --tls-port P`)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.extra_args = tls_args(c) + ["--tls-port", str(self.port), "--tls-replication", "yes"]
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", "0", "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.wait()
+
+    def command(self, *args):
+        out = subprocess.run(["redis-cli", "--tls", "--cacert", self.c["ca.pem"], "-h", "127.0.0.1", "-p", str(self.port),
+                              *map(str, args)], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+
+    def wait(self):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.command("PING") == "PONG":
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"TLS redis did not start on port {self.port}:\n{self.log()}")
+
+
+class TLSSentinel(Sentinel):
+    def __init__(self, c, master):
+        super().__init__(master, quorum=1)
+        self.c = c
+        with open(self.config) as f:
+            config = f.read().replace(f"port {self.port}\n", "port 0\n")
+        with open(self.config, "w") as f:
+            f.write(config + f"tls-port {self.port}\ntls-replication yes\ntls-cert-file {c['server.pem']}\n"
+                    f"tls-key-file {c['server.key']}\ntls-ca-cert-file {c['ca.pem']}\ntls-auth-clients no\n")
+
+    command = TLSRedis.command
+
+    def start(self):
+        self.proc = subprocess.Popen(["timeout", "--signal=KILL", "900", self.binary, self.config, "--sentinel"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        TLSRedis.wait(self)
+
+
+def delivered_across_two_nodes(nodes):
+    a, b = nodes
+    client = WSClient(b, handshake(b))
+    try:
+        subscribe(b, client.cid, "/tls")
+        client.connect()
+        client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+        assert publish(a, "/tls", "over TLS")["successful"]
+        client.read(lambda ms: any(m.get("channel") == "/tls" for m in ms))
+        assert [m["data"] for m in client.events()] == ["over TLS"]
+    finally:
+        client.close()
+
+
+def wait_redis_ready(b, timeout=15):
+    """/readyz answers 200 only once the engine's connections to Redis are up (a handshake works without)."""
+    wait_ready(b)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if requests.get(f"http://127.0.0.1:{b.port}/readyz", timeout=5).status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"node not ready:\n{b.log()[-3000:]}")
+
+
+def start_nodes(args, count=2):
+    nodes = []
+    for _ in range(count):
+        b = Broker(timeout=10, extra_args=["--engine", "redis", "--log-level", "info"] + args)
+        b.start()
+        nodes.append(b)
+    return nodes
+
+
+def test_rediss_to_one_server_with_a_ca_file(certificates):
+    server = TLSRedis(certificates)
+    server.start()
+    nodes = []
+    try:
+        url = f"rediss://127.0.0.1:{server.port}/0"
+        nodes = start_nodes(["--redis-url", url, "--redis-ca-file", certificates["ca.pem"]])
+        for b in nodes:
+            wait_redis_ready(b)
+        delivered_across_two_nodes(nodes)
+        assert int(server.command("INFO", "clients").split("connected_clients:")[1].split()[0]) >= 4
+        # Without the authority, the system's trust store does not know the server's certificate: never ready.
+        untrusting = start_nodes(["--redis-url", url], count=1)
+        nodes += untrusting
+        wait_ready(untrusting[0])
+        assert requests.get(f"http://127.0.0.1:{untrusting[0].port}/readyz", timeout=5).status_code == 503
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusting[0].log()
+        # Plain RESP to a TLS port is refused the same way.
+        plain = start_nodes(["--redis-url", f"redis://127.0.0.1:{server.port}/0"], count=1)
+        nodes += plain
+        wait_ready(plain[0])
+        assert requests.get(f"http://127.0.0.1:{plain[0].port}/readyz", timeout=5).status_code == 503
+    finally:
+        for b in nodes:
+            b.stop()
+        server.stop()
+
+
+def test_rediss_through_a_sentinel_that_speaks_tls(certificates):
+    master = TLSRedis(certificates)
+    master.start()
+    sentinel = TLSSentinel(certificates, master)
+    sentinel.start()
+    nodes = []
+    try:
+        nodes = start_nodes(["--redis-sentinels", f"rediss://127.0.0.1:{sentinel.port}",
+                             "--redis-master-name", "rediss://mymaster", "--redis-ca-file", certificates["ca.pem"]])
+        for b in nodes:
+            wait_redis_ready(b)
+        delivered_across_two_nodes(nodes)
+    finally:
+        for b in nodes:
+            b.stop()
+        sentinel.stop()
+        master.stop()
+
+
+def test_bad_redis_flags_are_refused_with_one_line(certificates):
+    binary = os.environ.get("PUBSUB_BIN", os.path.join(os.path.dirname(__file__), "..", "..", ".build", "debug", "pubsub"))
+    cases = [
+        (["--redis-url", "redis://127.0.0.1:1/0", "--redis-sentinels", "127.0.0.1:26379", "--redis-master-name", "m"],
+         "cannot be used together"),
+        (["--redis-sentinels", "127.0.0.1:26379"], "--redis-master-name"),
+        (["--redis-master-name", "m"], "needs --redis-sentinels"),
+        (["--redis-sentinels", "127.0.0.1:x", "--redis-master-name", "m"], "invalid sentinel"),
+        (["--redis-url", "rediss://127.0.0.1:1/0", "--redis-ca-file", "/nonexistent/ca.pem"], "cannot read"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PUBSUB_")}
+    for args, needle in cases:
+        out = subprocess.run([binary, "serve", "--engine", "redis", *args], capture_output=True, text=True, timeout=20,
+                             env=env)
+        assert out.returncode != 0, (args, out.stdout, out.stderr)
+        assert needle in out.stderr, (args, out.stderr)
