@@ -83,16 +83,10 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .systemLibrary(
-            name: "CSystemd",
-            pkgConfig: "libsystemd",
-            providers: [.apt(["libsystemd-dev"])]
-        ),
         .target(
             name: "PubSubServer",
             dependencies: [
                 "PubSubCore",
-                "CSystemd",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
