@@ -35,8 +35,8 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/swift-websocket.git", from: "1.6.2"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.1"),
-        .package(url: "https://github.com/apple/swift-async-algorithms.git", from: "1.1.4"),
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
     ],
     targets: [
         .target(
@@ -59,6 +59,7 @@ let package = Package(
             name: "PubSubRedis",
             dependencies: [
                 "PubSubCore",
+                "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -87,6 +88,7 @@ let package = Package(
             name: "PubSubServer",
             dependencies: [
                 "PubSubCore",
+                "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -154,8 +156,9 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "WSClient", package: "swift-websocket"),
-                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -171,10 +174,12 @@ let package = Package(
             dependencies: [
                 "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -184,13 +189,15 @@ let package = Package(
         ),
         .executableTarget(
             name: "relay-fake",
-            dependencies: ["RelayFakes", "Bayeux", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["RelayFakes"],
             path: "Sources/relay-fake",
             swiftSettings: swiftSettings
         ),
         .executableTarget(
             name: "PubSubCLI",
             dependencies: [
+                "Bayeux",
+                "PubSubCore",
                 "PubSubServer",
                 "PubSubClient",
                 "PubSubBench",
@@ -198,6 +205,7 @@ let package = Package(
                 "PubSubRelay",
                 "PubSubAuth",
                 "PubSubWebhooks",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -235,6 +243,7 @@ let package = Package(
             name: "PubSubClientTests",
             dependencies: [
                 "PubSubClient",
+                "Bayeux",
                 "PubSubCore",
                 "PubSubServer",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -246,7 +255,8 @@ let package = Package(
             name: "PubSubCoreTests",
             dependencies: [
                 "PubSubCore",
-                "PubSubServer",
+                "Bayeux",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -260,7 +270,6 @@ let package = Package(
                 "PubSubRelay",
                 "RelayFakes",
                 "Bayeux",
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
