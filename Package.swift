@@ -1,10 +1,17 @@
 // swift-tools-version: 6.2
+import Foundation
 import PackageDescription
 
-let swiftSettings: [SwiftSetting] = [
-    .enableUpcomingFeature("ExistentialAny"),
-    .enableUpcomingFeature("MemberImportVisibility"),
-]
+// `scripts/test` (and so CI) sets PUBSUB_WARNINGS_AS_ERRORS=1: a warning in our own targets fails the build there,
+// while a developer's build in progress only warns. Dependencies are never affected: the setting is per target,
+// unlike `swift build -Xswiftc -warnings-as-errors`, which would apply to every package.
+let warningsAsErrors = ProcessInfo.processInfo.environment["PUBSUB_WARNINGS_AS_ERRORS"] == "1"
+
+let swiftSettings: [SwiftSetting] =
+    [
+        .enableUpcomingFeature("ExistentialAny"),
+        .enableUpcomingFeature("MemberImportVisibility"),
+    ] + (warningsAsErrors ? [.treatAllWarnings(as: .error)] : [])
 
 let package = Package(
     name: "pubsub",
