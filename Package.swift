@@ -44,6 +44,7 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.1"),
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
     ],
     targets: [
         .target(
@@ -220,6 +221,8 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                // PrivatePub's config/private_pub.yml; here rather than in PubSubCore, the only reader is the CLI.
+                .product(name: "Yams", package: "Yams"),
             ],
             path: "Sources/pubsub",
             swiftSettings: swiftSettings
@@ -269,6 +272,11 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "PubSubCLITests",
+            dependencies: ["PubSubCLI", "PubSubCore"],
             swiftSettings: swiftSettings
         ),
         .testTarget(
