@@ -195,6 +195,20 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Test support, written once for every test target: the recording sink, the seeded random generator, the
+        // engine harness (one broker node over either engine) and the redis-server launcher. Used by tests only.
+        .target(
+            name: "PubSubTesting",
+            dependencies: [
+                "Bayeux",
+                "PubSubCore",
+                "PubSubRedis",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "relay-fake",
             dependencies: ["RelayFakes"],
@@ -265,6 +279,7 @@ let package = Package(
             name: "PubSubCoreTests",
             dependencies: [
                 "PubSubCore",
+                "PubSubTesting",
                 "Bayeux",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -284,6 +299,7 @@ let package = Package(
             dependencies: [
                 "PubSubRelay",
                 "RelayFakes",
+                "PubSubTesting",
                 "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -320,6 +336,7 @@ let package = Package(
             name: "PubSubRedisTests",
             dependencies: [
                 "PubSubRedis",
+                "PubSubTesting",
                 "PubSubCore",
                 "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 
 /// Records what the engine reports.
