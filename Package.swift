@@ -1,10 +1,17 @@
 // swift-tools-version: 6.2
+import Foundation
 import PackageDescription
 
-let swiftSettings: [SwiftSetting] = [
-    .enableUpcomingFeature("ExistentialAny"),
-    .enableUpcomingFeature("MemberImportVisibility"),
-]
+// `scripts/test` (and so CI) sets PUBSUB_WARNINGS_AS_ERRORS=1: a warning in our own targets fails the build there,
+// while a developer's build in progress only warns. Dependencies are never affected: the setting is per target,
+// unlike `swift build -Xswiftc -warnings-as-errors`, which would apply to every package.
+let warningsAsErrors = ProcessInfo.processInfo.environment["PUBSUB_WARNINGS_AS_ERRORS"] == "1"
+
+let swiftSettings: [SwiftSetting] =
+    [
+        .enableUpcomingFeature("ExistentialAny"),
+        .enableUpcomingFeature("MemberImportVisibility"),
+    ] + (warningsAsErrors ? [.treatAllWarnings(as: .error)] : [])
 
 let package = Package(
     name: "pubsub",
@@ -35,8 +42,9 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/swift-websocket.git", from: "1.6.2"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.1"),
-        .package(url: "https://github.com/apple/swift-async-algorithms.git", from: "1.1.4"),
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
     ],
     targets: [
         .target(
@@ -59,6 +67,7 @@ let package = Package(
             name: "PubSubRedis",
             dependencies: [
                 "PubSubCore",
+                "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -84,16 +93,11 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .systemLibrary(
-            name: "CSystemd",
-            pkgConfig: "libsystemd",
-            providers: [.apt(["libsystemd-dev"])]
-        ),
         .target(
             name: "PubSubServer",
             dependencies: [
                 "PubSubCore",
-                "CSystemd",
+                "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -161,8 +165,9 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
                 .product(name: "WSClient", package: "swift-websocket"),
-                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -178,10 +183,12 @@ let package = Package(
             dependencies: [
                 "Bayeux",
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -189,15 +196,31 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Test support, written once for every test target: the recording sink, the seeded random generator, the
+        // engine harness (one broker node over either engine) and the redis-server launcher. Used by tests only.
+        .target(
+            name: "PubSubTesting",
+            dependencies: [
+                "Bayeux",
+                "PubSubCore",
+                "PubSubRedis",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "relay-fake",
-            dependencies: ["RelayFakes", "Bayeux", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: ["RelayFakes"],
             path: "Sources/relay-fake",
             swiftSettings: swiftSettings
         ),
         .executableTarget(
             name: "PubSubCLI",
             dependencies: [
+                "Bayeux",
+                "PubSubCore",
                 "PubSubServer",
                 "PubSubClient",
                 "PubSubBench",
@@ -205,6 +228,7 @@ let package = Package(
                 "PubSubRelay",
                 "PubSubAuth",
                 "PubSubWebhooks",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -212,6 +236,8 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                // PrivatePub's config/private_pub.yml; here rather than in PubSubCore, the only reader is the CLI.
+                .product(name: "Yams", package: "Yams"),
             ],
             path: "Sources/pubsub",
             swiftSettings: swiftSettings
@@ -242,6 +268,7 @@ let package = Package(
             name: "PubSubClientTests",
             dependencies: [
                 "PubSubClient",
+                "Bayeux",
                 "PubSubCore",
                 "PubSubServer",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -253,7 +280,9 @@ let package = Package(
             name: "PubSubCoreTests",
             dependencies: [
                 "PubSubCore",
-                "PubSubServer",
+                "PubSubTesting",
+                "Bayeux",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -262,12 +291,17 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "PubSubCLITests",
+            dependencies: ["PubSubCLI", "PubSubCore"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "PubSubRelayTests",
             dependencies: [
                 "PubSubRelay",
                 "RelayFakes",
+                "PubSubTesting",
                 "Bayeux",
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -303,6 +337,7 @@ let package = Package(
             name: "PubSubRedisTests",
             dependencies: [
                 "PubSubRedis",
+                "PubSubTesting",
                 "PubSubCore",
                 "Bayeux",
                 .product(name: "Logging", package: "swift-log"),

@@ -2,6 +2,7 @@ import Bayeux
 import NIOCore
 import NIOEmbedded
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 
 @Suite struct HandshakeTests {

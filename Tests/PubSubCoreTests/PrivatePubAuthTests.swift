@@ -1,5 +1,6 @@
 import Bayeux
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 
 @Suite struct PrivatePubAuthTests {

@@ -2,6 +2,7 @@ import Bayeux
 import NIOCore
 import PropertyBased
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 
 /// A client of the harness that remembers the last position it saw.

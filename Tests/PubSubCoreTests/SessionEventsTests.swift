@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 
 /// Records what the engine reports.
@@ -50,8 +51,8 @@ final class RecordingObserver: SessionEventObserver {
         var event = Message()
         event.channel = "/x"
         event["data"] = 1
-        try engine.publish(event, to: "/x", now: now, on: loop).wait()
-        try engine.publish(event, to: "/x", now: now, on: loop).wait()
+        _ = try engine.publish(event, to: "/x", now: now, on: loop).wait()
+        _ = try engine.publish(event, to: "/x", now: now, on: loop).wait()
         _ = try engine.destroyClient(kicked, reason: .kicked, on: loop).wait()
         // Superseded and shutdown detach a sink; the session goes on, so nothing is reported.
         engine.shutdown()

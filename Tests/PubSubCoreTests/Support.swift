@@ -4,31 +4,6 @@ import NIOCore
 import NIOEmbedded
 @testable import PubSubCore
 
-/// A sink that records what the engine hands it.
-final class RecordingSink: DeliverySink, @unchecked Sendable {
-    let loop: EmbeddedEventLoop
-    let isPersistent: Bool
-    private let box = NIOLockedValueBox<(events: [JSONValue], detaches: [DetachReason])>(([], []))
-
-    init(loop: EmbeddedEventLoop, persistent: Bool) {
-        self.loop = loop
-        self.isPersistent = persistent
-    }
-
-    var eventLoop: any EventLoop { loop }
-    var events: [JSONValue] { box.withLockedValue { $0.events } }
-    var detaches: [DetachReason] { box.withLockedValue { $0.detaches } }
-
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        let decoded = events.map { try! JSONParser().parse($0).arrayValue![0] }
-        box.withLockedValue { $0.events.append(contentsOf: decoded) }
-    }
-
-    func detached(_ reason: DetachReason) {
-        box.withLockedValue { $0.detaches.append(reason) }
-    }
-}
-
 /// Drives a broker with messages written as JSON text, on an embedded loop, with explicit time.
 struct Harness {
     let loop = EmbeddedEventLoop()
@@ -86,4 +61,3 @@ struct Harness {
     }
 }
 
-func json(_ text: String) -> JSONValue { try! JSONParser().parse(text) }

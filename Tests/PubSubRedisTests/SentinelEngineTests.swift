@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import NIOPosix
+import PubSubTesting
 import Testing
 @testable import PubSubCore
 @testable import PubSubRedis

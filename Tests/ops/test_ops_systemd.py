@@ -120,3 +120,26 @@ def _accepts(port):
             return True
     except OSError:
         return False
+
+
+LAUNCH_WITHOUT_LIBSYSTEMD = os.path.join(os.path.dirname(__file__), "without_libsystemd.py")
+
+
+def test_without_libsystemd_the_broker_serves_and_says_so_once(notify):
+    """libsystemd is loaded at run time: where it cannot be loaded (here hidden by a private mount namespace),
+    the broker started by systemd still serves, logs one line saying notifications are off, and sends nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("hiding libsystemd needs a mount namespace (root)")
+    port = free_port()
+    server = Process(serve_args(port), env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"},
+                     launcher=LAUNCH_WITHOUT_LIBSYSTEMD)
+    try:
+        wait_until(lambda: _accepts(port), 30, message="listening")
+        handshake(f"http://127.0.0.1:{port}/faye")
+        time.sleep(1)
+        assert notify.lines("READY") == [] and notify.lines("WATCHDOG") == []
+    finally:
+        assert server.stop() == 0, server.log()
+    lines = [line for line in server.log().splitlines() if "libsystemd" in line]
+    assert len(lines) == 1, server.log()
+    assert "notifications, watchdog and socket activation are off" in lines[0], lines

@@ -7,6 +7,12 @@ import NIOSSL
 import Prometheus
 import PubSubCore
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// The daemon side of one server: connection accounting and limits, TLS contexts, publish rate limits,
 /// metrics, readiness, systemd notifications, and the state of a drain.
 final class ServerOperations: Sendable {
@@ -43,6 +49,16 @@ final class ServerOperations: Sendable {
         self.loopCounters = LoopCounterTable(loops: loops)
         self.logger = logger
         self.systemd = configuration.systemd ? Systemd() : Systemd.disabled
+        if configuration.systemd, let error = LibSystemd.loadError {
+            // A warning when systemd did start this process (it waits for READY=1 or passed sockets in vain),
+            // else only a debug line: a container or a shell has no use for libsystemd.
+            let startedBySystemd =
+                getenv("NOTIFY_SOCKET") != nil || getenv("LISTEN_PID").map { String(cString: $0) } == "\(getpid())"
+            logger.log(
+                level: startedBySystemd ? .warning : .debug,
+                "libsystemd not loaded: systemd notifications, watchdog and socket activation are off",
+                metadata: ["pubsub.error": "\(error)"])
+        }
         if configuration.publishLimitPerIP != nil || configuration.publishLimitPerToken != nil {
             limiter = PublishRateLimiter(
                 .init(

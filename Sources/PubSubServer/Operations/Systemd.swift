@@ -1,4 +1,3 @@
-import CSystemd
 import NIOCore
 
 #if canImport(Glibc)
@@ -10,9 +9,15 @@ import NIOCore
 /// The daemon side of systemd, through libsystemd: readiness and status notifications, the watchdog, and
 /// sockets handed over by socket activation. Every call is a no-op when the process was not started by
 /// systemd (no `NOTIFY_SOCKET`, no `WATCHDOG_USEC`, no `LISTEN_FDS`), so nothing needs to know whether it is.
+///
+/// libsystemd is loaded at run time (`LibSystemd`), so building needs no `libsystemd-dev` and the binary runs
+/// where there is no libsystemd; there every call is a no-op too, and `Systemd.library` is nil.
 public struct Systemd: Sendable {
     /// Whether `NOTIFY_SOCKET` is set: only then does `notify` send anything.
     public let isNotifying: Bool
+
+    /// libsystemd's daemon functions, loaded once on first use; nil where `libsystemd.so.0` cannot be loaded.
+    public static var library: LibSystemd? { LibSystemd.shared }
 
     public init() {
         self.isNotifying = getenv("NOTIFY_SOCKET") != nil
@@ -26,15 +31,17 @@ public struct Systemd: Sendable {
     /// Returns whether the message was sent.
     @discardableResult
     public func notify(_ state: String) -> Bool {
-        guard isNotifying else { return false }
-        return sd_notify(0, state) > 0
+        guard isNotifying, let library = Self.library else { return false }
+        return library.notify(0, state) > 0
     }
 
     /// The interval at which systemd expects `WATCHDOG=1` (`WATCHDOG_USEC`, only when `WATCHDOG_PID` is unset or
     /// names this process); nil when the unit has no `WatchdogSec=`.
     public func watchdogInterval() -> TimeAmount? {
         var usec: UInt64 = 0
-        guard isNotifying, sd_watchdog_enabled(0, &usec) > 0, usec > 0 else { return nil }
+        guard isNotifying, let library = Self.library, library.watchdogEnabled(0, &usec) > 0, usec > 0 else {
+            return nil
+        }
         return .microseconds(Int64(clamping: usec))
     }
 
@@ -44,12 +51,16 @@ public struct Systemd: Sendable {
         public var name: String
     }
 
+    /// The first descriptor systemd passes (`SD_LISTEN_FDS_START`).
+    static let listenFDsStart: CInt = 3
+
     /// Takes the sockets systemd passed (`LISTEN_FDS` starting at fd 3, for this pid only) and clears the
     /// `LISTEN_*` variables so that child processes do not see them. Descriptors that are not listening stream
     /// sockets are closed and reported in `rejected`.
     public static func takeInheritedSockets() -> (sockets: [InheritedSocket], rejected: [CInt]) {
+        guard let library else { return ([], []) }
         var names: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?
-        let count = sd_listen_fds_with_names(1, &names)
+        let count = library.listenFDsWithNames(1, &names)
         guard count > 0 else { return ([], []) }
         defer {
             if let names {
@@ -60,9 +71,9 @@ public struct Systemd: Sendable {
         var sockets: [InheritedSocket] = []
         var rejected: [CInt] = []
         for i in 0..<count {
-            let fd = SD_LISTEN_FDS_START + i
+            let fd = listenFDsStart + i
             let name = names.flatMap { $0[Int(i)] }.map { String(cString: $0) } ?? "unknown"
-            if sd_is_socket(fd, AF_UNSPEC, CInt(SOCK_STREAM_VALUE), 1) > 0 {
+            if library.isSocket(fd, AF_UNSPEC, CInt(SOCK_STREAM_VALUE), 1) > 0 {
                 sockets.append(InheritedSocket(descriptor: fd, name: name))
             } else {
                 close(fd)

@@ -2,6 +2,7 @@ import NIOCore
 import NIOConcurrencyHelpers
 import NIOPosix
 import Testing
+import PubSubTesting
 @testable import PubSubRedis
 
 /// The client against a real redis-server: AUTH and SELECT from the URL, pipelining, pub/sub, reconnect.

@@ -1,64 +1,38 @@
 import Bayeux
-import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
-@testable import PubSubCore
-@testable import PubSubRedis
+import PubSubCore
+import PubSubRedis
+import Testing
 
-enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+/// The engines every conformance test runs against.
+public enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case memory
     case redis
     /// The Redis engine finding its master through a sentinel.
     case sentinel
-    var testDescription: String { rawValue }
+    public var testDescription: String { rawValue }
     /// Several nodes can share it.
-    var isRedis: Bool { self != .memory }
-}
-
-import Testing
-
-/// A sink that records what the engine hands it (on a real event loop).
-final class RecordingSink: DeliverySink, @unchecked Sendable {
-    let eventLoop: any EventLoop
-    let isPersistent: Bool
-    private let box = NIOLockedValueBox<(events: [JSONValue], detaches: [DetachReason])>(([], []))
-
-    init(loop: any EventLoop, persistent: Bool) {
-        self.eventLoop = loop
-        self.isPersistent = persistent
-    }
-
-    var events: [JSONValue] { box.withLockedValue { $0.events } }
-    var data: [JSONValue] { events.map { $0.objectValue?["data"] ?? .null } }
-    var detaches: [DetachReason] { box.withLockedValue { $0.detaches } }
-
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        let decoded = events.map { try! JSONParser().parse($0).arrayValue![0] }
-        box.withLockedValue { $0.events.append(contentsOf: decoded) }
-    }
-
-    func detached(_ reason: DetachReason) {
-        box.withLockedValue { $0.detaches.append(reason) }
-    }
+    public var isRedis: Bool { self != .memory }
 }
 
 /// One broker node over either engine, driven with JSON text, with explicit time. Several nodes of the Redis
 /// kind share one redis-server: a cluster in one process.
-final class Node: @unchecked Sendable {
-    let loop: any EventLoop
-    let broker: Broker
-    let redis: RedisEngine?
-    var now = NIODeadline.uptimeNanoseconds(1_000_000_000_000)
+public final class Node: @unchecked Sendable {
+    public let loop: any EventLoop
+    public let broker: Broker
+    public let redis: RedisEngine?
+    public var now = NIODeadline.uptimeNanoseconds(1_000_000_000_000)
 
-    init(broker: Broker, redis: RedisEngine?, loop: any EventLoop) {
+    public init(broker: Broker, redis: RedisEngine?, loop: any EventLoop) {
         self.broker = broker
         self.redis = redis
         self.loop = loop
     }
 
-    var engine: any Engine { broker.engine }
+    public var engine: any Engine { broker.engine }
 
-    func send(_ json: String, sink: (any DeliverySink)? = nil, type: ConnectionType = .longPolling) async throws
+    public func send(_ json: String, sink: (any DeliverySink)? = nil, type: ConnectionType = .longPolling) async throws
         -> [Outcome]
     {
         let elements = MessageBatch.elements(of: try JSONParser().parse(json))!
@@ -67,7 +41,7 @@ final class Node: @unchecked Sendable {
         ).get()
     }
 
-    func replies(_ json: String, sink: (any DeliverySink)? = nil) async throws -> [JSONObject] {
+    public func replies(_ json: String, sink: (any DeliverySink)? = nil) async throws -> [JSONObject] {
         try await send(json, sink: sink).compactMap { outcome in
             switch outcome {
             case .reply(let m): return m.fields
@@ -77,16 +51,16 @@ final class Node: @unchecked Sendable {
         }
     }
 
-    func reply(_ json: String, sink: (any DeliverySink)? = nil) async throws -> JSONObject {
+    public func reply(_ json: String, sink: (any DeliverySink)? = nil) async throws -> JSONObject {
         try await replies(json, sink: sink)[0]
     }
 
-    func handshake() async throws -> String {
+    public func handshake() async throws -> String {
         try await reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)[
             "clientId"]!.stringValue!
     }
 
-    func connect(_ clientId: String, sink: (any DeliverySink)? = nil, type: String = "long-polling") async throws
+    public func connect(_ clientId: String, sink: (any DeliverySink)? = nil, type: String = "long-polling") async throws
         -> PendingConnect?
     {
         let outcome = try await send(
@@ -95,44 +69,44 @@ final class Node: @unchecked Sendable {
         return nil
     }
 
-    func connectReply(_ clientId: String) async throws -> JSONObject {
+    public func connectReply(_ clientId: String) async throws -> JSONObject {
         try await reply(#"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling"}"#)
     }
 
     /// The `data` of the events a sink-less connect returns.
-    func receive(_ clientId: String) async throws -> [JSONValue] {
+    public func receive(_ clientId: String) async throws -> [JSONValue] {
         guard let c = try await connect(clientId) else { return [] }
         return c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
     }
 
-    func subscribe(_ clientId: String, _ channel: String, ext: String = "") async throws -> JSONObject {
+    public func subscribe(_ clientId: String, _ channel: String, ext: String = "") async throws -> JSONObject {
         let e = ext.isEmpty ? "" : #","ext":\#(ext)"#
         return try await reply(#"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(e)}"#)
     }
 
-    func publish(_ channel: String, _ data: String = "1") async throws -> JSONObject {
+    public func publish(_ channel: String, _ data: String = "1") async throws -> JSONObject {
         try await reply(#"{"channel":"\#(channel)","data":\#(data)}"#)
     }
 
-    func sweep(at time: NIODeadline) async throws {
+    public func sweep(at time: NIODeadline) async throws {
         if let redis { try await redis.sweepNow(now: time).get() } else { engine.sweep(now: time) }
     }
 
     /// Waits until every notification this node was sent has been handled and its deliveries have run.
-    func settle() async throws {
+    public func settle() async throws {
         if let redis { try await redis.settle().get() }
         try await loop.submit {}.get()
     }
 }
 
 /// Nodes of one kind; `close()` stops every engine and server.
-final class Cluster: @unchecked Sendable {
-    let kind: EngineKind
-    let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-    private(set) var nodes: [Node] = []
-    let server: RedisServer?
-    let sentinel: RedisSentinelServer?
-    let configuration: BrokerConfiguration
+public final class Cluster: @unchecked Sendable {
+    public let kind: EngineKind
+    public let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+    public private(set) var nodes: [Node] = []
+    public let server: RedisServer?
+    public let sentinel: RedisSentinelServer?
+    public let configuration: BrokerConfiguration
 
     private init(kind: EngineKind, server: RedisServer?, sentinel: RedisSentinelServer?, configuration: BrokerConfiguration) {
         self.kind = kind
@@ -141,7 +115,7 @@ final class Cluster: @unchecked Sendable {
         self.configuration = configuration
     }
 
-    static func start(_ kind: EngineKind, nodes count: Int = 1, configuration: BrokerConfiguration = .init())
+    public static func start(_ kind: EngineKind, nodes count: Int = 1, configuration: BrokerConfiguration = .init())
         async throws -> Cluster
     {
         let server = kind.isRedis ? try await RedisServer.start() : nil
@@ -160,7 +134,7 @@ final class Cluster: @unchecked Sendable {
     }
 
     @discardableResult
-    func addNode(handoffTimeout: TimeAmount = .seconds(1), sweepPeriod: TimeAmount = .zero) async throws -> Node {
+    public func addNode(handoffTimeout: TimeAmount = .seconds(1), sweepPeriod: TimeAmount = .zero) async throws -> Node {
         let loop = group.next()
         switch kind {
         case .memory:
@@ -184,9 +158,9 @@ final class Cluster: @unchecked Sendable {
         }
     }
 
-    var first: Node { nodes[0] }
+    public var first: Node { nodes[0] }
 
-    func close() async {
+    public func close() async {
         for node in nodes { await node.redis?.close() }
         sentinel?.stop()
         server?.stop()
@@ -195,7 +169,7 @@ final class Cluster: @unchecked Sendable {
 }
 
 /// Runs `body` against a fresh cluster and always closes it.
-func withCluster(
+public func withCluster(
     _ kind: EngineKind, nodes: Int = 1, configuration: BrokerConfiguration = .init(),
     _ body: (Cluster) async throws -> Void
 ) async throws {
@@ -209,4 +183,3 @@ func withCluster(
     await cluster.close()
 }
 
-func json(_ text: String) -> JSONValue { try! JSONParser().parse(text) }

@@ -1,20 +1,20 @@
 import Foundation
 import NIOCore
 import NIOPosix
-@testable import PubSubRedis
+import PubSubRedis
 
 /// A real `redis-server` on a free loopback port, for one test. Not finding or not starting it is a failure
 /// (thrown), never a skip: CI installs it (scripts/install-test-deps).
-final class RedisServer: @unchecked Sendable {
-    let port: Int
+public final class RedisServer: @unchecked Sendable {
+    public let port: Int
     private let process: Process
     private let directory: URL
 
-    struct StartError: Error, CustomStringConvertible {
-        var description: String
+    public struct StartError: Error, CustomStringConvertible {
+        public var description: String
     }
 
-    static func start(arguments extra: [String] = []) async throws -> RedisServer {
+    public static func start(arguments extra: [String] = []) async throws -> RedisServer {
         if extra.isEmpty, let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text) {
             // A server the developer runs (e.g. to watch it with MONITOR); emptied first, never stopped.
             let server = RedisServer(existing: port)
@@ -66,9 +66,9 @@ final class RedisServer: @unchecked Sendable {
         try process.run()
     }
 
-    var log: String { (try? String(contentsOf: directory.appendingPathComponent("log"), encoding: .utf8)) ?? "" }
+    public var log: String { (try? String(contentsOf: directory.appendingPathComponent("log"), encoding: .utf8)) ?? "" }
 
-    var url: String { "redis://127.0.0.1:\(port)/0" }
+    public var url: String { "redis://127.0.0.1:\(port)/0" }
 
     private func waitUntilReady(within timeout: TimeAmount, password: String?) async -> Bool {
         let deadline = NIODeadline.now() + timeout
@@ -89,7 +89,7 @@ final class RedisServer: @unchecked Sendable {
 
     /// SIGKILL (a SIGTERM may be ignored: the test process can pass an ignored SIGTERM on to its children), then
     /// a bounded wait.
-    func stop() {
+    public func stop() {
         guard process.executableURL != nil else { return }
         if process.isRunning {
             let pid = process.processIdentifier
@@ -103,7 +103,7 @@ final class RedisServer: @unchecked Sendable {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    static func freePort() throws -> Int {
+    public static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw StartError(description: "socket() failed") }
         defer { close(fd) }
@@ -125,13 +125,13 @@ final class RedisServer: @unchecked Sendable {
 
 /// A Redis Sentinel watching `master` as `mymaster` (quorum 1), on a free loopback port, for one test: the same
 /// binary as redis-server, started with `--sentinel`. Not starting is a failure, never a skip.
-final class RedisSentinelServer: @unchecked Sendable {
-    let port: Int
-    let masterName = "mymaster"
+public final class RedisSentinelServer: @unchecked Sendable {
+    public let port: Int
+    public let masterName = "mymaster"
     private let process: Process
     private let directory: URL
 
-    static func start(watching master: RedisServer) async throws -> RedisSentinelServer {
+    public static func start(watching master: RedisServer) async throws -> RedisSentinelServer {
         let candidates = ["/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"]
         guard let binary = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
             throw RedisServer.StartError(description: "redis-server not found (scripts/install-test-deps installs it)")
@@ -179,9 +179,9 @@ final class RedisSentinelServer: @unchecked Sendable {
         try process.run()
     }
 
-    var endpoint: RedisEndpoint { RedisEndpoint(host: "127.0.0.1", port: port) }
+    public var endpoint: RedisEndpoint { RedisEndpoint(host: "127.0.0.1", port: port) }
 
-    func stop() {
+    public func stop() {
         if process.isRunning {
             let pid = process.processIdentifier
             if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 @testable import PubSubRedis
 

@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 @testable import PubSubRedis
 

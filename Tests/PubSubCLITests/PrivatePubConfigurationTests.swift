@@ -1,5 +1,7 @@
+import PubSubCore
 import Testing
-@testable import PubSubCore
+
+@testable import PubSubCLI
 
 @Suite struct PrivatePubConfigurationTests {
     /// The file PrivatePub's generator writes (`rails g private_pub:install`), with a real token.
@@ -94,5 +96,38 @@ import Testing
                 try PrivatePubConfiguration.parse(text, environment: "production")
             }
         }
+    }
+
+    @Test func refusalsNameTheFileAndLine() {
+        let cases = [
+            ("production:\n  nested:\n    deeper: 1\n",
+             "app.yml:3: nested mappings are not part of a PrivatePub configuration"),
+            ("production:\n  secret_token: |\n    block\n", "app.yml:2: only plain or quoted scalar values are supported"),
+            ("production:\n\tsecret_token: tab\n", "app.yml:2: tabs are not allowed for indentation in YAML"),
+            ("production:\n  <<: *missing\n", "app.yml:2: found undefined alias"),
+            ("production:\n  signature_expiration: soon\n",
+             "app.yml: signature_expiration in production must be a number of seconds, not 'soon'"),
+            ("production:\n  - a\n", "app.yml:2: lists are not part of a PrivatePub configuration"),
+        ]
+        for (text, message) in cases {
+            #expect(throws: PrivatePubConfigurationError(message), "\(text)") {
+                try PrivatePubConfiguration.parse(text, environment: "production", file: "app.yml")
+            }
+        }
+    }
+
+    @Test func flowMappingsAndLaterMergesAreYAMLToo() throws {
+        let text = """
+            base: &base {server: "http://localhost:9292/faye", signature_expiration: 60}
+            extra: &extra
+              secret_token: from-extra
+              signature_expiration: 5
+            production:
+              <<: [*base, *extra]
+            """
+        // The first merged mapping wins over later ones, as in Ruby's YAML.
+        #expect(try PrivatePubConfiguration.parse(text, environment: "production")
+            == PrivatePubConfiguration(server: "http://localhost:9292/faye", secretToken: "from-extra",
+                                       signatureExpiration: 60))
     }
 }

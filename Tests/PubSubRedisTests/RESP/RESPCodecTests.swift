@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+import PubSubTesting
 @testable import PubSubRedis
 
 @Suite struct RESPEncoderTests {
@@ -137,7 +138,7 @@ import Testing
     /// Seeded random mutations of valid streams (flips, cuts, insertions, duplications, huge lengths) never crash,
     /// never hang, and either throw, wait, or consume at least one byte per value.
     @Test func fuzz() {
-        var rng = SplitMix64(seed: 0x5EED_2026)
+        var rng = SeededGenerator(seed: 0x5EED_2026)
         let seeds = [
             "*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nabc\r\n", "+OK\r\n", "-ERR x\r\n", ":12345\r\n",
             "$-1\r\n", "*-1\r\n", "*2\r\n*1\r\n:1\r\n*0\r\n", "$5\r\nhe\r\nl\r\n",
@@ -169,19 +170,6 @@ import Testing
             }
             #expect(rounds <= bytes.count + 1)
         }
-    }
-}
-
-/// A small deterministic generator, so a fuzz failure can be replayed.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import Testing
+import PubSubTesting
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -9,18 +10,6 @@ import Testing
 /// node other than the one that made its token. A client either gets every matching message exactly once and
 /// in order, or is told `recovered: false` (and then starts over from "now").
 @Suite(.serialized, .timeLimit(.minutes(3))) struct ResumePropertyTests {
-    /// A small deterministic generator: a failing seed reproduces.
-    struct SplitMix: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     struct Client {
         var id: String
         var node: Int
@@ -32,7 +21,7 @@ import Testing
         let configuration = BrokerConfiguration(historySize: 1000, historyBytes: 2000)
         try await withCluster(kind, nodes: kind.isRedis ? 2 : 1, configuration: configuration) { cluster in
             for seed in UInt64(1)...30 {
-                var rng = SplitMix(state: seed)
+                var rng = SeededGenerator(seed: seed)
                 let nodes = cluster.nodes
                 func pick() -> Int { Int(rng.next() % UInt64(nodes.count)) }
                 func settle() async throws { for node in nodes { try await node.settle() } }
