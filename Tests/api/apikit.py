@@ -3,12 +3,12 @@ folder: fixtures of one folder are seen by the others when all suites run in one
 
 import json
 import secrets
-import time
 
 import pytest
 import requests
 
-from broker import Broker
+from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
 
@@ -79,12 +79,5 @@ def api_connect(b, cid, timeout=HTTP_TIMEOUT):
                   timeout=timeout)
 
 
-def eventually(predicate, timeout=5.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+def eventually(predicate, timeout=5.0):
+    return wait_until(predicate, timeout)

@@ -3,7 +3,6 @@ Bayeux over HTTP and WebSocket. Names are unique to this folder (no fixtures in 
 
 import json
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -15,7 +14,8 @@ import websocket
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.ports import closed_port
 
 HS_SECRET = "auth-suite-hs256-secret-0123456789abcdef"
 HTTP_TIMEOUT = 10
@@ -259,7 +259,4 @@ class HookServer:
 
 
 def closed_port_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/authorize"
+    return f"http://127.0.0.1:{closed_port()}/authorize"

@@ -20,19 +20,13 @@ import re
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import requests
 import websocket
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WIRE = os.path.join(os.path.dirname(HERE), "wire")
-if WIRE not in sys.path:
-    sys.path.insert(0, WIRE)
-
-from broker import Broker, pubsub_bin  # noqa: E402  (Tests/wire/broker.py)
+from pubsubtest.broker import Broker, pubsub_bin
 
 KiB = 1 << 10
 MiB = 1 << 20

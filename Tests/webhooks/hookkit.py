@@ -5,21 +5,15 @@ import datetime
 import hashlib
 import hmac
 import json
-import socket
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from broker import Broker
+from pubsubtest.broker import Broker
+from pubsubtest.ports import free_port as hook_free_port  # noqa: F401  (re-exported for the test modules)
 
 HOOK_SECRET = "hook-secret-7f3a"
-
-
-def hook_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HookPost:

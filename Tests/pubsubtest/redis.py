@@ -1,0 +1,81 @@
+"""redis-server for the suites that run several nodes on one Redis (cluster, api, webhooks, hostile), and the wait
+for a node whose engine reached it."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import requests
+
+from .ports import free_port
+
+HTTP_TIMEOUT = 10
+
+
+class RedisServer:
+    """redis-server on a loopback port, without persistence: a restart loses everything, the worst case."""
+
+    def __init__(self):
+        self.binary = shutil.which("redis-server")
+        if not self.binary:
+            raise RuntimeError("redis-server not found: apt-get install redis-server (scripts/install-test-deps)")
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="pubsub-cluster-redis-")
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self):
+        # Bounded life (timeout): a crashed test run leaves no server behind for long.
+        self.proc = subprocess.Popen(
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def kill(self):
+        """SIGKILL to the whole group: `timeout` and the server under it."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+
+    def stop(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_ready(b, timeout=15):
+    """Waits until the node answers a handshake (its engine reached Redis)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = requests.post(b.url, json={"channel": "/meta/handshake", "version": "1.0",
+                                           "supportedConnectionTypes": ["long-polling"]}, timeout=HTTP_TIMEOUT)
+            if r.status_code == 200 and r.json()[0].get("successful"):
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"node on port {b.port} not ready:\n{b.log()}")
