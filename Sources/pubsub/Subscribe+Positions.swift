@@ -3,6 +3,46 @@ import NIOConcurrencyHelpers
 import NIOCore
 import PubSubClient
 
+extension Subscribe {
+    /// Subscribes to every channel, each from its position in the position file when it has one, and says on
+    /// stderr how that went; returns the channels whose events since then cannot all be delivered.
+    func subscribeAll(_ bayeux: BayeuxClient, from stored: SubscriptionPositions?, in file: PositionFile?)
+        async throws -> [String]
+    {
+        var unrecovered: [String] = []
+        for channel in channels {
+            let from = stored?[channel: channel]
+            let outcome = try await bayeux.subscribe(channel, resumeFrom: from)
+            guard let from, let file else { continue }
+            if let outcome, outcome.recovered {
+                if !quiet { printError("pubsub: resumed \(channel) from \(file.path): recovered \(outcome.missed) events") }
+                continue
+            }
+            unrecovered.append(channel)
+            let why = outcome == nil
+                ? "the broker does not resume (its history is off, or it is not pubsub)"
+                : "the broker no longer holds its position (recovered: false)"
+            printError("pubsub: cannot recover the events of \(channel) since \(from) in \(file.path): \(why)"
+                       + (acceptGaps ? "; going on from here" : "; refetch, then run again"))
+        }
+        return unrecovered
+    }
+
+    /// What the position file starts with: where each subscription resumed from, or, where that failed or the
+    /// file had none, the broker's position at the subscribe. Nil when the broker gives no positions.
+    static func startPositions(
+        _ channels: [String], stored: SubscriptionPositions?, unrecovered: [String], now: SubscriptionPositions
+    ) -> SubscriptionPositions? {
+        var start = SubscriptionPositions()
+        for channel in channels {
+            let kept = unrecovered.contains(channel) ? nil : stored?[channel: channel]
+            guard let position = kept ?? now[channel: channel] else { return nil }
+            start[channel: channel] = position
+        }
+        return start
+    }
+}
+
 /// Keeps `subscribe --position-file` up to date: the position of the last event printed on each subscription.
 ///
 /// Each event's line is written to standard output first, then its position to the file (replaced whole:

@@ -138,40 +138,21 @@ struct Subscribe: AsyncParsableCommand {
         } catch let error as BayeuxClientError {
             throw failure(error)
         }
-        var unrecovered: [String] = []
+        let unrecovered: [String]
         do {
-            for channel in channels {
-                let from = stored?[channel: channel]
-                let outcome = try await bayeux.subscribe(channel, resumeFrom: from)
-                guard let from else { continue }
-                if let outcome, outcome.recovered {
-                    if !quiet { printError("pubsub: resumed \(channel) from \(file!.path): recovered \(outcome.missed) events") }
-                } else {
-                    unrecovered.append(channel)
-                    let why = outcome == nil
-                        ? "the broker does not resume (its history is off, or it is not pubsub)"
-                        : "the broker no longer holds its position (recovered: false)"
-                    printError("pubsub: cannot recover the events of \(channel) since \(from) in \(file!.path): \(why)"
-                               + (acceptGaps ? "; going on from here" : "; refetch, then run again"))
-                }
-            }
+            unrecovered = try await subscribeAll(bayeux, from: stored, in: file)
         } catch let error as BayeuxClientError {
             await bayeux.close()
             throw failure(error)
         }
-        // What the file starts with: where each subscription resumed from, or, where that failed, the broker's
-        // current position.
-        let recorder = try file.map { file in
-            var start = SubscriptionPositions()
-            let now = bayeux.receivedPositions
-            for channel in channels {
-                start[channel: channel] = unrecovered.contains(channel) ? now[channel: channel] : (stored?[channel: channel] ?? now[channel: channel])
-            }
-            if start.byChannel.count < channels.count {
-                throw failure("--position-file needs a broker that gives positions (pubsub with its history on)",
-                              ExitStatus.notRecovered)
-            }
-            return PositionRecorder(file: file, positions: start)
+        let recorder = file.flatMap { file in
+            Self.startPositions(channels, stored: stored, unrecovered: unrecovered, now: bayeux.receivedPositions)
+                .map { PositionRecorder(file: file, positions: $0) }
+        }
+        if file != nil && recorder == nil {
+            await bayeux.close()
+            throw failure("--position-file needs a broker that gives positions (pubsub with its history on)",
+                          ExitStatus.notRecovered)
         }
         do {
             try recorder?.flush()

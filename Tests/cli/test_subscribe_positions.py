@@ -170,3 +170,14 @@ def test_a_lost_session_is_resumed_with_the_events_published_meanwhile():
             assert 1 <= recovered <= 10, sub.errors()
         finally:
             sub.stop()
+
+
+def test_a_position_file_needs_a_broker_that_gives_positions(tmp_path):
+    position_file = tmp_path / "positions.json"
+    with Broker(timeout=45, extra_args=["--history-size", "0"]) as b:
+        p = run(["subscribe", "--url", b.url, "--position-file", str(position_file), "--timeout", "5", "/feed/*"])
+        assert p.returncode == NOT_RECOVERED, (p.returncode, p.stderr)
+        assert "needs a broker that gives positions" in p.stderr and not position_file.exists(), p.stderr
+        # Without a position file the same broker is subscribed to as before.
+        p = run(["subscribe", "--url", b.url, "--timeout", "1", "/feed/*"])
+        assert p.returncode == 0, p.stderr
