@@ -1,12 +1,12 @@
 """Brokers with the server API on, and small Bayeux and API clients for the API suites (names unique to this
 folder: fixtures of one folder are seen by the others when all suites run in one pytest call)."""
 
-import json
 import secrets
 
 import pytest
 import requests
 
+from pubsubtest.bayeux import bayeux
 from pubsubtest.broker import Broker
 from pubsubtest.wait import wait_until
 
@@ -51,13 +51,6 @@ def api_broker():
 
 
 # ------------------------------------------------------------------ Bayeux over long-polling
-
-def bayeux(b, messages, timeout=HTTP_TIMEOUT):
-    r = requests.post(b.url, data=json.dumps(messages), headers={"Content-Type": "application/json"},
-                      timeout=timeout)
-    assert r.status_code == 200, r.text
-    return r.json()
-
 
 def api_handshake(b):
     reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",

@@ -3,8 +3,9 @@
 import json
 import time
 
-import requests
 import websocket
+
+from pubsubtest.bayeux import bayeux
 
 HTTP_TIMEOUT = 10
 
@@ -12,10 +13,7 @@ HTTP_TIMEOUT = 10
 # ---------------------------------------------------------------- Bayeux over HTTP and WebSocket
 
 def post(b, messages, timeout=HTTP_TIMEOUT):
-    r = requests.post(b.url, data=json.dumps(messages), headers={"Content-Type": "application/json"},
-                      timeout=timeout)
-    r.raise_for_status()
-    return r.json()
+    return bayeux(b, messages, timeout=timeout)
 
 
 def handshake(b):

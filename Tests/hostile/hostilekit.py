@@ -26,6 +26,7 @@ import time
 import requests
 import websocket
 
+from pubsubtest.bayeux import bayeux
 from pubsubtest.broker import Broker, pubsub_bin
 
 KiB = 1 << 10
@@ -124,15 +125,6 @@ def wait_until(predicate, timeout, interval=0.05):
 
 
 # ---------------------------------------------------------------- Bayeux over HTTP
-
-def bayeux(b, body, *, timeout=HTTP_TIMEOUT, session=None, headers=None):
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    r = (session or requests).post(b.url, data=data, headers=h, timeout=timeout)
-    assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:300]!r}"
-    return r.json()
-
 
 def handshake(b, types=("long-polling",), **kw):
     reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",

@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.ports import free_port  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.bayeux import bayeux  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
@@ -144,12 +145,6 @@ def post(url, body, *, timeout=HTTP_TIMEOUT, verify=True, headers=None, session=
     h.update(headers or {})
     call = session.post if session is not None else requests.post
     return call(url, data=json.dumps(body), headers=h, timeout=timeout, verify=verify)
-
-
-def bayeux(url, body, **kw):
-    r = post(url, body, **kw)
-    assert r.status_code == 200, (r.status_code, r.text)
-    return r.json()
 
 
 def handshake(url, **kw):

@@ -9,11 +9,8 @@ import subprocess
 import tempfile
 import time
 
-import requests
-
+from .bayeux import bayeux
 from .ports import free_port
-
-HTTP_TIMEOUT = 10
 
 
 class RedisServer:
@@ -71,9 +68,9 @@ def wait_ready(b, timeout=15):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            r = requests.post(b.url, json={"channel": "/meta/handshake", "version": "1.0",
-                                           "supportedConnectionTypes": ["long-polling"]}, timeout=HTTP_TIMEOUT)
-            if r.status_code == 200 and r.json()[0].get("successful"):
+            r = bayeux(b, {"channel": "/meta/handshake", "version": "1.0",
+                           "supportedConnectionTypes": ["long-polling"]})
+            if r[0].get("successful"):
                 return
         except Exception:
             pass

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pubsubtest.bayeux import bayeux
 from pubsubtest.broker import Broker
 from pubsubtest.ports import free_port as hook_free_port  # noqa: F401  (re-exported for the test modules)
 
@@ -99,10 +100,7 @@ def hook_broker(urls, *, secret=HOOK_SECRET, extra=(), timeout=45):
 
 def hook_bayeux(broker, messages):
     """POSTs a list of Bayeux messages to the broker and returns the replies."""
-    request = urllib.request.Request(broker.url, data=json.dumps(messages).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    return bayeux(broker, messages, timeout=30)
 
 
 def hook_handshake(broker) -> str:
