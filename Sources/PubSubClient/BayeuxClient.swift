@@ -1,4 +1,5 @@
 import Bayeux
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import NIOSSL
@@ -52,6 +53,15 @@ public actor BayeuxClient {
         /// overflow of a consumer too slow for the publish rate) just before the client handshakes again and
         /// repeats its subscriptions: events published in between may be missing.
         public var onSessionLost: (@Sendable (_ error: String) -> Void)?
+        /// Resume with positions (docs/PROTOCOL.md): every subscribe sends `ext.resume`, from the position the
+        /// caller gives or else the handshake's, so that nothing published after that point is missed; after a
+        /// lost session each subscription is repeated from the position of the last message received on it, and
+        /// `onResumed` says whether the broker still held everything since. Needs a broker that gives positions
+        /// (pubsub with history on); with any other, subscriptions are repeated without.
+        public var resume: Bool
+        /// Called after a re-handshake for each subscription repeated with `ext.resume`, with the broker's answer:
+        /// `recovered` false means events were lost in between.
+        public var onResumed: (@Sendable (_ channel: String, _ outcome: ResumeOutcome) -> Void)?
 
         public init(
             transport: Transport = .automatic,
@@ -81,6 +91,22 @@ public actor BayeuxClient {
             self.subscriptionExt = subscriptionExt
             self.trustRoots = nil
             self.onSessionLost = nil
+            self.resume = false
+            self.onResumed = nil
+        }
+    }
+
+    /// The broker's answer to a subscribe with `ext.resume`.
+    public struct ResumeOutcome: Sendable, Hashable {
+        /// Every message published after the position on a matching channel was still held, and is delivered
+        /// (in order, before anything newer).
+        public var recovered: Bool
+        /// How many (when recovered; otherwise the number still held, a lower bound, 0 when unknown).
+        public var missed: Int
+
+        public init(recovered: Bool, missed: Int) {
+            self.recovered = recovered
+            self.missed = missed
         }
     }
 
@@ -111,6 +137,11 @@ public actor BayeuxClient {
     public nonisolated let events: AsyncThrowingStream<Message, any Error>
 
     private let eventSink: AsyncThrowingStream<Message, any Error>.Continuation
+    /// With `configuration.resume`: the position of the last message received on each subscription, recorded
+    /// before the message is handed to `events`, so that a repeated subscription resumes right after it.
+    private nonisolated let received: NIOLockedValueBox<SubscriptionPositions>
+    /// The position the last handshake reply gave (`ext.position`), if the broker gives positions.
+    public private(set) var handshakePosition: String?
     private let transport: any BayeuxTransport
     public private(set) var clientId: String?
     private var subscriptions: [(channel: String, ext: JSONObject?)] = []
@@ -131,8 +162,14 @@ public actor BayeuxClient {
         let (stream, continuation) = AsyncThrowingStream<Message, any Error>.makeStream()
         self.events = stream
         self.eventSink = continuation
+        let received = NIOLockedValueBox(SubscriptionPositions())
+        self.received = received
+        let tracksPositions = configuration.resume
         let onEvents: @Sendable ([Message]) -> Void = { events in
-            for event in events { continuation.yield(event) }
+            for event in events {
+                if tracksPositions { _ = received.withLockedValue { $0.record(event) } }
+                continuation.yield(event)
+            }
         }
         let useWebSocket =
             configuration.transport == .webSocket
@@ -192,6 +229,7 @@ public actor BayeuxClient {
         }
         applyAdvice(reply)
         clientId = id
+        handshakePosition = reply.ext?["position"]?.stringValue
         return id
     }
 
@@ -260,7 +298,13 @@ public actor BayeuxClient {
         let id = try await performHandshake()
         do {
             for (channel, ext) in subscriptions {
-                try await sendSubscribe(channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext)
+                let from = configuration.resume ? received.withLockedValue { $0[channel: channel] } : nil
+                let outcome = try await sendSubscribe(
+                    channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext, resume: from)
+                if let outcome {
+                    if !outcome.recovered { startOver(channel, from: from) }
+                    configuration.onResumed?(channel, outcome)
+                }
             }
         } catch let error as BayeuxClientError where error.code == .refused {
             throw error
@@ -283,27 +327,63 @@ public actor BayeuxClient {
     /// Subscribes to a channel or pattern; returns once the server accepted it. A refusal throws `.refused`
     /// with the server's error. `ext` (for instance a PrivatePub signature) is sent with the subscribe; without
     /// it, `configuration.subscriptionExt` is asked.
-    public func subscribe(_ channel: String, ext: JSONObject? = nil) async throws {
+    ///
+    /// With `configuration.resume`, the subscribe resumes from `resumeFrom` (a position kept from an earlier
+    /// run), or else from the handshake's position, and the broker's answer is returned: the messages it
+    /// recovered arrive on `events` first. Nil when nothing was resumed (the broker gives no positions).
+    @discardableResult
+    public func subscribe(_ channel: String, ext: JSONObject? = nil, resumeFrom: String? = nil) async throws
+        -> ResumeOutcome?
+    {
         let id = try await handshake()
-        try await sendSubscribe(channel, clientId: id, ext: ext ?? configuration.subscriptionExt?(channel, id))
+        let from = configuration.resume ? (resumeFrom ?? handshakePosition) : nil
+        if let from { received.withLockedValue { $0[channel: channel] = from } }
+        let outcome = try await sendSubscribe(
+            channel, clientId: id, ext: ext ?? configuration.subscriptionExt?(channel, id), resume: from)
+        if let outcome, !outcome.recovered { startOver(channel, from: from) }
         subscriptions.append((channel, ext))
+        return outcome
     }
 
-    private func sendSubscribe(_ channel: String, clientId: String, ext: JSONObject?) async throws {
+    /// After `recovered: false` the subscription continues from the current handshake's position, unless a
+    /// message received meanwhile already moved it on.
+    private func startOver(_ channel: String, from: String?) {
+        let now = handshakePosition
+        received.withLockedValue { positions in
+            if positions[channel: channel] == from { positions[channel: channel] = now }
+        }
+    }
+
+    /// The position of the last message received on each subscription (with `configuration.resume`).
+    public nonisolated var receivedPositions: SubscriptionPositions { received.withLockedValue { $0 } }
+
+    private func sendSubscribe(_ channel: String, clientId: String, ext: JSONObject?, resume: String? = nil)
+        async throws -> ResumeOutcome?
+    {
         var message = Message()
         message.channel = Channel.subscribe
         message.clientId = clientId
         message["subscription"] = .string(channel)
         message["id"] = makeId()
         if let ext { message.ext = ext }
+        if let resume {
+            var ext = message.ext ?? JSONObject()
+            ext["resume"] = .string(resume)
+            message.ext = ext
+        }
         let reply = try await roundTrip(message, timeout: configuration.requestTimeout)
         guard reply["successful"] == .bool(true) else {
             throw BayeuxClientError(.refused, reply.error ?? "subscription to \(channel) refused")
         }
+        guard resume != nil, let answer = reply.ext?["resume"]?.objectValue,
+              let recovered = answer["recovered"], case .bool(let isRecovered) = recovered
+        else { return nil }
+        return ResumeOutcome(recovered: isRecovered, missed: Int(answer["missed"]?.integerValue ?? 0))
     }
 
     public func unsubscribe(_ channel: String) async throws {
         subscriptions.removeAll { $0.channel == channel }
+        received.withLockedValue { $0[channel: channel] = nil }
         guard let clientId else { return }
         var message = Message()
         message.channel = Channel.unsubscribe

@@ -11,12 +11,16 @@ import PubSubClient
 enum ExitStatus {
     /// The server refused a message (its error is printed).
     static let refused: Int32 = 1
+    /// `subscribe`: events since the kept position cannot all be delivered (`recovered: false`).
+    static let notRecovered: Int32 = 3
     /// Bad arguments: a wildcard or invalid channel, a bad URL, a missing secret.
     static let usage: Int32 = 64
     /// The data is not valid JSON (nothing was sent).
     static let dataError: Int32 = 65
     /// The server cannot be reached, or answered with an HTTP error.
     static let unavailable: Int32 = 69
+    /// A file cannot be written (`subscribe --position-file`).
+    static let ioError: Int32 = 74
     /// The connection broke, a reply did not come in time, or rate limiting outlasted the retries: the
     /// outcome is unknown, trying again later is reasonable.
     static let tempFail: Int32 = 75

@@ -17,11 +17,21 @@ struct Subscribe: AsyncParsableCommand {
             The URL is --url, then PUBSUB_URL, then http://127.0.0.1:9292/faye; a ws:// URL or --websocket \
             uses a WebSocket, otherwise long-polling.
 
+            When the broker ends the session, subscribe handshakes again and resumes each subscription \
+            after the last event received (ext.resume), saying on stderr how many events it recovered. With \
+            --position-file the position of the last event printed on each subscription is kept in FILE, and \
+            a later run resumes from it: every event since the last run, in order (docs/SUBSCRIBE.md).
+
             Exit status:
               0   --count messages arrived, --timeout passed without --count, or SIGINT/SIGTERM
               1   the server refused a subscription (its error is printed on stderr)
+              3   events since the last position cannot all be delivered (recovered: false): refetch,
+                  then run again (the position file then starts from the broker's current position);
+                  --accept-gaps goes on instead
               64  bad arguments
+              65  the position file is corrupt
               69  the server cannot be reached
+              74  the position file cannot be written
               75  --timeout passed before --count messages arrived, or the session broke
             """
     )
@@ -47,6 +57,14 @@ struct Subscribe: AsyncParsableCommand {
     @Flag(name: .shortAndLong, help: "Do not report the subscriptions on stderr.")
     var quiet = false
 
+    @Option(help: ArgumentHelp(
+        "Keep the position of the last event printed on each subscription in this file, and resume from it.",
+        valueName: "file"))
+    var positionFile: String?
+
+    @Flag(help: "When events cannot be recovered (recovered: false), say so and go on instead of exiting with 3.")
+    var acceptGaps = false
+
     @Argument(help: "Channels or patterns to subscribe to.")
     var channels: [String]
 
@@ -57,7 +75,7 @@ struct Subscribe: AsyncParsableCommand {
     }
 
     enum Stop: Sendable {
-        case counted, timedOut, signalled
+        case counted, timedOut, signalled, unrecovered
     }
 
     func run() async throws {
@@ -69,12 +87,38 @@ struct Subscribe: AsyncParsableCommand {
                           ExitStatus.usage)
         }
         if hmac && secret == nil { throw failure("--hmac needs a secret (--secret or PUBSUB_SECRET)", ExitStatus.usage) }
+        let file = positionFile.map { PositionFile(path: $0) }
+        let stored: SubscriptionPositions?
+        do {
+            stored = try file?.read()
+        } catch {
+            throw failure(error.message, ExitStatus.dataError)
+        }
         let useHMAC = hmac
+        let (quiet, acceptGaps) = (self.quiet, self.acceptGaps)
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
         configuration.trustRoots = client.trustRoots
+        configuration.resume = true
         if let token = jwt.token { configuration.handshakeExt = ["token": .string(token)] }
         configuration.onSessionLost = { error in
-            printError("pubsub: the broker ended this session (\(error)); subscribing again: events published in between may be missing")
+            printError("pubsub: the broker ended this session (\(error)); subscribing again")
+        }
+        // Set once the consumer runs: a resume that lost events ends it (unless --accept-gaps).
+        let stop = NIOLockedValueBox<Stop?>(nil)
+        let interrupt = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
+        let lost = NIOLockedValueBox<[String]>([])
+        configuration.onResumed = { channel, outcome in
+            if outcome.recovered {
+                if !quiet { printError("pubsub: resumed \(channel): recovered \(outcome.missed) events") }
+                return
+            }
+            lost.withLockedValue { $0.append(channel) }
+            printError("pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false)"
+                       + (acceptGaps ? "; going on from here" : ": refetch"))
+            if !acceptGaps {
+                stop.withLockedValue { $0 = $0 ?? .unrecovered }
+                interrupt.withLockedValue { $0 }?()
+            }
         }
         if let secret {
             configuration.subscriptionExt = { channel, clientId in
@@ -94,23 +138,43 @@ struct Subscribe: AsyncParsableCommand {
         } catch let error as BayeuxClientError {
             throw failure(error)
         }
+        let unrecovered: [String]
         do {
-            for channel in channels { try await bayeux.subscribe(channel) }
+            unrecovered = try await subscribeAll(bayeux, from: stored, in: file)
         } catch let error as BayeuxClientError {
             await bayeux.close()
             throw failure(error)
+        }
+        let recorder = file.flatMap { file in
+            Self.startPositions(channels, stored: stored, unrecovered: unrecovered, now: bayeux.receivedPositions)
+                .map { PositionRecorder(file: file, positions: $0) }
+        }
+        if file != nil && recorder == nil {
+            await bayeux.close()
+            throw failure("--position-file needs a broker that gives positions (pubsub with its history on)",
+                          ExitStatus.notRecovered)
+        }
+        do {
+            try recorder?.flush()
+        } catch {
+            await bayeux.close()
+            throw failure("\(error)", ExitStatus.ioError)
+        }
+        if !unrecovered.isEmpty && !acceptGaps {
+            await bayeux.disconnect()
+            throw ExitCode(ExitStatus.notRecovered)
         }
         if !quiet {
             printError("pubsub: subscribed to \(channels.joined(separator: ", ")) (\(bayeux.connectionType))")
         }
 
-        let stop = NIOLockedValueBox<Stop?>(nil)
         let (full, count) = (self.full, self.count)
         let consumer = Task { () async throws -> Int in
             var received = 0
             for try await message in bayeux.events {
                 let value: JSONValue = full ? .object(message.fields) : (message.data ?? .null)
                 writeLine(value.jsonString)
+                try recorder?.record(message)
                 received += 1
                 if let count, received >= count {
                     stop.withLockedValue { $0 = $0 ?? .counted }
@@ -133,11 +197,38 @@ struct Subscribe: AsyncParsableCommand {
                 return
             }
         }
+        interrupt.withLockedValue { $0 = { consumer.cancel() } }
+        if stop.withLockedValue({ $0 }) == .unrecovered { consumer.cancel() }
+        let flusher = recorder.map { recorder in
+            Task {
+                while !Task.isCancelled {
+                    try await Task.sleep(nanoseconds: UInt64(PositionRecorder.durableEvery.nanoseconds))
+                    try recorder.flush()
+                }
+            }
+        }
         let result = await consumer.result
         timer?.cancel()
+        flusher?.cancel()
         _ = signals  // left waiting: the process ends next
+        let ending = stop.withLockedValue { $0 }
+        if let recorder {
+            // Subscriptions whose events are gone continue from where the broker resumed them.
+            if ending == .unrecovered || acceptGaps {
+                let now = bayeux.receivedPositions
+                for channel in lost.withLockedValue({ $0 }) { recorder.set(channel, now[channel: channel]) }
+            }
+            do {
+                try recorder.flush()
+            } catch {
+                await bayeux.disconnect()
+                throw failure("\(error)", ExitStatus.ioError)
+            }
+        }
         await bayeux.disconnect()
-        switch (result, stop.withLockedValue { $0 }) {
+        switch (result, ending) {
+        case (_, .unrecovered?):
+            throw ExitCode(ExitStatus.notRecovered)
         case (_, .counted?), (_, .signalled?):
             return
         case (.success(let received), .timedOut?):
@@ -147,6 +238,8 @@ struct Subscribe: AsyncParsableCommand {
             }
         case (.failure(let error as BayeuxClientError), _):
             throw failure(error)
+        case (.failure(let error as PositionFile.Error), _):
+            throw failure(error.message, ExitStatus.ioError)
         case (.failure(let error), _):
             throw failure("subscription ended: \(error)", ExitStatus.tempFail)
         case (.success, nil):

@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import PubSubCore
 import PubSubServer
+import Synchronization
 import Testing
 @testable import PubSubClient
 
@@ -131,6 +132,40 @@ import Testing
             try await publisher.publish("/again", data: "after", ext: ["private_pub_token": "secret"])
             let events = try await next(1, from: subscriber)
             #expect(events.map(\.data) == [.string("after")])
+            await subscriber.disconnect()
+            await publisher.close()
+        }
+    }
+
+    @Test(arguments: [BayeuxClient.Configuration.Transport.longPolling, .webSocket])
+    func resumesAfterTheServerForgetsTheSession(transport: BayeuxClient.Configuration.Transport) async throws {
+        try await withServer(timeout: .seconds(1)) { server, url in
+            let outcomes = Mutex<[BayeuxClient.ResumeOutcome]>([])
+            var configuration = BayeuxClient.Configuration(transport: transport)
+            configuration.resume = true
+            configuration.onResumed = { _, outcome in outcomes.withLock { $0.append(outcome) } }
+            let subscriber = try BayeuxClient(url: url, configuration: configuration)
+            // A first subscribe resumes from the handshake's position.
+            let first = try await subscriber.subscribe("/resume")
+            #expect(first == BayeuxClient.ResumeOutcome(recovered: true, missed: 0))
+            let publisher = try BayeuxClient(url: url)
+            try await publisher.publish("/resume", data: 1)
+            #expect(try await next(1, from: subscriber).map(\.data) == [1])
+            let old = try #require(await subscriber.clientId)
+            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            _ = try await server.broker.engine.destroyClient(old, reason: .disconnected, on: loop).get()
+            try await publisher.publish("/resume", data: 2)
+            try await publisher.publish("/resume", data: 3)
+            // Whether 2 and 3 came before or after the new session: each exactly once, in order.
+            #expect(try await next(2, from: subscriber).map(\.data) == [2, 3])
+            #expect(try await next(1, from: subscriber, within: 0.5).isEmpty)
+            #expect(await subscriber.clientId != old)
+            #expect(outcomes.withLock { $0.map(\.recovered) } == [true])
+            #expect(subscriber.receivedPositions[channel: "/resume"] != nil)
+            // A position this broker never gave cannot be resumed from.
+            let stranger = try BayeuxClient(url: url, configuration: configuration)
+            #expect(try await stranger.subscribe("/resume", resumeFrom: "2.nope.nope")?.recovered == false)
+            await stranger.disconnect()
             await subscriber.disconnect()
             await publisher.close()
         }

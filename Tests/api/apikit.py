@@ -1,14 +1,14 @@
 """Brokers with the server API on, and small Bayeux and API clients for the API suites (names unique to this
 folder: fixtures of one folder are seen by the others when all suites run in one pytest call)."""
 
-import json
 import secrets
-import time
 
 import pytest
 import requests
 
-from broker import Broker
+from pubsubtest.bayeux import bayeux
+from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
 
@@ -52,13 +52,6 @@ def api_broker():
 
 # ------------------------------------------------------------------ Bayeux over long-polling
 
-def bayeux(b, messages, timeout=HTTP_TIMEOUT):
-    r = requests.post(b.url, data=json.dumps(messages), headers={"Content-Type": "application/json"},
-                      timeout=timeout)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def api_handshake(b):
     reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",
                         "supportedConnectionTypes": ["long-polling", "websocket"]}])
@@ -79,12 +72,5 @@ def api_connect(b, cid, timeout=HTTP_TIMEOUT):
                   timeout=timeout)
 
 
-def eventually(predicate, timeout=5.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+def eventually(predicate, timeout=5.0):
+    return wait_until(predicate, timeout)

@@ -1,11 +1,7 @@
-"""The API suites' import path. Their fixtures live in `apikit` and are imported by each test module: a fixture
-defined here would be seen by other folders' tests when pytest runs several folders at once."""
+"""The API suites' browser fixtures and timeout. Their other helpers live in `apikit` and are imported by each test
+module."""
 
-import os
-import sys
+from pubsubtest.browser import browser, page, screenshot  # noqa: F401  (fixtures)
+from pubsubtest.suite import suite_timeout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "wire"))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cluster"))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "browser"))
-sys.path.insert(0, HERE)
+pytest_collection_modifyitems = suite_timeout(__file__, 120)

@@ -13,7 +13,7 @@ import websocket
 
 from apikit import (APIBroker, api_broker, api_connect, api_handshake, api_subscribe, bayeux, eventually,
                     new_key)
-from broker import Broker
+from pubsubtest.broker import Broker
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -63,7 +63,7 @@ def test_missing_or_wrong_key_is_401_and_never_echoed(api_broker):
 
 
 def test_short_key_is_refused_on_the_command_line():
-    from broker import pubsub_bin
+    from pubsubtest.broker import pubsub_bin
     import subprocess
     p = subprocess.run([pubsub_bin(), "serve", "--port", "0", "--api-key", "short"], capture_output=True,
                        timeout=20)

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux
-from broker import pubsub_bin
+from pubsubtest.broker import pubsub_bin
 
 
 def cli(*args, env=None, timeout=20):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from apikit import APIBroker, api_connect, api_handshake, api_subscribe, bayeux, eventually, new_key
-from cluster_helpers import RedisServer, wait_ready
+from pubsubtest.redis import RedisServer, wait_ready
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from apikit import APIBroker, api_connect, api_handshake, api_subscribe, bayeux
-from browser_support import SCREENSHOTS, browser, page, screenshot  # noqa: F401 (fixtures)
 
 
 def text_of(page, selector):

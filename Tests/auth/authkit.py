@@ -3,19 +3,19 @@ Bayeux over HTTP and WebSocket. Names are unique to this folder (no fixtures in 
 
 import json
 import os
-import socket
 import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jwt
-import requests
 import websocket
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.bayeux import bayeux
+from pubsubtest.ports import closed_port
 
 HS_SECRET = "auth-suite-hs256-secret-0123456789abcdef"
 HTTP_TIMEOUT = 10
@@ -87,14 +87,6 @@ def hs256_with_public_key_as_secret(pem, payload):
 
 # ---------------------------------------------------------------- Bayeux over HTTP
 
-def bayeux(b, messages, headers=None):
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    r = requests.post(b.url, data=json.dumps(messages), headers=h, timeout=HTTP_TIMEOUT)
-    assert r.status_code == 200, f"HTTP {r.status_code} {r.text!r}\n{b.log()[-2000:]}"
-    return r.json()
-
-
 def handshake(b, token=None, headers=None, ext=None):
     """The handshake reply (a dict)."""
     m = {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["long-polling"], "id": "h"}
@@ -103,7 +95,7 @@ def handshake(b, token=None, headers=None, ext=None):
         e["token"] = token
     if e:
         m["ext"] = e
-    return bayeux(b, [m], headers)[0]
+    return bayeux(b, [m], headers=headers)[0]
 
 
 def client_id(b, token=None, headers=None):
@@ -128,7 +120,7 @@ def subscribe(b, cid, channel, token=None, ext=None, headers=None):
         e["token"] = token
     if e:
         m["ext"] = e
-    return bayeux(b, [m], headers)[0]
+    return bayeux(b, [m], headers=headers)[0]
 
 
 def publish(b, channel, data, cid=None, ext=None, headers=None):
@@ -137,7 +129,7 @@ def publish(b, channel, data, cid=None, ext=None, headers=None):
         m["clientId"] = cid
     if ext:
         m["ext"] = ext
-    return bayeux(b, [m], headers)[0]
+    return bayeux(b, [m], headers=headers)[0]
 
 
 class Listener:
@@ -259,7 +251,4 @@ class HookServer:
 
 
 def closed_port_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/authorize"
+    return f"http://127.0.0.1:{closed_port()}/authorize"

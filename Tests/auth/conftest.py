@@ -1,9 +1,5 @@
-"""The auth suites' import path. Their helpers live in `authkit` and are imported by each test module: a fixture
-defined here would be seen by other folders' tests when pytest runs several folders at once."""
+"""The auth suites' timeout. Their helpers live in `authkit` and are imported by each test module."""
 
-import os
-import sys
+from pubsubtest.suite import suite_timeout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "wire"))
-sys.path.insert(0, HERE)
+pytest_collection_modifyitems = suite_timeout(__file__, 120)

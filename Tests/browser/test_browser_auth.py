@@ -3,15 +3,12 @@ on an allowed origin, and a page from an origin outside --allowed-origins that g
 with --disable-callback-polling, JSON-P are all refused)."""
 
 import json
-import os
-import sys
 import time
 
 import jwt
 import pytest
 import requests
 
-from browser_support import browser, make_broker, page, page_server  # noqa: F401 (fixtures)
 
 HS_SECRET = "browser-auth-secret-0123456789abcdefghij"
 CHANNEL = "/jobs/42"

@@ -12,7 +12,6 @@ import time
 import pytest
 import requests
 
-from browser_support import browser, make_broker, page, page_server  # noqa: F401 (fixtures)
 
 TIMEOUT = 10
 

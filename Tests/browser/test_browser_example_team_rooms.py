@@ -1,7 +1,7 @@
 """Examples/team-rooms in Chromium: JWT at login, rooms through the app's hook, a refused room delivers nothing."""
 
-from browser_support import browser, free_port, page  # noqa: F401 (fixtures)
-from test_browser_examples import run_example, screenshot  # noqa: F401 (fixtures)
+from pubsubtest.ports import free_port
+from test_browser_examples import run_example  # noqa: F401  (a fixture)
 
 ROOM_STATE = "document.querySelector('#{room} .state').textContent"
 

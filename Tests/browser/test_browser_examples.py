@@ -11,8 +11,8 @@ import time
 import pytest
 import requests
 
-from browser_support import REPO, browser, free_port, page, screenshot  # noqa: F401 (fixtures)
-from broker import pubsub_bin  # noqa: E402 (on the path once browser_support is imported)
+from pubsubtest.broker import REPO, pubsub_bin
+from pubsubtest.ports import free_port
 
 EXAMPLES = os.path.join(REPO, "Examples")
 START_TIMEOUT = 60

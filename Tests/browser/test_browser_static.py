@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import requests
 
-from browser_support import REPO, RestartableBroker
+from pubsubtest.broker import REPO, Broker
 
 TIMEOUT = 10
 
@@ -24,7 +24,7 @@ def load_embedder():
 
 @pytest.fixture(scope="module")
 def broker(request):
-    with RestartableBroker(timeout=5) as b:
+    with Broker(timeout=5) as b:
         yield b
 
 

@@ -4,19 +4,14 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 
 import websocket
 
-WIRE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wire")
-if WIRE not in sys.path:
-    sys.path.insert(0, WIRE)
-
-from broker import Broker, pubsub_bin  # noqa: E402,F401
+from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.ports import closed_port  # noqa: F401  (re-exported for the test modules)
 
 SECRET = "secret"
 RUN_TIMEOUT = 30     # no CLI run of this suite may take longer
@@ -55,15 +50,6 @@ def hmac_sign(channel, ts, client_id="", secret=SECRET):
 def signed_ext(channel, secret=SECRET, ts=None):
     ts = now_ms() if ts is None else ts
     return {"private_pub_signature": sha1_sign(channel, ts, secret), "private_pub_timestamp": ts}
-
-
-def closed_port():
-    """A loopback port with nothing listening."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Listener:

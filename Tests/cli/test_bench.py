@@ -2,15 +2,12 @@
 counts every expected delivery and loses none. Nothing here is timed: benchmarks live in BENCHMARKS.md."""
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-# Tests/wire/broker.py starts the broker under test (PUBSUB_TARGET=pubsub|faye).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wire"))
-from broker import Broker, pubsub_bin  # noqa: E402
+# pubsubtest.broker starts the broker under test (PUBSUB_TARGET=pubsub|faye).
+from pubsubtest.broker import Broker, pubsub_bin
 
 pytestmark = pytest.mark.timeout(90)
 

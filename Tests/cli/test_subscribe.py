@@ -158,11 +158,14 @@ def test_unreachable_and_bad_arguments():
     assert p.returncode == 64 and "--hmac needs a secret" in p.stderr
 
 
-def test_a_session_the_broker_ends_is_reported_then_resubscribed():
+@pytest.mark.parametrize("accept_gaps", [False, True])
+def test_a_session_the_broker_ends_is_reported_then_resumed(accept_gaps):
     """A consumer too slow for the publish rate loses its session (queue overflow): subscribe says so on stderr,
-    handshakes again, and goes on receiving."""
+    handshakes again and resumes; the 200 events it missed are more than its queue of 5 can recover
+    (recovered: false), so it exits with 3, or with --accept-gaps says so and goes on receiving."""
     with Broker(timeout=45, secret=SECRET, signature_expiration=3600, extra_args=["--max-queue", "5"]) as b:
-        s = Subscriber(["--url", b.url, "--secret", SECRET, "--timeout", "30", "/slow/feed"])
+        s = Subscriber(["--url", b.url, "--secret", SECRET, "--timeout", "30", "/slow/feed"]
+                       + (["--accept-gaps"] if accept_gaps else []))
         try:
             s.wait_subscribed()
             # One request of 200 events queues them all for the subscriber at once: more than its 5.
@@ -171,10 +174,16 @@ def test_a_session_the_broker_ends_is_reported_then_resubscribed():
                     input=lines)
             assert p.returncode == 0, p.stderr
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not any("ended this session" in l for l in s.err_lines):
+            while time.monotonic() < deadline and not any("recovered: false" in l for l in s.err_lines):
                 time.sleep(0.05)
             notice = [l for l in s.err_lines if "ended this session" in l]
-            assert notice and "Queue overflow" in notice[0] and "may be missing" in notice[0], s.err_lines
+            assert notice and "Queue overflow" in notice[0], s.err_lines
+            gap = [l for l in s.err_lines if "recovered: false" in l]
+            assert gap and "/slow/feed" in gap[0], s.err_lines
+            if not accept_gaps:
+                assert s.proc.wait(15) == 3, s.err_lines
+                return
+            assert "going on from here" in gap[0], s.err_lines
             # Subscribed again: a later event arrives.
             time.sleep(1.0)
             publish(b, "/slow/feed", {"after": True})

@@ -12,7 +12,9 @@ import requests
 
 import pytest
 
-from cluster_helpers import Broker, RedisServer, WSClient, handshake, long_poll, publish, subscribe, wait_ready
+from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
+from pubsubtest.broker import Broker
+from pubsubtest.redis import RedisServer, wait_ready
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import Broker, RedisServer, Sentinel, WSClient, handshake, publish, subscribe, wait_ready
+from cluster_helpers import WSClient, handshake, publish, subscribe
+from pubsubtest.broker import Broker
+from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import (Broker, RedisServer, Sentinel, WSClient, handshake, long_poll, post, publish, subscribe,
-                             wait_ready)
+from cluster_helpers import WSClient, handshake, long_poll, post, publish, subscribe
+from pubsubtest.broker import Broker
+from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 
 API_KEY = "k-sentinel-test-0123456789abcdef"
 CHANNEL = "/feed"

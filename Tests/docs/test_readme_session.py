@@ -5,7 +5,6 @@ command-line client. Only the port changes (a free one instead of 9292) and the 
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -13,6 +12,7 @@ import urllib.request
 import pytest
 
 import mdcheck
+from pubsubtest.ports import free_port
 
 SECTION = "A session that works when pasted"
 
@@ -37,12 +37,6 @@ def one_block(predicate, what):
     found = [text for info, text in session_blocks() if info == "sh" and predicate(text)]
     assert len(found) == 1, f"the README's session should have exactly one block that {what}"
     return found[0]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url):

@@ -20,19 +20,14 @@ import re
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import requests
 import websocket
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WIRE = os.path.join(os.path.dirname(HERE), "wire")
-if WIRE not in sys.path:
-    sys.path.insert(0, WIRE)
-
-from broker import Broker, pubsub_bin  # noqa: E402  (Tests/wire/broker.py)
+from pubsubtest.bayeux import bayeux
+from pubsubtest.broker import Broker, pubsub_bin
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -130,15 +125,6 @@ def wait_until(predicate, timeout, interval=0.05):
 
 
 # ---------------------------------------------------------------- Bayeux over HTTP
-
-def bayeux(b, body, *, timeout=HTTP_TIMEOUT, session=None, headers=None):
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    r = (session or requests).post(b.url, data=data, headers=h, timeout=timeout)
-    assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:300]!r}"
-    return r.json()
-
 
 def handshake(b, types=("long-polling",), **kw):
     reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",

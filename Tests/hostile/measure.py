@@ -21,8 +21,13 @@ import urllib.request
 import requests
 import websocket
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# hostilekit's broker launcher is the test support package's (Tests/pubsubtest), found on PYTHONPATH as pytest.ini's
+# `pythonpath` gives it to pytest: run again with Tests/ on it.
+if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+
 
 from hostilekit import (KiB, MiB, HostileBroker, close_all, connect, handshake, handshake_reply,  # noqa: E402
                         metric_value, new_client_served, ones_body, open_fds, peak_rss, peer_closed, post_request,

@@ -7,15 +7,12 @@ dot-separated part that moves by exactly the number of publishes made in between
 
 import contextlib
 import json
-import os
 import shutil
-import sys
 
 import pytest
 
 from hostilekit import connect, handshake, handshake_reply, hostile_broker, publish, subscribe
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster"))
 
 STEPS = [1, 5, 3]   # publishes between successive handshakes
 ENGINES = ["memory", "redis"]
@@ -30,7 +27,7 @@ def engine_broker(engine):
         return
     if not shutil.which("redis-server"):
         pytest.skip("redis-server not installed (scripts/install-test-deps)")
-    from cluster_helpers import RedisServer  # Tests/cluster: redis-server on a free loopback port
+    from pubsubtest.redis import RedisServer
     redis = RedisServer()
     redis.start()
     try:

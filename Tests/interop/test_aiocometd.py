@@ -7,20 +7,17 @@ holds it for the full server timeout, so against Faye the same exchange takes ab
 
 import asyncio
 import json
-import os
-import sys
 import time
 
 import aiohttp
 import pytest
 
-# Tests/wire/broker.py starts the broker under test (PUBSUB_TARGET=pubsub|faye).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wire"))
-from broker import Broker, target  # noqa: E402
+# pubsubtest.broker starts the broker under test (PUBSUB_TARGET=pubsub|faye).
+from pubsubtest.broker import Broker, target
 
 # Missing packages: scripts/install-test-deps (pip install -r Tests/requirements.txt).
-from aiocometd_ng import Client, ConnectionType  # noqa: E402
-from aiocometd_ng.extensions import Extension  # noqa: E402
+from aiocometd_ng import Client, ConnectionType
+from aiocometd_ng.extensions import Extension
 
 SERVER_TIMEOUT = 10     # the broker's connect hold time (s); Faye holds aiocometd's first connect this long
 EXCHANGE_LIMIT = 22     # the whole exchange is abandoned after this many seconds

@@ -11,14 +11,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
-# Tests/wire/broker.py starts the broker under test (PUBSUB_TARGET=pubsub|faye).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wire"))
-from broker import Broker, target  # noqa: E402
+# pubsubtest.broker starts the broker under test (PUBSUB_TARGET=pubsub|faye).
+from pubsubtest.broker import Broker, target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "faye_client.rb")

@@ -17,27 +17,12 @@ import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "Tests", "wire"))
-
-from broker import Broker, pubsub_bin  # noqa: E402  (Tests/wire/broker.py)
+from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.ports import free_port  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.bayeux import bayeux  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout, interval=0.02, message="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{message} not met within {timeout}s")
 
 
 class Process:
@@ -160,12 +145,6 @@ def post(url, body, *, timeout=HTTP_TIMEOUT, verify=True, headers=None, session=
     h.update(headers or {})
     call = session.post if session is not None else requests.post
     return call(url, data=json.dumps(body), headers=h, timeout=timeout, verify=verify)
-
-
-def bayeux(url, body, **kw):
-    r = post(url, body, **kw)
-    assert r.status_code == 200, (r.status_code, r.text)
-    return r.json()
 
 
 def handshake(url, **kw):

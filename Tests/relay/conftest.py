@@ -1,10 +1,5 @@
-"""The relay suites' import path. Their fixtures live in `relaykit` and are imported by each test module: a
-fixture defined here would be seen by other folders' tests when pytest runs several folders at once (a `broker`
-here once replaced the wire suites' own)."""
+"""The relay suites' timeout. Their fixtures live in `relaykit` and are imported by each test module."""
 
-import os
-import sys
+from pubsubtest.suite import suite_timeout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "wire"))
-sys.path.insert(0, HERE)
+pytest_collection_modifyitems = suite_timeout(__file__, 180)

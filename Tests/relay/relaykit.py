@@ -2,76 +2,14 @@
 
 import json
 import os
-import signal
-import subprocess
 import tempfile
-import threading
-import time
 
 import pytest
 
-from broker import Broker, pubsub_bin
+from pubsubtest.broker import Broker, pubsub_bin
+from pubsubtest.process import Lines  # noqa: F401  (re-exported for the test modules)
 
 SECRET = "relay-secret"
-
-
-class Lines:
-    """A process whose stdout (and stderr) lines are collected by threads."""
-
-    def __init__(self, cmd):
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        self.out = []
-        self.err = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
-                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _read(self, stream, into):
-        for line in iter(stream.readline, b""):
-            with self.lock:
-                into.append(line.decode("utf-8", "replace").rstrip("\n"))
-
-    def lines(self):
-        with self.lock:
-            return list(self.out)
-
-    def errors(self):
-        with self.lock:
-            return "\n".join(self.err)
-
-    def wait_for(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            if self.proc.poll() is not None and not predicate():
-                time.sleep(0.2)
-                if predicate():
-                    return
-                raise AssertionError(f"{self.cmd[1]} exited with {self.proc.returncode} before {what}:\n"
-                                     f"{self.errors()}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.errors()[-3000:]}")
-
-    def kill9(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        for t in self.threads:
-            t.join(timeout=2)
 
 
 def start_subscriber(broker, pattern="/changes/public/notes/*"):

@@ -10,8 +10,8 @@ import urllib.request
 import psycopg
 import pytest
 
-from broker import Broker, pubsub_bin
-from pgcluster import PostgresCluster, needs_wal2json
+from pubsubtest.broker import Broker, pubsub_bin
+from pubsubtest.postgres import PostgresCluster, needs_wal2json
 from relaykit import SECRET, Lines, events, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 pytestmark = needs_wal2json()

@@ -10,8 +10,8 @@ import time
 import psycopg
 import pytest
 
-from broker import pubsub_bin
-from pgcluster import PostgresCluster, needs_wal2json
+from pubsubtest.broker import pubsub_bin
+from pubsubtest.postgres import PostgresCluster, needs_wal2json
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
     SECRET, Lines, check_at_least_once, events, start_subscriber, wait_for_ids, broker, workdir)
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from broker import pubsub_bin
+from pubsubtest.broker import pubsub_bin
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
     SECRET, Lines, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids, broker, workdir)
 

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from broker import pubsub_bin
+from pubsubtest.broker import pubsub_bin
 from relaykit import SECRET, Lines, events, start_fake, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 

@@ -1,9 +1,5 @@
-"""The webhook suite's import path. Its helpers live in `hookkit` and are imported by each test module: a fixture
-defined here would be seen by other folders' tests when pytest runs several folders at once."""
+"""The webhook suite's timeout. Its helpers live in `hookkit` and are imported by each test module."""
 
-import os
-import sys
+from pubsubtest.suite import suite_timeout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "wire"))
-sys.path.insert(0, HERE)
+pytest_collection_modifyitems = suite_timeout(__file__, 90)

@@ -5,21 +5,16 @@ import datetime
 import hashlib
 import hmac
 import json
-import socket
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from broker import Broker
+from pubsubtest.bayeux import bayeux
+from pubsubtest.broker import Broker
+from pubsubtest.ports import free_port as hook_free_port  # noqa: F401  (re-exported for the test modules)
 
 HOOK_SECRET = "hook-secret-7f3a"
-
-
-def hook_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HookPost:
@@ -105,10 +100,7 @@ def hook_broker(urls, *, secret=HOOK_SECRET, extra=(), timeout=45):
 
 def hook_bayeux(broker, messages):
     """POSTs a list of Bayeux messages to the broker and returns the replies."""
-    request = urllib.request.Request(broker.url, data=json.dumps(messages).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    return bayeux(broker, messages, timeout=30)
 
 
 def hook_handshake(broker) -> str:

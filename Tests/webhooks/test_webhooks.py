@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from broker import pubsub_bin
+from pubsubtest.broker import pubsub_bin
 from hookkit import (HOOK_SECRET, HookReceiver, hook_bayeux, hook_broker, hook_free_port, hook_handshake,
                      hook_metric, hook_parse_at, hook_subscribe)
 

@@ -1,14 +1,11 @@
 """Webhooks of two nodes sharing a real Redis: each event is posted once, by the node where it happened."""
 
-import os
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster"))
-from cluster_helpers import RedisServer, wait_ready  # noqa: E402
-from hookkit import HookReceiver, hook_bayeux, hook_broker, hook_handshake, hook_subscribe  # noqa: E402
+from hookkit import HookReceiver, hook_bayeux, hook_broker, hook_handshake, hook_subscribe
+from pubsubtest.redis import RedisServer, wait_ready
 
 
 @pytest.fixture

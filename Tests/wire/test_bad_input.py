@@ -15,7 +15,7 @@ import websocket
 from wirekit import (ALL6, ANY_CLIENT_ID, ANY_ERROR, ERROR_RE, HTTP_TIMEOUT, SHORT_TIMEOUT, WS, advice_ok,
                       connect_msg, connect_now, handshake, handshake_msg, post, post_raw, publish,
                       raw_http, server_answers_handshake, subscribe)
-from broker import target
+from pubsubtest.broker import target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from wirekit import (without_positions, ADVICE_HANDSHAKE, ALL6, ANY_CLIENT_ID, H
                       EventStream, Pattern, advice_ok, connect_msg, connect_now, handshake,
                       handshake_msg, post, post_raw, publish, start_connect, subscribe,
                       timed_post, wait_parked)
-from broker import Broker, target
+from pubsubtest.broker import Broker, target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,7 +6,7 @@ import socket
 
 from websocket import create_connection
 
-from broker import Broker
+from pubsubtest.broker import Broker
 
 HANDSHAKE = {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}
 

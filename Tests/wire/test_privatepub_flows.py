@@ -18,7 +18,7 @@ import pytest
 import requests
 import websocket
 
-from broker import Broker
+from pubsubtest.broker import Broker
 
 SECRET = "ios-secret"
 EXPIRATION = 3600

@@ -10,7 +10,7 @@ import pytest
 import requests
 from websocket import create_connection
 
-from broker import Broker, target
+from pubsubtest.broker import Broker, target
 
 pytestmark = pytest.mark.skipif(target() != "pubsub", reason="resume is a pubsub extension")
 

@@ -5,18 +5,15 @@ Run against real Faye 1.4.0:    PUBSUB_TARGET=faye pytest Tests/wire
 """
 
 import json
-import os
 import re
 import socket
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import websocket
 
-from broker import Broker, target
+from pubsubtest.broker import Broker, target
 
 # ---------------------------------------------------------------- constants
 
@@ -78,25 +75,6 @@ def without_positions(value):
     return value
 
 
-# ---------------------------------------------------------------- pytest hooks
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "pubsub_only: deliberate difference of pubsub from Faye")
-
-
-def pytest_collection_modifyitems(config, items):
-    if target() != "faye" or os.environ.get("WIRE_RUN_PUBSUB_ONLY") == "1":
-        return
-    skip = pytest.mark.skip(reason="deliberate difference of pubsub from Faye (pubsub_only)")
-    for item in items:
-        if "pubsub_only" in item.keywords:
-            item.add_marker(skip)
-
-
-def pytest_report_header(config):
-    return f"wire target: {target()}"
-
-
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
@@ -114,30 +92,6 @@ def short_broker():
     """Server with a 2 s timeout, for tests that wait for a hold or an expiry."""
     with Broker(timeout=SHORT_TIMEOUT) as b:
         yield b
-
-
-@pytest.fixture
-def make_broker():
-    """Factory for servers with special settings; all are stopped after the test."""
-    started = []
-
-    def make(**kwargs):
-        b = Broker(**kwargs)
-        b.start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
-
-
-@pytest.fixture
-def pool():
-    """Thread pool for requests that are held open (long-polls) while the test goes on."""
-    ex = ThreadPoolExecutor(max_workers=8)
-    yield ex
-    ex.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- HTTP helpers

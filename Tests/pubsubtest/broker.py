@@ -14,9 +14,11 @@ import tempfile
 import threading
 import time
 
+from .ports import free_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-FAYE_TEMPLATE = os.path.join(HERE, "faye", "config.ru.template")
+FAYE_TEMPLATE = os.path.join(REPO, "Tests", "wire", "faye", "config.ru.template")
 
 
 def target() -> str:
@@ -25,12 +27,6 @@ def target() -> str:
 
 def pubsub_bin() -> str:
     return os.environ.get("PUBSUB_BIN", os.path.join(REPO, ".build", "debug", "pubsub"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _num(value) -> str:
@@ -110,10 +106,11 @@ class Broker:
             return cmd, self._tmpdir
         raise ValueError(f"unknown target {self.target!r} (want 'pubsub' or 'faye')")
 
-    def start(self):
+    def start(self, port=None):
+        """Starts the server on a free port, or on `port` (restart() uses the one it had)."""
         last_error = None
         for _attempt in range(3):
-            self.port = _free_port()
+            self.port = port or free_port()
             self.url = f"http://127.0.0.1:{self.port}/faye"
             self.ws_url = f"ws://127.0.0.1:{self.port}/faye"
             cmd, cwd = self._command()
@@ -132,6 +129,12 @@ class Broker:
                 if "exited" not in str(e):
                     break
         raise last_error
+
+    def restart(self):
+        """Stops the server and starts it again on the same port, as a real deployment restarts."""
+        port = self.port
+        self.stop()
+        self.start(port=port)
 
     def _drain(self, proc):
         for line in iter(proc.stdout.readline, b""):

@@ -5,15 +5,10 @@ root). Always stopped afterwards (pg_ctl -m immediate), also when a test fails."
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .ports import free_port
 
 
 def pg_bin() -> str:
@@ -97,7 +92,7 @@ class PostgresCluster:
             self._make_certificates(data)
         last = None
         for _ in range(3):
-            self.port = _free_port()
+            self.port = free_port()
             options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c wal_level=logical "
                        "-c max_replication_slots=8 -c max_wal_senders=8 -c fsync=off")
             if self.tls:

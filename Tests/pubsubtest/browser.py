@@ -1,50 +1,21 @@
-"""Fixtures and helpers of the browser suite: headless Chromium (Debian's `chromium`), a page server on its own
-port (so pages are cross-origin to the broker), brokers from Tests/wire/broker.py, and screenshots.
+"""Fixtures and helpers of the suites that drive a browser (browser, api): headless Chromium (Debian's
+`chromium`), a page server on its own port (so pages are cross-origin to the broker), and screenshots.
 
-Test modules import the fixtures they use from here.
+Test modules import the fixtures they use from here (or through their folder's conftest.py).
 
 Screenshots go to $PUBSUB_SCREENSHOTS or Tests/browser/screenshots/; each path is printed when it is taken.
 """
 
 import os
-import socket
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-WIRE = os.path.join(REPO, "Tests", "wire")
-if WIRE not in sys.path:
-    sys.path.insert(0, WIRE)
+import pytest
 
-import pytest  # noqa: E402
+from .broker import REPO
+from .cdp import Browser
 
-import broker as broker_module  # noqa: E402
-from broker import Broker  # noqa: E402
-from cdp import Browser  # noqa: E402
-
-SCREENSHOTS = os.environ.get("PUBSUB_SCREENSHOTS", os.path.join(HERE, "screenshots"))
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RestartableBroker(Broker):
-    """A Broker that can be restarted on the same port, as a real deployment restarts."""
-
-    def restart(self):
-        port = self.port
-        self.stop()
-        original = broker_module._free_port
-        broker_module._free_port = lambda: port
-        try:
-            self.start()
-        finally:
-            broker_module._free_port = original
-
+SCREENSHOTS = os.environ.get("PUBSUB_SCREENSHOTS", os.path.join(REPO, "Tests", "browser", "screenshots"))
 
 class PageServer:
     """Serves pages registered by the tests from http://127.0.0.1:<own port>/."""
@@ -105,21 +76,6 @@ def page_server():
     s = PageServer()
     yield s
     s.close()
-
-
-@pytest.fixture
-def make_broker():
-    started = []
-
-    def make(**kwargs):
-        b = RestartableBroker(**kwargs)
-        b.start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,73 @@
+import Bayeux
+import Foundation
+import Testing
+
+@testable import PubSubClient
+
+@Suite struct PositionFileTests {
+    private func folder() throws -> String {
+        let path = NSTemporaryDirectory() + "positions-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    @Test func noFileIsAFirstRun() throws {
+        let file = PositionFile(path: try folder() + "/positions.json")
+        #expect(try file.read() == nil)
+    }
+
+    @Test func writesThenReadsBackWithNothingLeftBehind() throws {
+        let dir = try folder()
+        let file = PositionFile(path: dir + "/positions.json")
+        let positions = SubscriptionPositions(["/jobs/*": "2.abc.def", "/chat/room": "2.abc.xyz"])
+        try file.write(positions, durable: true)
+        #expect(try file.read() == positions)
+        try file.write(SubscriptionPositions(["/jobs/*": "2.abc.ghi"]), durable: false)
+        #expect(try file.read() == SubscriptionPositions(["/jobs/*": "2.abc.ghi"]))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir) == ["positions.json"])
+        let text = try String(contentsOfFile: dir + "/positions.json", encoding: .utf8)
+        #expect(text == #"{"version":1,"positions":{"/jobs/*":"2.abc.ghi"}}"# + "\n")
+    }
+
+    @Test(arguments: [
+        ("", "empty"),
+        ("{\"version\":1,\"positions\":{\"/a\":\"2.x", "not JSON"),
+        ("[1,2]", "no version"),
+        ("{\"version\":2,\"positions\":{}}", "version 2"),
+        ("{\"version\":1}", "no positions object"),
+        ("{\"version\":1,\"positions\":{\"/a\":null}}", "the position of /a is not a string"),
+    ])
+    func aCorruptFileIsAClearOneLineError(content: String, why: String) throws {
+        let path = try folder() + "/positions.json"
+        try content.write(toFile: path, atomically: false, encoding: .utf8)
+        let error = #expect(throws: PositionFile.Error.self) { try PositionFile(path: path).read() }
+        let message = error?.message ?? ""
+        #expect(message.contains(path) && message.contains("corrupt") && message.contains(why), "\(message)")
+        #expect(!message.contains("\n"))
+    }
+
+    @Test func anUnwritableFolderIsAnError() throws {
+        let file = PositionFile(path: "/nonexistent-\(UUID().uuidString)/positions.json")
+        let error = #expect(throws: PositionFile.Error.self) {
+            try file.write(SubscriptionPositions(["/a": "2.x.y"]), durable: true)
+        }
+        #expect(error?.message.contains("cannot create") == true)
+    }
+
+    @Test func recordsAMessageOnEverySubscriptionItMatches() {
+        var positions = SubscriptionPositions(["/jobs/*": "2.a.1", "/jobs/**": "2.a.1", "/chat/room": "2.a.1"])
+        var message = Message()
+        message.channel = "/jobs/42"
+        message.ext = ["position": "2.a.2"]
+        let matched = positions.record(message)
+        #expect(matched)
+        #expect(positions.byChannel == ["/jobs/*": "2.a.2", "/jobs/**": "2.a.2", "/chat/room": "2.a.1"])
+        message.ext = nil
+        let withoutPosition = positions.record(message)
+        #expect(!withoutPosition)  // no position: a broker with history off
+        message.channel = "/other"
+        message.ext = ["position": "2.a.3"]
+        let elsewhere = positions.record(message)
+        #expect(!elsewhere)
+    }
+}

@@ -1,0 +1,14 @@
+"""Test support shared by the Python suites of Tests/, importable as `pubsubtest` (the repository's pytest.ini puts
+Tests/ on the path):
+
+    broker    Broker: `pubsub serve` (or real Faye, PUBSUB_TARGET=faye) on a free loopback port; pubsub_bin()
+    ports     free_port(), closed_port()
+    wait      wait_until(predicate, timeout)
+    bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies
+    process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
+    fixtures  make_broker, pool
+    suite     suite_timeout(): a folder's timeout, declared in its conftest.py
+    redis     RedisServer, wait_ready() for nodes sharing one Redis
+    postgres  PostgresCluster (wal_level=logical, wal2json)
+    browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
+"""

@@ -1,0 +1,36 @@
+"""pytest fixtures that several suites use. A suite's conftest.py imports the ones it wants, so that they are seen
+by that folder's tests only:
+
+    from pubsubtest.fixtures import make_broker, pool  # noqa: F401  (fixtures)
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from .broker import Broker
+
+
+@pytest.fixture
+def make_broker():
+    """Factory for servers with special settings (`make_broker(timeout=2, extra_args=[...])`); every one is
+    stopped after the test. A server can be restarted on its port with `restart()`."""
+    started = []
+
+    def make(**kwargs):
+        b = Broker(**kwargs)
+        b.start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def pool():
+    """Thread pool for requests that are held open (long-polls) while the test goes on."""
+    ex = ThreadPoolExecutor(max_workers=8)
+    yield ex
+    ex.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,135 @@
+"""redis-server for the suites that run several nodes on one Redis (cluster, api, webhooks, hostile), and the wait
+for a node whose engine reached it."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+from .bayeux import bayeux
+from .ports import free_port
+
+
+class RedisServer:
+    """redis-server on a loopback port, without persistence: a restart loses everything, the worst case."""
+
+    def __init__(self, extra_args=()):
+        self.binary = shutil.which("redis-server")
+        if not self.binary:
+            raise RuntimeError("redis-server not found: apt-get install redis-server (scripts/install-test-deps)")
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="pubsub-cluster-redis-")
+        self.proc = None
+        self.extra_args = list(extra_args)
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self):
+        # Bounded life (timeout): a crashed test run leaves no server behind for long.
+        self.proc = subprocess.Popen(
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def command(self, *args):
+        """One command through redis-cli; its reply as text."""
+        out = subprocess.run(["redis-cli", "-p", str(self.port), *map(str, args)], capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout.strip()
+
+    def server_pid(self):
+        """The redis-server process under `timeout`."""
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+            return int(f.read().split()[0])
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "log")) as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def kill(self):
+        """SIGKILL to the whole group: `timeout` and the server under it."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+
+    def stop(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Sentinel(RedisServer):
+    """A Redis Sentinel on a loopback port, watching the master `name` (Debian's redis-sentinel, or the same
+    binary as redis-server started with --sentinel: they are one program)."""
+
+    def __init__(self, master, name="mymaster", quorum=2, down_after_ms=1000, failover_timeout_ms=5000):
+        super().__init__()
+        self.config = os.path.join(self.dir, "sentinel.conf")
+        with open(self.config, "w") as f:
+            f.write(f"""port {self.port}
+bind 127.0.0.1
+daemonize no
+dir {self.dir}
+logfile {os.path.join(self.dir, "log")}
+sentinel monitor {name} 127.0.0.1 {master.port} {quorum}
+sentinel down-after-milliseconds {name} {down_after_ms}
+sentinel failover-timeout {name} {failover_timeout_ms}
+sentinel parallel-syncs {name} 1
+""")
+
+    def start(self):
+        sentinel = shutil.which("redis-sentinel")
+        command = [sentinel, self.config] if sentinel else [self.binary, self.config, "--sentinel"]
+        self.proc = subprocess.Popen(["timeout", "--signal=KILL", "900"] + command, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.command("PING") == "PONG":
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-sentinel did not start on port {self.port}:\n{self.log()}")
+
+    def stop(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_ready(b, timeout=15):
+    """Waits until the node answers a handshake (its engine reached Redis)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = bayeux(b, {"channel": "/meta/handshake", "version": "1.0",
+                           "supportedConnectionTypes": ["long-polling"]})
+            if r[0].get("successful"):
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"node on port {b.port} not ready:\n{b.log()}")
