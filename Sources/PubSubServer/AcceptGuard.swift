@@ -21,8 +21,8 @@ import Darwin
 /// to resume.
 ///
 /// It holds the reserve descriptor, marks the connection accepted into the reserve's slot as shed
-/// (`ServerOperations.markShed`, answered 503 by the child's initializer), holds reads back while the state
-/// says so, logs each burst's reports and counts every failure in `pubsub_accept_errors_total`.
+/// (`ServerOperations.markShed`, answered 503 by the child's initializer), pauses and resumes the listener
+/// as the state says, logs each burst's reports and counts every failure in `pubsub_accept_errors_total`.
 final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOScheduledCallbackHandler {
     typealias InboundIn = any Channel
     typealias InboundOut = any Channel
@@ -86,7 +86,10 @@ final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOSche
             operations.markShed(child)
             let loop = context.eventLoop
             let handler = NIOLoopBound(self, eventLoop: loop)
+            let operations = self.operations
             child.closeFuture.whenComplete { _ in
+                // Still marked only when it closed before its initializer ran.
+                operations.unmarkShed(child)
                 loop.execute { handler.value.shedConnectionClosed() }
             }
         }

@@ -183,6 +183,13 @@ final class ServerOperations: Sendable {
         shedPending.wrappingIncrement(ordering: .relaxed)
     }
 
+    func unmarkShed(_ channel: any Channel) {
+        guard shedPending.load(ordering: .relaxed) > 0 else { return }
+        if shed.withLockedValue({ $0.remove(ObjectIdentifier(channel)) != nil }) {
+            shedPending.wrappingDecrement(ordering: .relaxed)
+        }
+    }
+
     /// When `channel` was shed at the descriptor ceiling: sets up its pipeline to answer 503 and close (its
     /// guard's header timeout is short: it holds the reserve's slot) and returns true. Counts it.
     func refuseIfShed(_ channel: any Channel, makeGuard: () -> ConnectionGuard) throws -> Bool {
