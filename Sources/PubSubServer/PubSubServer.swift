@@ -59,7 +59,7 @@ public final class PubSubServer: Sendable {
             numberOfThreads: configuration.threads > 0 ? configuration.threads : System.coreCount)
         let operations = ServerOperations(
             configuration: configuration.operations, loops: group.makeIterator().map { $0 }, registry: metrics,
-            logger: logger)
+            timeouts: configuration.timeouts, logger: logger)
         var extensions = configuration.extensions
         extensions.extensions.append(MetricsExtension(registry: metrics))
         self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
@@ -101,6 +101,12 @@ public final class PubSubServer: Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            // At the descriptor ceiling: back off and shed instead of spinning on a failing accept.
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AcceptGuard(operations: shared.operations))
+                }
+            }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelOption(.maxMessagesPerRead, value: 16)
             // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait

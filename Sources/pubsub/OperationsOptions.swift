@@ -7,7 +7,9 @@ struct OperationsOptions: ParsableArguments {
     @Option(help: "PEM certificate (chain) for HTTPS and WSS on the same port; SIGHUP reloads it (PUBSUB_TLS_CERT).")
     var tlsCert: String?
     @Option(help: "PEM private key of --tls-cert (PUBSUB_TLS_KEY).") var tlsKey: String?
-    @Option(help: "Open connections at once; beyond it HTTP 503 with Retry-After; 0 is no limit (PUBSUB_MAX_CONNECTIONS).")
+    @Option(
+        help: "Open connections at once; beyond it HTTP 503 with Retry-After; 0 is no limit. Default: the file descriptor limit less max(64, limit/20) (PUBSUB_MAX_CONNECTIONS)."
+    )
     var maxConnections: Int?
     @Option(
         help: "HTTP publish messages per window from one client address; beyond it 429 (PUBSUB_PUBLISH_LIMIT_PER_IP).")
@@ -25,6 +27,14 @@ struct OperationsOptions: ParsableArguments {
     @Option(help: "Seconds a SIGTERM drain may take before connections are closed (PUBSUB_DRAIN_TIMEOUT).")
     var drainTimeout: Double?
 
+    /// `--max-connections` or PUBSUB_MAX_CONNECTIONS when given; nil for the default derived from the descriptor
+    /// limit at start (`Serve.descriptorBudget`).
+    func explicitMaxConnections() throws -> Int? {
+        guard let value = try maxConnections ?? Environment.value("PUBSUB_MAX_CONNECTIONS", as: Int.self) else { return nil }
+        guard value >= 0 else { throw ValidationError("--max-connections must not be negative") }
+        return value
+    }
+
     func resolve() throws -> OperationsConfiguration {
         func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String) throws -> T? {
             if let flag { return flag }
@@ -38,9 +48,7 @@ struct OperationsOptions: ParsableArguments {
         case (nil, nil): break
         default: throw ValidationError("--tls-cert and --tls-key go together")
         }
-        let maxConnections = try pick(self.maxConnections, "PUBSUB_MAX_CONNECTIONS") ?? 0
-        guard maxConnections >= 0 else { throw ValidationError("--max-connections must not be negative") }
-        operations.maxConnections = maxConnections
+        operations.maxConnections = try explicitMaxConnections() ?? 0
         operations.publishLimitPerIP = try pick(publishLimitPerIp, "PUBSUB_PUBLISH_LIMIT_PER_IP")
         operations.publishLimitPerToken = try pick(publishLimitPerToken, "PUBSUB_PUBLISH_LIMIT_PER_TOKEN")
         for (value, name) in [(operations.publishLimitPerIP, "per-ip"), (operations.publishLimitPerToken, "per-token")] {

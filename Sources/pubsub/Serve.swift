@@ -169,6 +169,8 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "pubsub")
+        // Before anything opens a descriptor of its own (Redis, webhooks, the relay's files).
+        configuration.operations.maxConnections = try descriptorBudget(logger: logger)
         // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))

@@ -4,6 +4,7 @@ notification socket owned by the test, Bayeux calls over HTTP(S), Prometheus tex
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
@@ -29,7 +30,7 @@ class Process:
     """`pubsub serve` started directly (not through Broker) with extra environment, e.g. NOTIFY_SOCKET, or
     through a launcher (socket activation). Output is collected; stop() sends SIGTERM and waits."""
 
-    def __init__(self, args, env=None, launcher=None, pass_fds=()):
+    def __init__(self, args, env=None, launcher=None, pass_fds=(), nofile=None):
         environment = dict(os.environ)
         for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
             environment.pop(key, None)
@@ -39,8 +40,11 @@ class Process:
             cmd = [sys.executable, launcher] + cmd
         self.out = []
         self.lock = threading.Lock()
+        # nofile=(soft, hard): the process's RLIMIT_NOFILE, set in the child before it runs the broker.
+        preexec = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None
         self.proc = subprocess.Popen(cmd, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True)
+                                     stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True,
+                                     preexec_fn=preexec)
         self.reader = threading.Thread(target=self._drain, daemon=True)
         self.reader.start()
 

@@ -80,8 +80,14 @@ extension PubSubServer {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AcceptGuard(operations: shared.operations))
+                }
+            }
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if try shared.operations.refuseIfShed(channel, makeGuard: shared.makeConnectionGuard) { return }
                     // Timed like the broker port: a scraper that connects and sends nothing does not stay.
                     try channel.pipeline.syncOperations.addHandler(shared.makeConnectionGuard())
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)

@@ -1,4 +1,11 @@
 import Bayeux
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import NIOConcurrencyHelpers
 import NIOCore
 import Prometheus
@@ -86,6 +93,12 @@ final class ServerMetrics: Sendable {
     let connectionsOpen: Gauge
     let connectionsAccepted: Counter
     let connectionsRefused: Counter
+    /// Connections accepted into the reserve descriptor's slot at the descriptor ceiling, answered 503.
+    let connectionsShed: Counter
+    /// Failed accepts by errno (`AcceptGuard`).
+    let acceptErrors: [CInt: Counter]
+    let descriptorLimit: Gauge
+    let maxConnections: Gauge
     let clients: [Gauge]
     let sessions: Gauge
     let subscriptions: Gauge
@@ -117,9 +130,23 @@ final class ServerMetrics: Sendable {
         connectionsOpen = r.gauge(name: "pubsub_connections", help: "Open TCP connections on the broker port.")
         connectionsAccepted = r.counter(
             name: "pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
+        let refusedHelp =
+            "Connections answered 503: max_connections when --max-connections were open, descriptors when no file descriptor was left (accepted through the reserve descriptor)."
         connectionsRefused = r.counter(
-            name: "pubsub_connections_refused_total", labels: [("reason", "max_connections")],
-            help: "Connections answered 503 because --max-connections were open.")
+            name: "pubsub_connections_refused_total", labels: [("reason", "max_connections")], help: refusedHelp)
+        connectionsShed = r.counter(
+            name: "pubsub_connections_refused_total", labels: [("reason", "descriptors")], help: refusedHelp)
+        var acceptErrors: [CInt: Counter] = [:]
+        for (code, name) in [(EMFILE, "EMFILE"), (ENFILE, "ENFILE"), (ENOBUFS, "ENOBUFS"), (ENOMEM, "ENOMEM")] {
+            acceptErrors[code] = r.counter(
+                name: "pubsub_accept_errors_total", labels: [("error", name)],
+                help: "Accepts that failed on a listening socket, by errno; each one backs off or sheds a connection.")
+        }
+        self.acceptErrors = acceptErrors
+        descriptorLimit = r.gauge(
+            name: "pubsub_file_descriptor_limit", help: "The soft file descriptor limit (RLIMIT_NOFILE) of the process; 0 when unlimited.")
+        if let limit = DescriptorLimit.current() { descriptorLimit.set(to: limit.soft == Int.max ? 0 : Double(limit.soft)) }
+        maxConnections = r.gauge(name: "pubsub_max_connections", help: "The --max-connections in force; 0 when unlimited.")
         clients = ConnectionType.allCases.map {
             r.gauge(
                 name: "pubsub_clients", labels: [("transport", $0.rawValue)],
@@ -164,6 +191,10 @@ final class ServerMetrics: Sendable {
             name: "pubsub_tls_reloads_total", labels: [("result", "ok")], help: "Certificate reloads (SIGHUP).")
         tlsReloadFailures = r.counter(
             name: "pubsub_tls_reloads_total", labels: [("result", "failed")], help: "Certificate reloads (SIGHUP).")
+    }
+
+    func acceptFailed(_ failure: AcceptBackoffState.Failure, errno code: CInt) {
+        acceptErrors[code]?.increment()
     }
 
     func clients(_ type: ConnectionType) -> Gauge { clients[LoopCounters.index(type)] }

@@ -38,11 +38,19 @@ final class ServerOperations: Sendable {
     private let connections = NIOLockedValueBox<[ObjectIdentifier: any Channel]>([:])
     /// Refusals not yet logged: one log line per burst, not one per refused connection or request.
     private let refusalLog = NIOLockedValueBox<(connections: Int, publishes: Int, lastLogged: NIODeadline?)>((0, 0, nil))
+    /// Connections shed at the descriptor ceiling and not yet set up (`markShed`, `refuseIfShed`).
+    private let shed = NIOLockedValueBox<Set<ObjectIdentifier>>([])
+    private let shedPending = ManagedAtomic(0)
+    /// The guard of a shed connection: a client that sends nothing is closed after at most a second, since it
+    /// holds the slot that lets the next waiting client be answered.
+    let shedGuardSettings: ConnectionGuardSettings
     private let timers = NIOLockedValueBox<[RepeatedTask]>([])
     private let watchdogBox = NIOLockedValueBox<Watchdog?>(nil)
 
-    init(configuration: OperationsConfiguration, loops: [any EventLoop], registry: PrometheusCollectorRegistry, logger: Logger)
-    {
+    init(
+        configuration: OperationsConfiguration, loops: [any EventLoop], registry: PrometheusCollectorRegistry,
+        timeouts: ConnectionTimeouts = ConnectionTimeouts(), logger: Logger
+    ) {
         self.configuration = configuration
         self.loops = loops
         self.metrics = ServerMetrics(registry: registry)
@@ -59,6 +67,11 @@ final class ServerOperations: Sendable {
                 "libsystemd not loaded: systemd notifications, watchdog and socket activation are off",
                 metadata: ["pubsub.error": "\(error)"])
         }
+        var shedTimeouts = timeouts
+        shedTimeouts.header = min(shedTimeouts.header, .seconds(1))
+        shedTimeouts.lingerTime = min(shedTimeouts.lingerTime, .seconds(1))
+        self.shedGuardSettings = ConnectionGuardSettings(timeouts: shedTimeouts, pingInterval: .seconds(30), logger: logger)
+        metrics.maxConnections.set(to: Double(configuration.maxConnections))
         if configuration.publishLimitPerIP != nil || configuration.publishLimitPerToken != nil {
             limiter = PublishRateLimiter(
                 .init(
@@ -154,6 +167,7 @@ final class ServerOperations: Sendable {
         if let tls {
             try sync.addHandler(NIOSSLServerHandler(context: tls.context))
         }
+        if try refuseIfShed(channel, makeGuard: makeGuard) { return false }
         let id = ObjectIdentifier(channel)
         let limit = configuration.maxConnections
         let admitted = connections.withLockedValue { open -> Bool in
@@ -164,13 +178,8 @@ final class ServerOperations: Sendable {
         guard admitted else {
             metrics.connectionsRefused.increment()
             noteRefusal(connection: true)
-            try sync.addHandler(makeGuard())
-            try sync.configureHTTPServerPipeline(withErrorHandling: true)
-            try sync.addHandler(HTTPExchangeProbe())
-            try sync.addHandler(
-                RefusingHandler(
-                    status: .serviceUnavailable, retryAfter: configuration.connectionRetryAfter,
-                    text: "Too many connections (limit \(limit)); retry later\n"))
+            try addRefusal(
+                to: channel, guard: makeGuard(), text: "Too many connections (limit \(limit)); retry later\n")
             return false
         }
         metrics.connectionsAccepted.increment()
@@ -181,6 +190,46 @@ final class ServerOperations: Sendable {
         }
         if tls != nil { try sync.addHandler(TLSErrorLogger(operations: self)) }
         return true
+    }
+
+    /// A connection accepted into the slot of a listener's reserve descriptor (`AcceptGuard`), answered 503 by
+    /// `refuseIfShed`.
+    func markShed(_ channel: any Channel) {
+        shed.withLockedValue { _ = $0.insert(ObjectIdentifier(channel)) }
+        shedPending.wrappingIncrement(ordering: .relaxed)
+    }
+
+    func unmarkShed(_ channel: any Channel) {
+        guard shedPending.load(ordering: .relaxed) > 0 else { return }
+        if shed.withLockedValue({ $0.remove(ObjectIdentifier(channel)) != nil }) {
+            shedPending.wrappingDecrement(ordering: .relaxed)
+        }
+    }
+
+    /// When `channel` was shed at the descriptor ceiling: sets up its pipeline to answer 503 and close (its
+    /// guard's header timeout is short: it holds the reserve's slot) and returns true. Counts it.
+    func refuseIfShed(_ channel: any Channel, makeGuard: () -> ConnectionGuard) throws -> Bool {
+        // An atomic first: the common path takes no lock.
+        guard shedPending.load(ordering: .relaxed) > 0 else { return false }
+        let id = ObjectIdentifier(channel)
+        guard shed.withLockedValue({ $0.remove(id) != nil }) else { return false }
+        shedPending.wrappingDecrement(ordering: .relaxed)
+        metrics.connectionsShed.increment()
+        try addRefusal(
+            to: channel, guard: ConnectionGuard(settings: shedGuardSettings),
+            text: "No file descriptor left on the server; retry later\n")
+        return true
+    }
+
+    /// The pipeline of a refused connection: guarded (a header timeout for a client that sends nothing, a
+    /// lingering close over a body still arriving), one 503 with `Retry-After`, then closed.
+    private func addRefusal(to channel: any Channel, guard connectionGuard: ConnectionGuard, text: String) throws {
+        let sync = channel.pipeline.syncOperations
+        try sync.addHandler(connectionGuard)
+        try sync.configureHTTPServerPipeline(withErrorHandling: true)
+        try sync.addHandler(HTTPExchangeProbe())
+        try sync.addHandler(
+            RefusingHandler(status: .serviceUnavailable, retryAfter: configuration.connectionRetryAfter, text: text))
     }
 
     /// Asks every open connection to finish: idle HTTP connections close, busy ones close after their response,
@@ -294,6 +343,7 @@ final class RefusingHandler: ChannelInboundHandler {
     let retryAfter: Int
     let text: String
     private var answered = false
+    private var head: HTTPRequestHead?
 
     init(status: HTTPResponseStatus, retryAfter: Int, text: String) {
         self.status = status
@@ -302,7 +352,25 @@ final class RefusingHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head(let head) = unwrapInboundIn(data), !answered else { return }
+        guard !answered else { return }
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            // A request with a body is answered at once (the guard lingers over the body still coming); one
+            // without is answered at its end, so that the close finds it read and closes without lingering.
+            if Self.hasBody(head) { answer(head, context: context) } else { self.head = head }
+        case .body:
+            break
+        case .end:
+            if let head { answer(head, context: context) }
+        }
+    }
+
+    private static func hasBody(_ head: HTTPRequestHead) -> Bool {
+        if let length = head.headers.first(name: "content-length") { return length != "0" }
+        return head.headers.contains(name: "transfer-encoding")
+    }
+
+    private func answer(_ head: HTTPRequestHead, context: ChannelHandlerContext) {
         answered = true
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
@@ -315,7 +383,7 @@ final class RefusingHandler: ChannelInboundHandler {
         if head.method != .HEAD {
             context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
         }
-        // Sent before the request's body is read: the connection guard lingers over what is still coming.
+        // Sent before a body was read: the connection guard lingers over what is still coming.
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
         }

@@ -304,6 +304,74 @@ struct WireResponse {
         loop.advanceTime(by: .seconds(2))
         #expect(!refused.isActive)
     }
+
+    func refusingOperations(maxConnections: Int) -> (EmbeddedEventLoop, ServerOperations) {
+        var configuration = OperationsConfiguration()
+        configuration.maxConnections = maxConnections
+        let loop = EmbeddedEventLoop()
+        let operations = ServerOperations(
+            configuration: configuration, loops: [loop], registry: PrometheusCollectorRegistry(),
+            logger: Logger(label: "test"))
+        return (loop, operations)
+    }
+
+    func outboundText(_ channel: EmbeddedChannel) throws -> String {
+        var text = ""
+        while let data = try channel.readOutbound(as: IOData.self) {
+            if case .byteBuffer(let buffer) = data { text += String(buffer: buffer) }
+        }
+        return text
+    }
+
+    @Test func refusedRequestWithoutABodyIsAnsweredAtItsEndAndClosedWithoutLingering() throws {
+        let (loop, operations) = refusingOperations(maxConnections: 1)
+        let makeGuard = { ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)) }
+        #expect(try operations.prepare(EmbeddedChannel(loop: loop), makeGuard: makeGuard))
+        let refused = EmbeddedChannel(loop: loop)
+        let recorder = HalfCloseRecorder()
+        try refused.pipeline.syncOperations.addHandler(recorder)
+        #expect(try operations.prepare(refused, makeGuard: makeGuard) == false)
+        try refused.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
+        try refused.writeInbound(ByteBuffer(string: "GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n"))
+        let response = WireResponse.parse(try outboundText(refused)).first
+        #expect(response?.status == "HTTP/1.1 503 Service Unavailable")
+        #expect(response?.body == "Too many connections (limit 1); retry later\n")
+        // The request was read whole: closed at once, not half-closed and lingering.
+        #expect(recorder.outputClosed == 0)
+        #expect(!refused.isActive)
+    }
+
+    @Test func connectionShedAtTheDescriptorCeilingIsAnswered503AndNotCounted() throws {
+        let (loop, operations) = refusingOperations(maxConnections: 0)
+        let makeGuard = { ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)) }
+        let shed = EmbeddedChannel(loop: loop)
+        operations.markShed(shed)
+        #expect(try operations.prepare(shed, makeGuard: makeGuard) == false)
+        #expect(operations.openConnections == 0)
+        try shed.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
+        try shed.writeInbound(ByteBuffer(string: "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+        let response = WireResponse.parse(try outboundText(shed)).first
+        #expect(response?.status == "HTTP/1.1 503 Service Unavailable")
+        #expect(response?.headers["retry-after"] == "1")
+        #expect(response?.body == "No file descriptor left on the server; retry later\n")
+        #expect(!shed.isActive)
+        // Marked once: the next connection is served as usual.
+        #expect(try operations.prepare(EmbeddedChannel(loop: loop), makeGuard: makeGuard))
+        #expect(operations.openConnections == 1)
+    }
+
+    @Test func aSilentShedConnectionHoldsTheReserveForOneSecondAtMost() throws {
+        let (loop, operations) = refusingOperations(maxConnections: 0)
+        let makeGuard = { ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)) }
+        let shed = EmbeddedChannel(loop: loop)
+        operations.markShed(shed)
+        #expect(try operations.prepare(shed, makeGuard: makeGuard) == false)
+        try shed.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
+        loop.advanceTime(by: .milliseconds(999))
+        #expect(shed.isActive)
+        loop.advanceTime(by: .milliseconds(1))
+        #expect(!shed.isActive)
+    }
 }
 
 @Suite struct ConnectionTimeoutHandlerTests {
