@@ -33,11 +33,28 @@ def test_readme_is_short():
 
 
 def test_readme_points_into_every_guide():
+    # every guide in docs/ is reached from the README by following links, and the main ones straight from it
     targets = {t.split("#")[0] for _, t in mdcheck.parse("README.md").links}
     for guide in ("docs/PUBLISHING.md", "docs/PRIVATEPUB.md", "docs/BROWSER.md", "docs/RELAY.md", "docs/OPERATIONS.md",
-                  "docs/NODES.md", "docs/PROTOCOL.md", "docs/FAYE-DIFFERENCES.md", "docs/DESIGN.md", "docs/AUTH.md",
+                  "docs/CLUSTER.md", "docs/PROTOCOL.md", "docs/FAYE-DIFFERENCES.md", "docs/DESIGN.md", "docs/AUTH.md",
                   "docs/API.md", "docs/WEBHOOKS.md", "BENCHMARKS.md", "Deploy/README.md"):
         assert guide in targets, f"README.md's table of contents does not link {guide}"
+    reached, todo = set(), ["README.md"]
+    while todo:
+        path = todo.pop()
+        if path in reached:
+            continue
+        reached.add(path)
+        for _, target in mdcheck.parse(path).links:
+            target = target.split("#")[0]
+            if not target or "://" in target or target.startswith("mailto:") or not target.endswith(".md"):
+                continue
+            linked = os.path.normpath(os.path.join(os.path.dirname(path), target))
+            if os.path.exists(os.path.join(mdcheck.REPO, linked)):
+                todo.append(linked)
+    guides = sorted("docs/" + f for f in os.listdir(os.path.join(mdcheck.REPO, "docs")) if f.endswith(".md"))
+    unreached = [g for g in guides if g not in reached]
+    assert unreached == [], f"guides no link from README.md leads to: {unreached}"
 
 
 def test_every_guide_says_what_it_is_for():
