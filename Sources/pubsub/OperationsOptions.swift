@@ -24,6 +24,9 @@ struct OperationsOptions: ParsableArguments {
     var metricsPort: Int?
     @Option(help: "Seconds a SIGTERM drain may take before connections are closed (PUBSUB_DRAIN_TIMEOUT).")
     var drainTimeout: Double?
+    @Flag(
+        help: "SO_REUSEPORT: several pubsub processes share the port, the kernel spreads connections; use with the Redis engine (PUBSUB_REUSE_PORT=1).")
+    var reusePort = false
 
     func resolve() throws -> OperationsConfiguration {
         func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String) throws -> T? {
@@ -60,6 +63,8 @@ struct OperationsOptions: ParsableArguments {
         let drain = try pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? 10
         guard drain > 0, drain <= 3600 else { throw ValidationError("--drain-timeout must be above 0 and at most 3600 seconds") }
         operations.drainTimeout = .nanoseconds(Int64(drain * 1e9))
+        operations.reusePort =
+            reusePort || ["1", "true", "yes"].contains(Environment.string("PUBSUB_REUSE_PORT")?.lowercased() ?? "")
         return operations
     }
 }
