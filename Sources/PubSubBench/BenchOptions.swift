@@ -100,13 +100,17 @@ public struct BenchOptions: Sendable {
     /// The channel prefix of the run; the worker processes of one run share it.
     public var runId: String?
 
+    /// The run-wide number of this process's first client (a worker's share starts there), so that clients
+    /// spread over `targets` as if one process held them all.
+    public var firstIndex: Int = 0
+
     /// Every endpoint, `url` first.
     public var targets: [BenchURL] { [url] + moreURLs }
 
     /// Where client `index` connects and the address it binds to first.
     func endpoint(_ index: Int) -> (target: BenchURL, source: String?) {
         let all = targets
-        let target = all[index % all.count]
+        let target = all[(firstIndex + index) % all.count]
         guard !sourceAddresses.isEmpty else { return (target, nil) }
         return (target, sourceAddresses[(index / max(1, perAddress)) % sourceAddresses.count])
     }

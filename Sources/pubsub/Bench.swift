@@ -66,6 +66,7 @@ struct Bench: AsyncParsableCommand {
     @Option(help: "Connections per source address.") var perAddress: Int = 3000
     @Flag(help: .hidden) var worker = false
     @Option(help: .hidden) var runId: String?
+    @Option(help: .hidden) var firstIndex: Int = 0
 
     func options() throws -> BenchOptions {
         let urls = try (url.isEmpty ? ["http://127.0.0.1:9292/faye"] : url).map { text in
@@ -104,6 +105,7 @@ struct Bench: AsyncParsableCommand {
         options.sourceAddresses = sourceAddress
         options.perAddress = perAddress
         options.runId = runId
+        options.firstIndex = firstIndex
         if workers < 0 || workers > 256 { throw ValidationError("--workers must be between 0 and 256") }
         if workers > 0 {
             guard scenario == .fanout, rate > 0 else {

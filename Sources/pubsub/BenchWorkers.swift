@@ -40,9 +40,11 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
         var processes: [Process] = []
         var inputs: [FileHandle] = []
         var outputs: [LineReader] = []
+        var first = 0
         for share in plan.shares {
+            defer { first += share.subscribers }
             var arguments = [
-                "bench", "--worker", "--quiet", "--run-id", runId, "--scenario", "fanout",
+                "bench", "--worker", "--quiet", "--first-index", String(first), "--run-id", runId, "--scenario", "fanout",
                 "--transport", options.transport.rawValue, "--subscribers", String(share.subscribers),
                 "--publishers", String(options.publishers), "--rate", String(options.rate),
                 "--size", String(options.payloadBytes), "--threads", String(options.threads),

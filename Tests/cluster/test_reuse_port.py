@@ -180,3 +180,32 @@ def test_a_second_broker_without_the_flag_is_refused(redis_server):
         assert first.poll() is None
     finally:
         stop(first)
+
+
+def test_bench_spreads_clients_over_brokers_on_several_ports(redis_server):
+    """`pubsub bench --url A --url B --workers 2`: subscribers on both brokers, every delivery crossing Redis counted."""
+    ports = [free_port(), free_port()]
+    metrics = [free_port(), free_port()]
+    brokers = []
+    try:
+        for port, m in zip(ports, metrics):
+            brokers.append(serve(port, redis_server.url, "--metrics-port", str(m)))
+        for proc, m in zip(brokers, metrics):
+            wait_healthy(proc, m)
+        before = [accepted(m) for m in metrics]
+        cmd = [pubsub_bin(), "bench", "--json", "--quiet", "--workers", "2", "--subscribers", "10",
+               "--rate", "10", "--duration", "1", "--warmup", "0.3"]
+        for port in ports:
+            cmd += ["--url", f"http://127.0.0.1:{port}/faye"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"exit {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
+        report = json.loads(done.stdout)
+        assert report["connected"] == 11 and report["connect_failures"] == 0
+        assert report["lost"] == 0 and report["errors"] == 0, report
+        assert report["received_deliveries"] == report["expected_deliveries"] >= 10 * report["publishes"] > 0
+        # Five subscribers on each broker (client i on URL i mod 2), the publisher on the first.
+        spread = [accepted(m) - b for m, b in zip(metrics, before)]
+        assert spread[0] >= 5 and spread[1] >= 5, spread
+    finally:
+        for proc in brokers:
+            stop(proc)
