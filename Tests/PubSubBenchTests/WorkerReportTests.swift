@@ -1,6 +1,6 @@
 import Bayeux
 import Histogram
-import PubSubBench
+@testable import PubSubBench
 import Testing
 
 @Suite struct WorkerReportTests {
@@ -83,5 +83,20 @@ import Testing
             #expect(WorkerCommand(line: c.line) == c)
         }
         #expect(WorkerCommand(line: "nonsense") == nil)
+    }
+
+    @Test func clientsSpreadOverTargetsAndSourceAddresses() throws {
+        var o = BenchOptions(url: try #require(BenchURL("http://127.0.0.1:1/faye")), subscribers: 6)
+        o.moreURLs = [try #require(BenchURL("http://127.0.0.1:2/faye"))]
+        o.sourceAddresses = ["127.0.0.2", "127.0.0.3"]
+        o.perAddress = 3
+        #expect((0..<6).map { o.endpoint($0).target.port } == [1, 2, 1, 2, 1, 2])
+        #expect((0..<6).map { o.endpoint($0).source } == ["127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3", "127.0.0.3"])
+        // A worker whose share starts at client 3 continues the run-wide alternation.
+        o.firstIndex = 3
+        #expect(o.endpoint(0).target.port == 2)
+        #expect(o.problem() == nil)
+        o.subscribers = 7
+        #expect(o.problem()?.contains("hold fewer than 7") == true)
     }
 }
