@@ -243,6 +243,11 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "PubSubBenchTests",
+            dependencies: ["PubSubBench", "Bayeux", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "BayeuxTests",
             dependencies: ["Bayeux", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: swiftSettings

@@ -22,6 +22,9 @@ final class BenchClient: @unchecked Sendable {
     let shared: RunShared
     let stats: LoopStats
     let loop: any EventLoop
+    /// The endpoint this client connects to, and the local address it binds first (nil: the system's choice).
+    let target: BenchURL
+    let source: String?
     let ready: EventLoopPromise<Void>
     private(set) var wire: (any BenchWire)?
     private var clientId: String?
@@ -50,11 +53,12 @@ final class BenchClient: @unchecked Sendable {
     private var clientIdBytes: [UInt8] = []
     private lazy var roomChoice = SplitMix64(seed: 0x5EED_0000 &+ UInt64(publisherIndex))
 
-    init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop) {
+    init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop, index: Int) {
         self.role = role
         self.shared = shared
         self.stats = stats
         self.loop = loop
+        (self.target, self.source) = shared.options.endpoint(index)
         self.ready = loop.makePromise()
         if case .subscriber = role {
             nextSequence = Array(repeating: 0, count: max(1, shared.options.publishers) * shared.channels.count)

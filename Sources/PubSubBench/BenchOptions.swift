@@ -91,6 +91,29 @@ public struct BenchOptions: Sendable {
     public var connectTimeout: Double
     /// The server's process id, for CPU and memory (read from /proc; same machine only).
     public var serverPID: Int32?
+    /// More endpoints beside `url` (brokers on other ports): client i connects to `targets[i % targets.count]`.
+    public var moreURLs: [BenchURL] = []
+    /// Local addresses the clients bind to before connecting, `perAddress` clients each in turn (127.0.0.2, …);
+    /// empty lets the system choose.
+    public var sourceAddresses: [String] = []
+    public var perAddress: Int = 3000
+    /// The channel prefix of the run; the worker processes of one run share it.
+    public var runId: String?
+
+    /// The run-wide number of this process's first client (a worker's share starts there), so that clients
+    /// spread over `targets` as if one process held them all.
+    public var firstIndex: Int = 0
+
+    /// Every endpoint, `url` first.
+    public var targets: [BenchURL] { [url] + moreURLs }
+
+    /// Where client `index` connects and the address it binds to first.
+    func endpoint(_ index: Int) -> (target: BenchURL, source: String?) {
+        let all = targets
+        let target = all[(firstIndex + index) % all.count]
+        guard !sourceAddresses.isEmpty else { return (target, nil) }
+        return (target, sourceAddresses[(index / max(1, perAddress)) % sourceAddresses.count])
+    }
 
     public init(
         url: BenchURL = BenchURL(host: "127.0.0.1", port: 9292, path: "/faye"),
@@ -153,6 +176,10 @@ public struct BenchOptions: Sendable {
         if drain < 0 || drain > 600 { return "--drain must be between 0 and 600 seconds" }
         if threads < 1 || threads > 64 { return "--threads must be between 1 and 64" }
         if connectConcurrency < 1 { return "--connect-concurrency must be at least 1" }
+        if perAddress < 1 { return "--per-address must be at least 1" }
+        if !sourceAddresses.isEmpty, subscribers > perAddress * sourceAddresses.count {
+            return "\(sourceAddresses.count) source addresses at --per-address \(perAddress) hold fewer than \(subscribers) connections"
+        }
         return nil
     }
 }

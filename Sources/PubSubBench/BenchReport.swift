@@ -83,6 +83,10 @@ public struct BenchReport: Sendable {
     public var serverBaselineRSS: Int?
     public var serverRSSPerConnection: Double?
     public var bench: ProcessUsage?
+    /// What stopped connections from opening, when some failed for a known limit.
+    public var limit: BenchLimit?
+    /// Worker processes that held the subscribers (0: this process did).
+    public var workers: Int = 0
 
     /// Deliveries the load generator can take per CPU second of its own: its ceiling on one core.
     public var benchCeilingPerCore: Double? {
@@ -122,6 +126,11 @@ public struct BenchReport: Sendable {
         if let serverRSSPerConnection { out["server_rss_per_connection_bytes"] = number(serverRSSPerConnection) }
         if let bench { out["bench"] = bench.json }
         if let benchCeilingPerCore { out["bench_deliveries_per_cpu_second"] = number(benchCeilingPerCore) }
+        if let limit {
+            out["limit"] = .string(limit.rawValue)
+            out["limit_reason"] = .string(limit.sentence)
+        }
+        if workers > 0 { out["workers"] = JSONValue(workers) }
         return .object(out)
     }
 
@@ -143,7 +152,7 @@ public struct BenchReport: Sendable {
         rows.append(("server", "\(o.url)\(serverName.map { " (\($0))" } ?? "")"))
         rows.append(
             ("connections",
-                "\(connected) ready, \(connectFailures) failed in \(format(setupSeconds, 1)) s; connect p50 \(format(connectTime.p50)) ms, p99 \(format(connectTime.p99)) ms, max \(format(connectTime.max)) ms"
+                "\(connected) ready\(workers > 0 ? " (\(workers) worker processes)" : ""), \(connectFailures) failed in \(format(setupSeconds, 1)) s; connect p50 \(format(connectTime.p50)) ms, p99 \(format(connectTime.p99)) ms, max \(format(connectTime.max)) ms"
             ))
         if o.scenario != .idle {
             rows.append(("measured", "\(format(measuredSeconds, 1)) s after \(format(o.warmup, 1)) s of warm-up"))
@@ -163,6 +172,7 @@ public struct BenchReport: Sendable {
         }
         rows.append(
             ("deliveries", "\(receivedDeliveries) of \(expectedDeliveries) expected: \(lost) lost, \(extra) extra, \(outOfOrder) out of order"))
+        if let limit { rows.append(("stopped by", limit.sentence)) }
         rows.append(("errors", errors == 0 ? "0" : "\(errors): \(errorSamples.joined(separator: "; "))"))
         let perWhat = deliveries > 0 ? "M deliveries" : "M publishes"
         if let server {

@@ -10,9 +10,15 @@ public final class BenchRunner: Sendable {
     public let options: BenchOptions
     /// Called about once a second with a one-line status.
     private let progress: @Sendable (String) -> Void
+    /// Subscribers held by other processes (`--workers`): this runner then only publishes.
+    private let remote: (any BenchRemoteSubscribers)?
 
-    public init(options: BenchOptions, progress: @escaping @Sendable (String) -> Void = { _ in }) {
+    public init(
+        options: BenchOptions, remote: (any BenchRemoteSubscribers)? = nil,
+        progress: @escaping @Sendable (String) -> Void = { _ in }
+    ) {
         self.options = options
+        self.remote = remote
         self.progress = progress
     }
 
@@ -36,21 +42,25 @@ public final class BenchRunner: Sendable {
         let o = options
         let loops = Array(group.makeIterator())
         let stats = loops.map { _ in LoopStats() }
-        let runId = String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        let runId = o.runId ?? String(UInt32.random(in: 0...UInt32.max), radix: 36)
         let shared = RunShared(options: o, runId: runId)
         let baseline = o.serverPID.flatMap { ProcessSampler.sample($0) }
         let setupStart = monotonicNanoseconds()
 
         // Subscribers, then publishers.
-        let subscribers = (0..<o.subscribers).map { i in
-            BenchClient(role: .subscriber(slot: i), shared: shared, stats: stats[i % loops.count], loop: loops[i % loops.count])
+        let localSubscribers = remote == nil ? o.subscribers : 0
+        let subscribers = (0..<localSubscribers).map { i in
+            BenchClient(
+                role: .subscriber(slot: i), shared: shared, stats: stats[i % loops.count], loop: loops[i % loops.count],
+                index: i)
         }
         let subscribed = await connectAll(subscribers, label: "subscribers")
+        let remoteReady = try await remote?.connect()
         let publisherCount = o.scenario == .idle ? 1 : o.publishers
         let publishers = (0..<publisherCount).map { i in
             BenchClient(
                 role: .publisher(index: i), shared: shared, stats: stats[(o.subscribers + i) % loops.count],
-                loop: loops[(o.subscribers + i) % loops.count])
+                loop: loops[(o.subscribers + i) % loops.count], index: localSubscribers + i)
         }
         let published = await connectAll(publishers, label: "publishers")
         let setupSeconds = Double(monotonicNanoseconds() - setupStart) / 1e9
@@ -60,6 +70,7 @@ public final class BenchRunner: Sendable {
         for (slot, ok) in subscribed.enumerated() where ok {
             for c in shared.memberships[slot] { fanout[c] += 1 }
         }
+        if let remoteReady { fanout[0] += remoteReady.ready }
         let totalFanout = fanout.reduce(0, +)
         let averageFanout = max(1, totalFanout / max(1, shared.channels.count))
 
@@ -74,6 +85,7 @@ public final class BenchRunner: Sendable {
                 s.windowEnd = o.scenario == .idle ? .max : windowEnd
             }.get()
         }
+        try await remote?.startWindow(start: windowStart, end: windowEnd)
 
         var serverStart: ProcessSample?
         var benchStart: ProcessSample?
@@ -145,6 +157,11 @@ public final class BenchRunner: Sendable {
                 let seconds = Double(current - lastAt) / 1e9
                 var line =
                     "[\(o.scenario.rawValue)] \(format(Double(current - windowStart) / 1e9, 0)) s: \(formatCount(Double(s.deliveries - last.deliveries) / seconds)) deliveries/s, \(formatCount(Double(s.publishesSent - last.publishesSent) / seconds)) publishes/s, p99 \(format(Double(s.latencyP99) / 1000)) ms, outstanding \(shared.outstanding), errors \(s.errors)"
+                if remote != nil {
+                    // Deliveries are counted by the workers and merged at the end.
+                    line =
+                        "[\(o.scenario.rawValue)] \(format(Double(current - windowStart) / 1e9, 0)) s: \(formatCount(Double(s.publishesSent - last.publishesSent) / seconds)) publishes/s to \(fanout[0]) subscribers in worker processes, errors \(s.errors)"
+                }
                 if let pid = o.serverPID, let sample = ProcessSampler.sample(pid) {
                     line += ", server RSS \(formatBytes(sample.rssBytes))"
                     serverPeakRSS = max(serverPeakRSS, sample.rssBytes)
@@ -165,9 +182,18 @@ public final class BenchRunner: Sendable {
         while monotonicNanoseconds() < drainEnd {
             let s = await snapshot(loops, stats)
             let acksPending = s.publishesSent - s.acks - s.publishFailures
+            if remote != nil, acksPending <= 0 { break }
             if shared.outstanding <= 0, acksPending <= 0 { break }
             try await sleep(until: monotonicNanoseconds() + 20_000_000)
         }
+        var workerReports: [WorkerReport] = []
+        if let remote {
+            // The workers wait for every delivery of the publishes that succeeded, within what is left of the drain.
+            let s = await snapshot(loops, stats)
+            workerReports = try await remote.finish(
+                publishes: s.publishesSent - s.publishFailures, deadline: max(drainEnd, monotonicNanoseconds() + 1_000_000_000))
+        }
+        let workers = WorkerReport.combine(workerReports)
         if o.messages != nil {
             serverEnd = o.serverPID.flatMap { ProcessSampler.sample($0) }
             benchEnd = ProcessSampler.sample(nil)
@@ -184,6 +210,7 @@ public final class BenchRunner: Sendable {
             }.get()
             total.merge(copy)
         }
+        if remote != nil { total.merge(workers) }
         for client in subscribers + publishers {
             client.loop.execute { client.close() }
         }
@@ -216,6 +243,17 @@ public final class BenchRunner: Sendable {
         if server != nil, o.scenario != .idle { server!.rssBytes = max(server!.rssBytes, serverPeakRSS) }
         var bench = usage(benchStart, benchEnd)
         if bench != nil { bench!.rssBytes = benchEnd?.rssBytes ?? 0 }
+        if remote != nil, var b = bench {
+            // The workers' CPU over the same window and their memory, beside this process's.
+            let wall = Double((benchEnd?.at ?? 0) &- (benchStart?.at ?? 0)) / 1e9
+            b.cpuSeconds += workers.cpuSeconds
+            b.cores = wall > 0 ? b.cpuSeconds / wall : 0
+            let work = deliveries > 0 ? deliveries : publishes
+            b.cpuSecondsPerMillion = work > 0 ? b.cpuSeconds / Double(work) * 1e6 : nil
+            b.rssBytes += workers.rssBytes
+            bench = b
+        }
+        let limit = remote != nil ? (remoteReady?.limit ?? workers.limit) : total.limit
         var perConnection: Double?
         if o.scenario == .idle, let baseline, let end = serverEnd, total.connected > 0 {
             perConnection = Double(end.rssBytes - baseline.rssBytes) / Double(subscribed.filter { $0 }.count)
@@ -231,11 +269,11 @@ public final class BenchRunner: Sendable {
             expectedDeliveries: shared.expected.load(ordering: .relaxed), receivedDeliveries: total.deliveries,
             outOfOrder: total.duplicates, errors: total.errors + total.publishFailures,
             errorSamples: total.errorSamples, server: server, serverBaselineRSS: baseline?.rssBytes,
-            serverRSSPerConnection: perConnection, bench: bench)
+            serverRSSPerConnection: perConnection, bench: bench, limit: limit, workers: workerReports.count)
     }
 
     /// Opens clients, at most `connectConcurrency` at once; returns which became ready.
-    private func connectAll(_ clients: [BenchClient], label: String) async -> [Bool] {
+    func connectAll(_ clients: [BenchClient], label: String) async -> [Bool] {
         guard !clients.isEmpty else { return [] }
         var ready = Array(repeating: false, count: clients.count)
         let limit = options.connectConcurrency

@@ -26,7 +26,7 @@ final class LongPollWire: BenchWire {
 
     private init(client: BenchClient) {
         self.client = client
-        let url = client.shared.options.url
+        let url = client.target
         self.hostHeader = "\(url.host):\(url.port)"
         self.path = url.path
     }
@@ -37,9 +37,9 @@ final class LongPollWire: BenchWire {
 
     private func open() -> EventLoopFuture<any Channel> {
         connecting = true
-        let url = client.shared.options.url
+        let url = client.target
         let bound = NIOLoopBound(self, eventLoop: client.loop)
-        let future = ClientBootstrap(group: client.loop)
+        let future = ClientBootstrap.bench(group: client.loop, source: client.source)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .connectTimeout(.seconds(10))
             .channelInitializer { channel in

@@ -79,6 +79,27 @@ final class LoopStats: @unchecked Sendable {
             deliveries: 0, deliveriesInWindow: 0, publishesSent: 0, acks: 0, publishFailures: 0, errors: 0, connected: 0, latencyP99: 0)
     }
 
+    /// What stopped connections from opening, read from the errors met.
+    var limit: BenchLimit? {
+        connectFailures > 0 ? errorSamples.lazy.compactMap(BenchLimit.classify).first : nil
+    }
+
+    /// Adds what worker processes measured (their subscribers) into this one.
+    func merge(_ workers: WorkerReport) {
+        latency.add(workers.latency)
+        connectTime.add(workers.connectTime)
+        deliveries += workers.deliveries
+        deliveriesInWindow += workers.deliveriesInWindow
+        duplicates += workers.outOfOrder
+        gaps += workers.gaps
+        connected += workers.ready
+        connectFailures += workers.failed
+        errors += workers.errors
+        for sample in workers.errorSamples where errorSamples.count < 8 && !errorSamples.contains(sample) {
+            errorSamples.append(sample)
+        }
+    }
+
     /// Adds another loop's numbers into this one (run on the runner's side, after the load stopped).
     func merge(_ other: LoopStats) {
         latency.add(other.latency)

@@ -24,10 +24,10 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
     init(client: BenchClient) { self.client = client }
 
     static func connect(_ client: BenchClient) -> EventLoopFuture<any Channel> {
-        let url = client.shared.options.url
+        let url = client.target
         let loop = client.loop
         let bound = NIOLoopBound(client, eventLoop: loop)
-        return ClientBootstrap(group: loop)
+        return ClientBootstrap.bench(group: loop, source: client.source)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .connectTimeout(.seconds(10))
             .channelInitializer { channel in

@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -101,6 +106,9 @@ public final class PubSubServer: Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(
+                ChannelOptions.Types.SocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_REUSEPORT)),
+                value: configuration.operations.reusePort ? 1 : 0)
             // At the descriptor ceiling: back off and shed instead of spinning on a failing accept.
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {

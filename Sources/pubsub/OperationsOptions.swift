@@ -26,6 +26,9 @@ struct OperationsOptions: ParsableArguments {
     var metricsPort: Int?
     @Option(help: "Seconds a SIGTERM drain may take before connections are closed (PUBSUB_DRAIN_TIMEOUT).")
     var drainTimeout: Double?
+    @Flag(
+        help: "SO_REUSEPORT: several pubsub processes share the port, the kernel spreads connections; use with the Redis engine (PUBSUB_REUSE_PORT=1).")
+    var reusePort = false
 
     /// `--max-connections` or PUBSUB_MAX_CONNECTIONS when given; nil for the default derived from the descriptor
     /// limit at start (`Serve.descriptorBudget`).
@@ -68,6 +71,8 @@ struct OperationsOptions: ParsableArguments {
         let drain = try pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? 10
         guard drain > 0, drain <= 3600 else { throw ValidationError("--drain-timeout must be above 0 and at most 3600 seconds") }
         operations.drainTimeout = .nanoseconds(Int64(drain * 1e9))
+        operations.reusePort =
+            reusePort || ["1", "true", "yes"].contains(Environment.string("PUBSUB_REUSE_PORT")?.lowercased() ?? "")
         return operations
     }
 }

@@ -203,6 +203,13 @@ struct Serve: AsyncParsableCommand {
         } catch let error as TLSFileError {
             printError("pubsub: \(error)")
             throw ExitCode.failure
+        } catch let error as IOError where error.errnoCode == EADDRINUSE {
+            let hint =
+                configuration.operations.reusePort
+                ? "another process holds it without --reuse-port"
+                : "another process holds it (several pubsub processes share one port with --reuse-port)"
+            printError("pubsub: cannot listen on \(configuration.host):\(configuration.port): address in use: \(hint)")
+            throw ExitCode.failure
         } catch {
             printError("pubsub: cannot listen on \(configuration.host):\(configuration.port): \(error)")
             throw ExitCode.failure

@@ -3,6 +3,8 @@ counts every expected delivery and loses none. Nothing here is timed: benchmarks
 
 import json
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -67,3 +69,60 @@ def test_http_publish_ingest():
     check_complete(report, 2)
     assert report["publishes"] == 200
     assert report["ack_latency"]["count"] == 200
+
+
+def local_addresses(port):
+    """The local addresses of the established connections to `port` on this machine (from `ss`)."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return {line.split()[-2].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
+
+
+def test_workers_over_two_source_addresses():
+    with Broker() as b:
+        cmd = [pubsub_bin(), "bench", "--url", b.url, "--json", "--quiet", "--server-pid", str(b.pid),
+               "--workers", "2", "--subscribers", "10", "--per-address", "5",
+               "--source-address", "127.0.0.2", "--source-address", "127.0.0.3",
+               "--rate", "10", "--duration", "2", "--warmup", "0.3"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
+        seen = set()
+        while proc.poll() is None:
+            seen |= local_addresses(b.port)
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout: {out}\nstderr: {err}"
+    report = json.loads(out)
+    # Ten subscribers in two worker processes, five per source address, and this process's publisher.
+    check_complete(report, 11)
+    assert report["workers"] == 2
+    assert {"127.0.0.2", "127.0.0.3"} <= seen, seen
+    assert "limit" not in report
+    # Every publish reached all ten subscribers; the merged histogram holds every delivery of the window.
+    assert report["publishes"] >= 15
+    assert report["expected_deliveries"] % 10 == 0
+    assert report["expected_deliveries"] >= 10 * report["publishes"]
+    assert report["latency"]["count"] >= 10 * report["publishes"]
+    assert report["deliveries"] == 10 * report["publishes"]
+    assert 0 < report["latency"]["p50_ms"] <= report["latency"]["p99_ms"] <= report["latency"]["max_ms"]
+    assert report["bench"]["cpu_seconds"] > 0
+
+
+def test_workers_name_the_servers_503_as_the_limit():
+    with Broker(extra_args=["--max-connections", "6"]) as b:
+        cmd = [pubsub_bin(), "bench", "--url", b.url, "--json", "--quiet", "--workers", "2", "--subscribers", "12",
+               "--rate", "10", "--duration", "0.5", "--warmup", "0", "--drain", "1", "--connect-timeout", "5"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, f"exit {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
+    report = json.loads(done.stdout)
+    assert report["connect_failures"] >= 6
+    assert report["limit"] == "server-503"
+    assert "503" in report["limit_reason"]
+
+
+def test_workers_refuse_a_plan_past_the_descriptor_limit():
+    done = subprocess.run([pubsub_bin(), "bench", "--workers", "1", "--subscribers", "10000000", "--rate", "1"],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "descriptor limit" in lines[0] and "--workers" in lines[0], done.stderr

@@ -27,6 +27,10 @@ public struct OperationsConfiguration: Sendable {
     public var statusInterval: TimeAmount
     /// How long a graceful drain (SIGTERM) may take before the remaining connections are closed.
     public var drainTimeout: TimeAmount
+    /// `SO_REUSEPORT` on the main listener: several broker processes on one host share the port and the kernel
+    /// spreads new connections over them (each process holds its own descriptor limit). With the Redis engine
+    /// they form one cluster; with the memory engine each process is a broker of its own, so use it with Redis.
+    public var reusePort: Bool
 
     public struct TLSFiles: Sendable, Equatable {
         public var certificatePath: String
@@ -49,7 +53,8 @@ public struct OperationsConfiguration: Sendable {
         metricsPort: Int? = nil,
         systemd: Bool = false,
         statusInterval: TimeAmount = .seconds(5),
-        drainTimeout: TimeAmount = .seconds(10)
+        drainTimeout: TimeAmount = .seconds(10),
+        reusePort: Bool = false
     ) {
         self.tls = tls
         self.maxConnections = maxConnections
@@ -62,5 +67,6 @@ public struct OperationsConfiguration: Sendable {
         self.systemd = systemd
         self.statusInterval = statusInterval
         self.drainTimeout = drainTimeout
+        self.reusePort = reusePort
     }
 }
