@@ -169,8 +169,6 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "pubsub")
-        // Before anything opens a descriptor of its own (Redis, webhooks, the relay's files).
-        configuration.operations.maxConnections = try descriptorBudget(logger: logger)
         // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
@@ -195,6 +193,9 @@ struct Serve: AsyncParsableCommand {
             printError("pubsub: \(error.message)")
             throw ExitCode(ExitStatus.usage)
         }
+        // After every flag and file was checked (a bad one is a single line on stderr), before the engine's and
+        // the server's connections: the soft descriptor limit raised, and the connection limit it allows.
+        configuration.operations.maxConnections = try descriptorBudget(logger: logger)
         let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
         let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)
         let port: Int
