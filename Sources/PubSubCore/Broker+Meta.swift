@@ -3,13 +3,6 @@ import Logging
 import NIOCore
 
 extension Broker {
-    var retryAdvice: JSONValue {
-        Advice.retry(
-            intervalMilliseconds: configuration.intervalMilliseconds,
-            timeoutMilliseconds: configuration.timeoutMilliseconds
-        )
-    }
-
     func handshake(_ message: Message, user: String? = nil, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<Outcome>
     {

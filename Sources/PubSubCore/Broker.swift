@@ -29,6 +29,9 @@ public final class Broker: Sendable {
     public let engine: any Engine
     public let extensions: ExtensionPipeline
     let logger: Logger
+    /// The advice of handshake and connect replies, built once: every held connect keeps its reply, and one
+    /// shared value is a reference where a copy per connection was a dictionary of its own.
+    let retryAdvice: JSONValue
 
     public init(
         configuration: BrokerConfiguration = .init(),
@@ -40,6 +43,9 @@ public final class Broker: Sendable {
         self.engine = engine ?? MemoryEngine(configuration: configuration, logger: logger)
         self.extensions = extensions
         self.logger = logger
+        self.retryAdvice = Advice.retry(
+            intervalMilliseconds: configuration.intervalMilliseconds,
+            timeoutMilliseconds: configuration.timeoutMilliseconds)
     }
 
     /// Handles the messages of one request or frame, in order. `sink` is offered to the first `/meta/connect`

@@ -129,11 +129,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
                 return
             }
             // Garbage in a binary frame is answered as garbage in a text frame: the session goes on.
-            write(replies: [Self.badRequestReply], events: [], context: context)
+            write(replies: [Self.badRequestReply], events: .noEvents, context: context)
             return
         }
         guard let elements = MessageBatch.elements(of: value) else {
-            write(replies: [Self.badRequestReply], events: [], context: context)
+            write(replies: [Self.badRequestReply], events: .noEvents, context: context)
             return
         }
         if elements.isEmpty {
@@ -156,7 +156,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
                 guard case .success(let outcomes) = result else {
-                    self.write(replies: [Self.serverErrorReply], events: [], context: context)
+                    self.write(replies: [Self.serverErrorReply], events: .noEvents, context: context)
                     return
                 }
                 let (replies, events, pending) = broker.split(outcomes, context: self.requestContext)
