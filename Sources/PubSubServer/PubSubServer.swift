@@ -17,7 +17,10 @@ final class ServerShared: Sendable {
     let api: ServerAPI
     let guardSettings: ConnectionGuardSettings
 
-    init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
+    init(
+        configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations,
+        loops: [any EventLoop] = []
+    ) {
         self.configuration = configuration
         self.broker = broker
         self.logger = logger
@@ -27,7 +30,7 @@ final class ServerShared: Sendable {
             key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
             startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
         self.guardSettings = ConnectionGuardSettings(
-            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
+            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger, loops: loops)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket
@@ -63,7 +66,9 @@ public final class PubSubServer: Sendable {
         var extensions = configuration.extensions
         extensions.extensions.append(MetricsExtension(registry: metrics))
         self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
-        self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger, operations: operations)
+        self.shared = ServerShared(
+            configuration: configuration, broker: broker, logger: logger, operations: operations,
+            loops: group.makeIterator().map { $0 })
     }
 
     /// Binds and starts serving; returns the port (useful with port 0).

@@ -13,7 +13,7 @@ import PubSubCore
 /// What to send when is the `ConnectionStateMachine`'s: this handler decodes frames, feeds the machine and
 /// performs its actions. While the socket is not writable (`maxOutboundBytes` waiting) it is not read, and
 /// delivered events wait in the machine, up to `maxQueue`, past which the client is dropped.
-final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
+final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQueueOwner {
     typealias InboundIn = WebSocketFrame
     typealias OutboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame
@@ -23,7 +23,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     private var machine: ConnectionStateMachine
     /// The sink of the bound client, if any.
     private var sink: ConnectionSink?
-    private var holdTimer = HoldTimer()
+    /// The timers of this connection's loop: the hold of a held connect is an entry there.
+    private var timers: LoopTimers?
+    var timerQueueIndex = -1
     private var closing = false
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
@@ -39,6 +41,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        timers = shared.guardSettings.loopTimers.timers(for: context.eventLoop)
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         counters?.attached(.websocket)
         if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
@@ -60,6 +63,17 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
             return
         }
         perform(machine.quiesce(), context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timers?.cancel(self)
+        self.context = nil
+    }
+
+    /// The hold of the held connect ended.
+    func timerQueueDeadlineReached() {
+        guard let context else { return }
+        perform(machine.holdTimerFired(), context: context)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -213,13 +227,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                holdTimer.arm(in: hold, on: context.eventLoop) { [weak self] in
-                    guard let self, let context = self.context else { return }
-                    self.holdTimer.fired()
-                    self.perform(self.machine.holdTimerFired(), context: context)
-                }
+                timers?.schedule(self, at: context.eventLoop.now + hold)
             case .cancelHoldTimer:
-                holdTimer.cancel()
+                timers?.cancel(self)
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -244,7 +254,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     /// Sends the reply of the held connect (its hold ended, or it was superseded or released).
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        holdTimer.cancel()
+        timers?.cancel(self)
         let reply = answer.reply
         var replies = answer.replies
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
