@@ -75,33 +75,21 @@ public final class PubSubServer: Sendable {
     @discardableResult
     public func start() async throws -> Int {
         let shared = self.shared
-        let maxFrame = configuration.maxFrameBytes
-        let upgrader = NIOWebSocketServerUpgrader(
-            maxFrameSize: maxFrame,
-            automaticErrorHandling: true,
-            shouldUpgrade: { channel, head in
+        let upgrader = WebSocketUpgrader(
+            shouldUpgrade: { _, head in
                 switch Route(path: head.uri, mount: shared.mount) {
                 case .bayeux, .bayeuxWithSuffix:
                     // An origin that is not allowed is not upgraded: the HTTP handler answers it 403.
-                    guard shared.configuration.origins.allows(head.headers) else {
-                        return channel.eventLoop.makeSucceededFuture(nil)
-                    }
-                    return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
-                default: return channel.eventLoop.makeSucceededFuture(nil)
+                    return shared.configuration.origins.allows(head.headers)
+                default: return false
                 }
             },
-            upgradePipelineHandler: { channel, upgradeHead in
-                channel.eventLoop.makeCompletedFuture {
-                    let sync = channel.pipeline.syncOperations
-                    try sync.addHandler(
-                        NIOWebSocketFrameAggregator(
-                            minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
-                            maxAccumulatedFrameSize: maxFrame))
-                    try sync.addHandler(
-                        WebSocketHandler(
-                            shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
-                            upgradeHeaders: upgradeHead.headers))
-                }
+            upgradePipeline: { channel, upgradeHead in
+                // Frames are read and written by the WebSocket handler itself, limits included (`maxFrameBytes`).
+                try channel.pipeline.syncOperations.addHandler(
+                    WebSocketHandler(
+                        shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
+                        upgradeHeaders: upgradeHead.headers))
             })
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
@@ -137,7 +125,7 @@ public final class PubSubServer: Sendable {
     /// NIO's upgrade handler looks at one request and leaves; `HTTPHandler` puts a fresh one back in front of
     /// itself before each response ends, which is before the pipelining handler lets the next request through.
     static func configureHTTP(
-        channel: any Channel, shared: ServerShared, upgrader: NIOWebSocketServerUpgrader
+        channel: any Channel, shared: ServerShared, upgrader: any HTTPServerProtocolUpgrader & Sendable
     ) throws {
         let sync = channel.pipeline.syncOperations
         let encoder = HTTPResponseEncoder()

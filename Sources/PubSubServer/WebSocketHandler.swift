@@ -13,10 +13,14 @@ import PubSubCore
 /// What to send when is the `ConnectionStateMachine`'s: this handler decodes frames, feeds the machine and
 /// performs its actions. While the socket is not writable (`maxOutboundBytes` waiting) it is not read, and
 /// delivered events wait in the machine, up to `maxQueue`, past which the client is dropped.
+///
+/// It reads and writes the socket's bytes itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler
+/// where NIO's frame encoder, decoder, aggregator and error handler were four, each with its pipeline context,
+/// kept for as long as the socket is open.
 final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQueueOwner {
-    typealias InboundIn = WebSocketFrame
-    typealias OutboundIn = WebSocketFrame
-    typealias OutboundOut = WebSocketFrame
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = IOData
+    typealias OutboundOut = IOData
 
     let shared: ServerShared
     private var context: ChannelHandlerContext?
@@ -27,12 +31,15 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     private var timers: LoopTimers?
     var timerQueueIndex = -1
     private var closing = false
+    private var parser: WebSocketFrameParser
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
     private var counters: LoopCounters?
 
     init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
         self.shared = shared
+        let maxFrame = shared.configuration.maxFrameBytes
+        self.parser = WebSocketFrameParser(maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096)
         self.machine = ConnectionStateMachine(transport: .webSocket, maxQueue: shared.configuration.broker.maxQueue)
         self.requestContext = RequestContext(
             connectionType: .websocket, remoteAddress: remoteAddress,
@@ -54,8 +61,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is ConnectionGuard.PingDue {
             guard !closing else { return }
-            let ping = WebSocketFrame(fin: true, opcode: .ping, data: context.channel.allocator.buffer(capacity: 0))
-            context.writeAndFlush(wrapOutboundOut(ping), promise: nil)
+            writeFrame(.ping, ByteBuffer(), context: context)
             return
         }
         guard event is ChannelShouldQuiesceEvent else {
@@ -86,17 +92,23 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let frame = unwrapInboundIn(data)
+        guard !closing else { return }
+        parser.append(unwrapInboundIn(data))
+        do {
+            while !closing, let frame = try parser.next() { handleFrame(frame, context: context) }
+        } catch {
+            frameError(error, context: context)
+        }
+    }
+
+    private func handleFrame(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
         switch frame.opcode {
         case .text:
-            guard !closing else { return }
-            handleMessage(frame.unmaskedData, binary: false, context: context)
+            handleMessage(frame.data, binary: false, context: context)
         case .binary:
-            guard !closing else { return }
-            handleMessage(frame.unmaskedData, binary: true, context: context)
+            handleMessage(frame.data, binary: true, context: context)
         case .ping:
-            let pong = WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)
-            context.writeAndFlush(wrapOutboundOut(pong), promise: nil)
+            writeFrame(.pong, frame.data, context: context)
         case .connectionClose:
             close(code: nil, context: context)
         default:
@@ -104,13 +116,24 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
         }
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+    /// A frame or message over the limit (1009), or a frame that breaks the protocol (1002).
+    private func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
         let remote = context.channel.remoteAddress?.description ?? "?"
-        if let error = error as? NIOWebSocketFrameAggregator.Error, error == .accumulatedFrameSizeIsTooLarge {
+        switch error {
+        case .tooLarge:
             shared.operations.metrics.error(.websocketTooLarge)
             shared.logger.info("websocket message over the limit", metadata: ["pubsub.remote": "\(remote)"])
             close(code: .messageTooLarge, context: context)
-        } else if error is IOError {
+        case .protocolError:
+            shared.operations.metrics.error(.websocketProtocol)
+            shared.logger.info("websocket protocol error", metadata: ["pubsub.remote": "\(remote)"])
+            close(code: .protocolError, context: context)
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        let remote = context.channel.remoteAddress?.description ?? "?"
+        if error is IOError {
             shared.operations.metrics.error(.connection)
             shared.logger.debug("websocket connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
             close(code: .protocolError, context: context)
@@ -151,8 +174,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
             return
         }
         if elements.isEmpty {
-            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: "[]"))),
-                promise: nil)
+            writeFrame(.text, ByteBuffer(string: "[]"), context: context)
             return
         }
         // The socket is bound to the client of the first connect in the frame.
@@ -275,18 +297,44 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
 
     private func write(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
         guard !closing else { return }
-        let payload = ReplyEncoder.encode(replies: replies, events: events, allocator: context.channel.allocator)
+        let payload = ReplyEncoder.encode(
+            replies: replies, events: events, allocator: context.channel.allocator,
+            headroom: WebSocketFrameHeader.maxLength)
         counters?.bytesOut &+= UInt64(payload.readableBytes)
-        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
+        writeFrame(.text, payload, context: context)
+    }
+
+    /// One final, unmasked frame: its header in the payload's headroom when it has some (a reply built here),
+    /// else a small buffer of its own (an event shared by every recipient is never written into).
+    private func writeFrame(
+        _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
+        promise: EventLoopPromise<Void>? = nil
+    ) {
+        var payload = payload
+        if WebSocketFrameHeader.prepend(opcode: opcode, to: &payload) {
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(payload)), promise: promise)
+            return
+        }
+        let header = WebSocketFrameHeader.buffer(
+            opcode: opcode, payloadLength: payload.readableBytes, allocator: context.channel.allocator)
+        if payload.readableBytes == 0 {
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(header)), promise: promise)
+            return
+        }
+        context.write(wrapOutboundOut(.byteBuffer(header)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.byteBuffer(payload)), promise: promise)
     }
 
     private func close(code: WebSocketErrorCode?, context: ChannelHandlerContext) {
         guard !closing else { return }
         closing = true
         machine.closing()
-        var data = context.channel.allocator.buffer(capacity: 2)
+        var data = context.channel.allocator.buffer(capacity: 2 + WebSocketFrameHeader.maxLength)
+        data.moveWriterIndex(forwardBy: WebSocketFrameHeader.maxLength)
+        data.moveReaderIndex(forwardBy: WebSocketFrameHeader.maxLength)
         if let code { data.write(webSocketErrorCode: code) }
-        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, data: data)
-        context.writeAndFlush(wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        let closed = context.eventLoop.makePromise(of: Void.self)
+        writeFrame(.connectionClose, data, context: context, promise: closed)
+        closed.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 }
