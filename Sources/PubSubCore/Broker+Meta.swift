@@ -96,7 +96,9 @@ extension Broker {
                 self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
-                return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: hold))
+                let id = result.clientId ?? clientId
+                if result.clientId != nil { reply.clientId = id }
+                return .connect(PendingConnect(reply: reply, clientId: id, result: result, hold: hold))
             }
         }
     }

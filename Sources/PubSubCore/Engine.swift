@@ -44,6 +44,9 @@ public struct ConnectResult: Sendable {
     public var attached: Bool
     /// Whether the connect must be answered now: the first connect of a session, or events were waiting.
     public var answerNow: Bool
+    /// The session's own copy of its id, when the engine keeps one: the held reply and the connection keep that
+    /// string rather than the one parsed from each connect (a held connect lasts as long as the connection idles).
+    public var clientId: String?
 
     public init(status: Status, events: CircularBuffer<ByteBuffer> = .noEvents, attached: Bool = false, answerNow: Bool = true)
     {

@@ -12,7 +12,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
         let id: String
-        var subscriptions: Set<String> = []
+        var subscriptions = SubscriptionSet()
         var queue = CircularBuffer<ByteBuffer>.noEvents
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
@@ -123,10 +123,12 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<ConnectResult>
     {
         var superseded: (any DeliverySink)?
-        let result = lock.withLock { () -> ConnectResult in
+        var canonical: String?
+        var result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
                 return ConnectResult(status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
+            canonical = session.id
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
             session.connectedOnce = true
@@ -153,6 +155,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             session.wakeScheduled = false
             return ConnectResult(status: .ok, attached: true, answerNow: false)
         }
+        result.clientId = canonical
         if let superseded { notify([(superseded, .superseded)]) }
         return loop.makeSucceededFuture(result)
     }
@@ -496,11 +499,11 @@ extension MemoryEngine {
             }
             session.connectedOnce = session.connectedOnce || connectedOnce
             let wanted = Set(subscriptions)
-            for channel in session.subscriptions.subtracting(wanted) {
+            for channel in session.subscriptions.filter({ !wanted.contains($0) }) {
                 session.subscriptions.remove(channel)
                 removeFromIndex(channel, clientId)
             }
-            for channel in wanted.subtracting(session.subscriptions) {
+            for channel in wanted where !session.subscriptions.contains(channel) {
                 session.subscriptions.insert(channel)
                 index[channel, default: [:]][clientId] = session
                 stats.subscriptions += 1

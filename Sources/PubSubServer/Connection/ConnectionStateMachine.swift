@@ -189,6 +189,8 @@ struct ConnectionStateMachine {
         case .webSocket, .eventSource:
             var actions: [Action] = []
             if let pending {
+                // The same id as the bound one: keep the engine's copy (one string per client, not one per connect).
+                if clientId == pending.clientId { clientId = pending.clientId }
                 if let previous = takeHeld(failure: nil, takeEvents: false) { actions.append(.answer(previous)) }
                 held = Held(connect: pending, replies: [])
                 actions.append(.armHoldTimer(pending.hold))
