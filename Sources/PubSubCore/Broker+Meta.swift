@@ -96,9 +96,10 @@ extension Broker {
                 self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
-                let id = result.clientId ?? clientId
-                if result.clientId != nil { reply.clientId = id }
-                return .connect(PendingConnect(reply: reply, clientId: id, result: result, hold: hold))
+                return .connect(
+                    PendingConnect(
+                        id: message.id, clientId: result.clientId ?? clientId, advice: reply["advice"], result: result,
+                        hold: hold))
             }
         }
     }

@@ -14,12 +14,36 @@ public enum Outcome: Sendable {
 
 /// A successful connect whose reply may be held.
 public struct PendingConnect: Sendable {
-    /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent).
-    public var reply: Message
+    /// The connect's `id`, echoed in the reply.
+    public var id: JSONValue?
     public var clientId: String
+    /// The reply's advice (one shared value).
+    public var advice: JSONValue?
     public var result: ConnectResult
     /// How long it may be held (the server timeout, or less when the client asked).
     public var hold: TimeAmount
+
+    public init(id: JSONValue?, clientId: String, advice: JSONValue?, result: ConnectResult, hold: TimeAmount) {
+        self.id = id
+        self.clientId = clientId
+        self.advice = advice
+        self.result = result
+        self.hold = hold
+    }
+
+    /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent): Faye's response to
+    /// a successful connect, built when it is sent. A held connect keeps its `id` and a reference to the shared
+    /// advice, not a reply object of its own, for as long as the connection idles.
+    public var reply: Message {
+        var fields = JSONObject()
+        fields.reserveCapacity(5)
+        if let id { fields["id"] = id }
+        fields["clientId"] = .string(clientId)
+        fields["channel"] = .string(Channel.connect)
+        fields["successful"] = .bool(true)
+        if let advice { fields["advice"] = advice }
+        return Message(fields)
+    }
 }
 
 /// The Bayeux server logic: meta channels and publishing, in Faye's validation order, over an `Engine`.
