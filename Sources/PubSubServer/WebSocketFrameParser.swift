@@ -37,6 +37,9 @@ struct WebSocketFrameParser {
     /// Whether bytes or fragments wait for more input (for tests).
     var isIdle: Bool { pending == nil && fragments.isEmpty }
 
+    /// The storage held for bytes not yet parsed (for tests).
+    var pendingCapacity: Int { pending?.capacity ?? 0 }
+
     /// Adds bytes read from the socket.
     mutating func append(_ bytes: ByteBuffer) {
         guard bytes.readableBytes > 0 else { return }
@@ -126,6 +129,9 @@ struct WebSocketFrameParser {
             pending = nil
         } else {
             pending!.moveReaderIndex(to: index)
+            // The frames read so far are dropped from the storage, which would otherwise grow for as long as a
+            // client keeps a partial frame pending (a stream of frames that never lines up with the reads).
+            if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
         }
         return WebSocketFrame(
             fin: fin, rsv1: first & 0x40 != 0, rsv2: first & 0x20 != 0, rsv3: first & 0x10 != 0, opcode: opcode,

@@ -128,6 +128,22 @@ enum WireFrames {
         }
     }
 
+    @Test func storageStaysBoundedWhileFramesNeverLineUpWithReads() throws {
+        var parser = WebSocketFrameParser(maxFrameSize: 1 << 20)
+        var wire = ByteBuffer()
+        for _ in 0..<200 { wire.writeImmutableBuffer(WireFrames.bytes(.text, [UInt8](repeating: 0x31, count: 10_000))) }
+        var frames = 0
+        var largest = 0
+        while wire.readableBytes > 0 {
+            // 7,777-byte reads: every read ends in the middle of a frame.
+            parser.append(wire.readSlice(length: min(7_777, wire.readableBytes))!)
+            while try parser.next() != nil { frames += 1 }
+            largest = max(largest, parser.pendingCapacity)
+        }
+        #expect(frames == 200)
+        #expect(largest < 64 * 1024, "the storage of read frames is given back: \(largest) bytes held")
+    }
+
     @Test func keepsNothingOnceAFrameIsRead() throws {
         var parser = WebSocketFrameParser(maxFrameSize: 100)
         let wire = Array(WireFrames.bytes(.text, "hello").readableBytesView)
