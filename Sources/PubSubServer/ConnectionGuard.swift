@@ -168,6 +168,13 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
         }
     }
 
+    /// Hands the connection's timing to the handler that takes it over (the WebSocket handler, which then removes
+    /// this guard: one handler and pipeline context less for every open WebSocket). Nothing stays armed here.
+    func handOver() -> ConnectionGuardState {
+        cancelTimer()
+        return state
+    }
+
     // MARK: Timer
 
     private func rearm(context: ChannelHandlerContext) {

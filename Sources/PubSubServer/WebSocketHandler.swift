@@ -27,8 +27,13 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     private var machine: ConnectionStateMachine
     /// The sink of the bound client, if any.
     private var sink: ConnectionSink?
-    /// The timers of this connection's loop: the hold of a held connect is an entry there.
+    /// The timers of this connection's loop: this connection's one entry there is due at the earlier of the held
+    /// connect's hold and the next deadline of `guardState`.
     private var timers: LoopTimers?
+    private var holdDeadline: NIODeadline?
+    /// The ping, send and silence timeouts, taken over from the `ConnectionGuard`, which leaves the pipeline when
+    /// this handler joins it; nil when there was no guard (tests of this handler alone).
+    private var guardState: ConnectionGuardState?
     var timerQueueIndex = -1
     private var closing = false
     private var parser: WebSocketFrameParser
@@ -52,18 +57,39 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         counters?.attached(.websocket)
         if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
-        // The connection guard keeps the WebSocket alive with pings from now on.
-        context.triggerUserOutboundEvent(ConnectionGuard.Event.upgraded, promise: nil)
+        // The WebSocket is timed here from now on (pings, silence, blocked writes): the guard hands over and leaves.
+        let sync = context.pipeline.syncOperations
+        if let connectionGuard = try? sync.handler(type: ConnectionGuard.self) {
+            var state = connectionGuard.handOver()
+            state.upgraded(now: context.eventLoop.now)
+            state.writabilityChanged(
+                isWritable: context.channel.isWritable, unsentBytes: Self.unsentBytes(context), now: context.eventLoop.now)
+            guardState = state
+            sync.removeHandler(connectionGuard, promise: nil)
+            rearm()
+        }
+    }
+
+    /// When the connection's timer entry is next due: the hold's end or the guard's next deadline.
+    private func rearm() {
+        guard let timers else { return }
+        var next = holdDeadline
+        if let deadline = guardState?.deadline { next = next.map { min($0, deadline) } ?? deadline }
+        guard let next else {
+            timers.cancel(self)
+            return
+        }
+        // A later deadline leaves the entry as it is: it comes early, finds nothing due and re-arms.
+        if let armed = timers.deadline(of: self), armed <= next { return }
+        timers.schedule(self, at: next)
+    }
+
+    private static func unsentBytes(_ context: ChannelHandlerContext) -> Int {
+        (try? context.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
     }
 
     /// The server is draining: answer a held connect, send what is waiting, close with 1001.
-    /// The guard saw the socket silent for the ping interval: a ping (answered by any live peer's pong).
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is ConnectionGuard.PingDue {
-            guard !closing else { return }
-            writeFrame(.ping, ByteBuffer(), context: context)
-            return
-        }
         guard event is ChannelShouldQuiesceEvent else {
             context.fireUserInboundEventTriggered(event)
             return
@@ -76,13 +102,39 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
         self.context = nil
     }
 
-    /// The hold of the held connect ended.
+    /// The hold of the held connect ended, or a deadline of the guard's came.
     func timerQueueDeadlineReached() {
         guard let context else { return }
-        perform(machine.holdTimerFired(), context: context)
+        let now = context.eventLoop.now
+        if let holdDeadline, now >= holdDeadline {
+            self.holdDeadline = nil
+            perform(machine.holdTimerFired(), context: context)
+        }
+        if guardState != nil, self.context != nil {
+            switch guardState!.timerFired(now: now, unsentBytes: Self.unsentBytes(context)) {
+            case .none:
+                break
+            case .ping:
+                // Silent for the ping interval: a ping, answered by any live peer's pong.
+                if !closing { writeFrame(.ping, ByteBuffer(), context: context) }
+            case .close(let reason):
+                shared.logger.debug(
+                    "closing connection",
+                    metadata: [
+                        "pubsub.reason": "\(reason.rawValue)",
+                        "pubsub.remote": "\(context.channel.remoteAddress?.description ?? "?")",
+                    ])
+                context.close(promise: nil)
+                return
+            }
+        }
+        rearm()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        guardState?.closed()
+        holdDeadline = nil
+        timers?.cancel(self)
         counters?.detached(.websocket)
         counters = nil
         perform(machine.closed(), context: context)
@@ -92,8 +144,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let bytes = unwrapInboundIn(data)
+        // Any byte is a sign of life (a later deadline: the armed entry stays as it is).
+        _ = guardState?.bytesReceived(bytes.readableBytes, now: context.eventLoop.now)
         guard !closing else { return }
-        parser.append(unwrapInboundIn(data))
+        parser.append(bytes)
         do {
             while !closing, let frame = try parser.next() { handleFrame(frame, context: context) }
         } catch {
@@ -145,6 +200,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if guardState != nil {
+            guardState!.writabilityChanged(
+                isWritable: context.channel.isWritable, unsentBytes: Self.unsentBytes(context), now: context.eventLoop.now)
+            rearm()
+        }
         perform(machine.writabilityChanged(isWritable: context.channel.isWritable), context: context)
         context.fireChannelWritabilityChanged()
     }
@@ -249,9 +309,10 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                timers?.schedule(self, at: context.eventLoop.now + hold)
+                holdDeadline = context.eventLoop.now + hold
+                rearm()
             case .cancelHoldTimer:
-                timers?.cancel(self)
+                holdDeadline = nil
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -276,7 +337,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
 
     /// Sends the reply of the held connect (its hold ended, or it was superseded or released).
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        timers?.cancel(self)
+        holdDeadline = nil
         let reply = answer.reply
         var replies = answer.replies
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
