@@ -10,8 +10,9 @@ import NIOCore
 /// `IdleStateHandler` does), so reads never reschedule it.
 ///
 /// The HTTP handlers tell it what happens on their side with outbound user events (`ConnectionGuard.Event`),
-/// sent by `HTTPExchangeProbe` and `WebSocketHandler`; without a guard in the pipeline those events reach
-/// the head and are dropped.
+/// sent by `HTTPExchangeProbe`; without a guard in the pipeline those events reach the head and are dropped.
+/// After a WebSocket upgrade the `WebSocketHandler` takes the machine over (`handOver()`) and removes the guard;
+/// the `upgraded` event and `PingDue` serve a pipeline that keeps the guard in front of its WebSocket handler.
 final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, TimerQueueOwner {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -29,7 +30,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
         case abort
     }
 
-    /// Fired inbound when a WebSocket has been silent for the ping interval: `WebSocketHandler` sends a ping.
+    /// Fired inbound when a WebSocket (`upgraded` reported) has been silent for the ping interval: a ping is due.
     struct PingDue: Sendable {}
 
     private var state: ConnectionGuardState
