@@ -98,6 +98,7 @@ let package = Package(
             dependencies: [
                 "PubSubCore",
                 "Bayeux",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -84,6 +84,8 @@ public struct JSONObject: Sendable, Hashable, ExpressibleByDictionaryLiteral {
 
     public func contains(_ key: String) -> Bool { entries.contains { $0.key == key } }
 
+    public mutating func reserveCapacity(_ minimumCapacity: Int) { entries.reserveCapacity(minimumCapacity) }
+
     public static func == (lhs: JSONObject, rhs: JSONObject) -> Bool {
         guard lhs.entries.count == rhs.entries.count else { return false }
         for entry in lhs.entries where rhs[entry.key] != entry.value { return false }

@@ -42,6 +42,9 @@ public struct Message: Sendable, Hashable {
     /// `successful` = no error. `ext` is never copied.
     public func makeResponse() -> Message {
         var response = JSONObject()
+        // The copied fields, `successful` and the one a reply adds most (`advice`, `subscription`), without
+        // growing twice: a held connect keeps its reply as long as it is held.
+        response.reserveCapacity(6)
         if let id = fields["id"] { response["id"] = id }
         if let clientId = fields["clientId"] { response["clientId"] = clientId }
         if let channel = fields["channel"] { response["channel"] = channel }

@@ -3,13 +3,6 @@ import Logging
 import NIOCore
 
 extension Broker {
-    var retryAdvice: JSONValue {
-        Advice.retry(
-            intervalMilliseconds: configuration.intervalMilliseconds,
-            timeoutMilliseconds: configuration.timeoutMilliseconds
-        )
-    }
-
     func handshake(_ message: Message, user: String? = nil, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<Outcome>
     {
@@ -103,7 +96,10 @@ extension Broker {
                 self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
-                return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: hold))
+                return .connect(
+                    PendingConnect(
+                        id: message.id, clientId: result.clientId ?? clientId, advice: reply["advice"], result: result,
+                        hold: hold))
             }
         }
     }

@@ -9,7 +9,7 @@ extension Broker {
         -> (replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
     {
         var replies: [Message] = []
-        var events = CircularBuffer<ByteBuffer>()
+        var events = CircularBuffer<ByteBuffer>.noEvents
         var pending: PendingConnect?
         for outcome in outcomes {
             switch outcome {

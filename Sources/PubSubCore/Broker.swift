@@ -14,12 +14,36 @@ public enum Outcome: Sendable {
 
 /// A successful connect whose reply may be held.
 public struct PendingConnect: Sendable {
-    /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent).
-    public var reply: Message
+    /// The connect's `id`, echoed in the reply.
+    public var id: JSONValue?
     public var clientId: String
+    /// The reply's advice (one shared value).
+    public var advice: JSONValue?
     public var result: ConnectResult
     /// How long it may be held (the server timeout, or less when the client asked).
     public var hold: TimeAmount
+
+    public init(id: JSONValue?, clientId: String, advice: JSONValue?, result: ConnectResult, hold: TimeAmount) {
+        self.id = id
+        self.clientId = clientId
+        self.advice = advice
+        self.result = result
+        self.hold = hold
+    }
+
+    /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent): Faye's response to
+    /// a successful connect, built when it is sent. A held connect keeps its `id` and a reference to the shared
+    /// advice, not a reply object of its own, for as long as the connection idles.
+    public var reply: Message {
+        var fields = JSONObject()
+        fields.reserveCapacity(5)
+        if let id { fields["id"] = id }
+        fields["clientId"] = .string(clientId)
+        fields["channel"] = .string(Channel.connect)
+        fields["successful"] = .bool(true)
+        if let advice { fields["advice"] = advice }
+        return Message(fields)
+    }
 }
 
 /// The Bayeux server logic: meta channels and publishing, in Faye's validation order, over an `Engine`.
@@ -29,6 +53,9 @@ public final class Broker: Sendable {
     public let engine: any Engine
     public let extensions: ExtensionPipeline
     let logger: Logger
+    /// The advice of handshake and connect replies, built once: every held connect keeps its reply, and one
+    /// shared value is a reference where a copy per connection was a dictionary of its own.
+    let retryAdvice: JSONValue
 
     public init(
         configuration: BrokerConfiguration = .init(),
@@ -40,6 +67,9 @@ public final class Broker: Sendable {
         self.engine = engine ?? MemoryEngine(configuration: configuration, logger: logger)
         self.extensions = extensions
         self.logger = logger
+        self.retryAdvice = Advice.retry(
+            intervalMilliseconds: configuration.intervalMilliseconds,
+            timeoutMilliseconds: configuration.timeoutMilliseconds)
     }
 
     /// Handles the messages of one request or frame, in order. `sink` is offered to the first `/meta/connect`

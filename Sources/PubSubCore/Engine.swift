@@ -44,8 +44,11 @@ public struct ConnectResult: Sendable {
     public var attached: Bool
     /// Whether the connect must be answered now: the first connect of a session, or events were waiting.
     public var answerNow: Bool
+    /// The session's own copy of its id, when the engine keeps one: the held reply and the connection keep that
+    /// string rather than the one parsed from each connect (a held connect lasts as long as the connection idles).
+    public var clientId: String?
 
-    public init(status: Status, events: CircularBuffer<ByteBuffer> = [], attached: Bool = false, answerNow: Bool = true)
+    public init(status: Status, events: CircularBuffer<ByteBuffer> = .noEvents, attached: Bool = false, answerNow: Bool = true)
     {
         self.status = status
         self.events = events
@@ -187,4 +190,15 @@ public struct EngineMetric: Sendable, Equatable {
 
 extension Engine {
     public var isReady: Bool { true }
+}
+
+extension CircularBuffer where Element == ByteBuffer {
+    /// No events, as one shared storage: `[]` and `CircularBuffer()` allocate 16 slots each time, and every idle
+    /// connection keeps such a value for as long as its connect is held. Appending to it copies first (copy on
+    /// write), as appending to a fresh one-slot buffer would grow it.
+    public static var noEvents: CircularBuffer<ByteBuffer> { SharedEvents.empty }
+}
+
+private enum SharedEvents {
+    static let empty = CircularBuffer<ByteBuffer>(initialCapacity: 1)
 }

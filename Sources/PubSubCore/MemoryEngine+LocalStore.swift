@@ -25,11 +25,11 @@ extension MemoryEngine {
             }
             session.connectedOnce = session.connectedOnce || connectedOnce
             let wanted = Set(subscriptions)
-            for channel in session.subscriptions.subtracting(wanted) {
+            for channel in session.subscriptions.filter({ !wanted.contains($0) }) {
                 session.subscriptions.remove(channel)
                 removeFromIndex(channel, clientId)
             }
-            for channel in wanted.subtracting(session.subscriptions) {
+            for channel in wanted where !session.subscriptions.contains(channel) {
                 session.subscriptions.insert(channel)
                 index[channel, default: [:]][clientId] = session
                 stats.subscriptions += 1

@@ -12,8 +12,8 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
         let id: String
-        var subscriptions: Set<String> = []
-        var queue = CircularBuffer<ByteBuffer>(initialCapacity: 1)
+        var subscriptions = SubscriptionSet()
+        var queue = CircularBuffer<ByteBuffer>.noEvents
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
         var wakeScheduled = false
@@ -123,10 +123,12 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         -> EventLoopFuture<ConnectResult>
     {
         var superseded: (any DeliverySink)?
-        let result = lock.withLock { () -> ConnectResult in
+        var canonical: String?
+        var result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
                 return ConnectResult(status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
+            canonical = session.id
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
             session.connectedOnce = true
@@ -153,6 +155,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             session.wakeScheduled = false
             return ConnectResult(status: .ok, attached: true, answerNow: false)
         }
+        result.clientId = canonical
         if let superseded { notify([(superseded, .superseded)]) }
         return loop.makeSucceededFuture(result)
     }
@@ -178,7 +181,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
         lock.withLock {
-            guard let session = sessions[clientId], session.sink === sink else { return [] }
+            guard let session = sessions[clientId], session.sink === sink else { return .noEvents }
             session.sink = nil
             session.wakeScheduled = false
             return takeEvents ? take(session) : []
@@ -187,9 +190,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     /// Takes the session's queue; the lock is held.
     private func take(_ session: Session) -> CircularBuffer<ByteBuffer> {
-        guard !session.queue.isEmpty else { return [] }
-        var events = CircularBuffer<ByteBuffer>(initialCapacity: 1)
-        swap(&events, &session.queue)
+        guard !session.queue.isEmpty else { return .noEvents }
+        let events = session.queue
+        session.queue = .noEvents
         return events
     }
 
@@ -213,7 +216,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
                     break
                 }
                 session.subscriptions.insert(channel)
-                index[channel, default: [:]][clientId] = session
+                index[channel, default: [:]][session.id] = session
                 stats.subscriptions += 1
                 subscribed.append(channel)
                 record(SessionEvent(kind: .subscribe, clientId: clientId, channel: channel, user: session.user))
@@ -301,7 +304,7 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
         sessions[session.id] = nil
         for channel in session.subscriptions { removeFromIndex(channel, session.id) }
         session.subscriptions = []
-        session.queue = []
+        session.queue = .noEvents
         if let sink = session.sink {
             notifications.append((sink, reason))
             session.sink = nil

@@ -22,7 +22,10 @@ final class ServerShared: Sendable {
     let api: ServerAPI
     let guardSettings: ConnectionGuardSettings
 
-    init(configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations) {
+    init(
+        configuration: ServerConfiguration, broker: Broker, logger: Logger, operations: ServerOperations,
+        loops: [any EventLoop] = []
+    ) {
         self.configuration = configuration
         self.broker = broker
         self.logger = logger
@@ -32,7 +35,7 @@ final class ServerShared: Sendable {
             key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
             startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
         self.guardSettings = ConnectionGuardSettings(
-            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger)
+            timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger, loops: loops)
     }
 
     /// The first handler of a connection's pipeline (after TLS): header, idle and send timeouts, WebSocket
@@ -68,40 +71,30 @@ public final class PubSubServer: Sendable {
         var extensions = configuration.extensions
         extensions.extensions.append(MetricsExtension(registry: metrics))
         self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
-        self.shared = ServerShared(configuration: configuration, broker: broker, logger: logger, operations: operations)
+        self.shared = ServerShared(
+            configuration: configuration, broker: broker, logger: logger, operations: operations,
+            loops: group.makeIterator().map { $0 })
     }
 
     /// Binds and starts serving; returns the port (useful with port 0).
     @discardableResult
     public func start() async throws -> Int {
         let shared = self.shared
-        let maxFrame = configuration.maxFrameBytes
-        let upgrader = NIOWebSocketServerUpgrader(
-            maxFrameSize: maxFrame,
-            automaticErrorHandling: true,
-            shouldUpgrade: { channel, head in
+        let upgrader = WebSocketUpgrader(
+            shouldUpgrade: { _, head in
                 switch Route(path: head.uri, mount: shared.mount) {
                 case .bayeux, .bayeuxWithSuffix:
                     // An origin that is not allowed is not upgraded: the HTTP handler answers it 403.
-                    guard shared.configuration.origins.allows(head.headers) else {
-                        return channel.eventLoop.makeSucceededFuture(nil)
-                    }
-                    return channel.eventLoop.makeSucceededFuture(HTTPHeaders())
-                default: return channel.eventLoop.makeSucceededFuture(nil)
+                    return shared.configuration.origins.allows(head.headers)
+                default: return false
                 }
             },
-            upgradePipelineHandler: { channel, upgradeHead in
-                channel.eventLoop.makeCompletedFuture {
-                    let sync = channel.pipeline.syncOperations
-                    try sync.addHandler(
-                        NIOWebSocketFrameAggregator(
-                            minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 4096,
-                            maxAccumulatedFrameSize: maxFrame))
-                    try sync.addHandler(
-                        WebSocketHandler(
-                            shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
-                            upgradeHeaders: upgradeHead.headers))
-                }
+            upgradePipeline: { channel, upgradeHead in
+                // Frames are read and written by the WebSocket handler itself, limits included (`maxFrameBytes`).
+                try channel.pipeline.syncOperations.addHandler(
+                    WebSocketHandler(
+                        shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
+                        upgradeHeaders: upgradeHead.headers))
             })
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
@@ -146,7 +139,7 @@ public final class PubSubServer: Sendable {
     /// NIO's upgrade handler looks at one request and leaves; `HTTPHandler` puts a fresh one back in front of
     /// itself before each response ends, which is before the pipelining handler lets the next request through.
     static func configureHTTP(
-        channel: any Channel, shared: ServerShared, upgrader: NIOWebSocketServerUpgrader
+        channel: any Channel, shared: ServerShared, upgrader: any HTTPServerProtocolUpgrader & Sendable
     ) throws {
         let sync = channel.pipeline.syncOperations
         let encoder = HTTPResponseEncoder()

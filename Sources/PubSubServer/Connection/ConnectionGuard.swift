@@ -4,14 +4,16 @@ import NIOCore
 /// Drives a `ConnectionGuardState` for one connection: first in the pipeline after TLS, it sees every byte
 /// read, writability changes and every close asked for. It performs the machine's actions: closes, asks the
 /// WebSocket keep-alive for a ping, and lingers (closes the output, reads and drops) when a connection is
-/// closed with a request half read. One timer per connection, armed for the machine's next deadline; an event
-/// that moves the deadline later leaves it armed, and it fires early to find nothing due (as NIO's
+/// closed with a request half read. The machine's next deadline is this connection's entry in its loop's
+/// `LoopTimers` (one shared queue and one NIO timer per loop, not a scheduled task per connection); an event
+/// that moves the deadline later leaves the entry as it is, and it fires early to find nothing due (as NIO's
 /// `IdleStateHandler` does), so reads never reschedule it.
 ///
 /// The HTTP handlers tell it what happens on their side with outbound user events (`ConnectionGuard.Event`),
-/// sent by `HTTPExchangeProbe` and `WebSocketHandler`; without a guard in the pipeline those events reach
-/// the head and are dropped.
-final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOScheduledCallbackHandler {
+/// sent by `HTTPExchangeProbe`; without a guard in the pipeline those events reach the head and are dropped.
+/// After a WebSocket upgrade the `WebSocketHandler` takes the machine over (`handOver()`) and removes the guard;
+/// the `upgraded` event and `PingDue` serve a pipeline that keeps the guard in front of its WebSocket handler.
+final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, TimerQueueOwner {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
     typealias OutboundIn = IOData
@@ -28,14 +30,14 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOS
         case abort
     }
 
-    /// Fired inbound when a WebSocket has been silent for the ping interval: `WebSocketHandler` sends a ping.
+    /// Fired inbound when a WebSocket (`upgraded` reported) has been silent for the ping interval: a ping is due.
     struct PingDue: Sendable {}
 
     private var state: ConnectionGuardState
     private var context: ChannelHandlerContext?
-    /// A scheduled callback (no promise, no closure: an idle connection's only timer costs little memory).
-    private var timer: NIOScheduledCallback?
-    private var timerDeadline: NIODeadline?
+    /// The timers of this connection's loop, where its deadline is armed.
+    private var timers: LoopTimers?
+    var timerQueueIndex = -1
     /// Promises of closes asked for while lingering: completed when the connection is closed.
     private var pendingClose: EventLoopPromise<Void>?
 
@@ -54,6 +56,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOS
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        timers = state.settings.loopTimers.timers(for: context.eventLoop)
         // Time is the loop's (an embedded loop's in tests): the connection starts now.
         state = ConnectionGuardState(settings: state.settings, now: context.eventLoop.now)
         rearm(context: context)
@@ -62,6 +65,7 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOS
     func handlerRemoved(context: ChannelHandlerContext) {
         cancelTimer()
         self.context = nil
+        timers = nil
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -165,30 +169,31 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, NIOS
         }
     }
 
+    /// Hands the connection's timing to the handler that takes it over (the WebSocket handler, which then removes
+    /// this guard: one handler and pipeline context less for every open WebSocket). Nothing stays armed here.
+    func handOver() -> ConnectionGuardState {
+        cancelTimer()
+        return state
+    }
+
     // MARK: Timer
 
     private func rearm(context: ChannelHandlerContext) {
+        guard let timers else { return }
         guard let deadline = state.deadline else {
-            cancelTimer()
+            timers.cancel(self)
             return
         }
-        if let timerDeadline, timerDeadline <= deadline { return }
-        cancelTimer()
-        timerDeadline = deadline
-        // Fails only when the loop is shutting down, and the connection with it.
-        timer = try? context.eventLoop.assumeIsolated().scheduleCallback(at: deadline, handler: self)
+        if let armed = timers.deadline(of: self), armed <= deadline { return }
+        timers.schedule(self, at: deadline)
     }
 
-    func handleScheduledCallback(eventLoop: some EventLoop) {
-        timer = nil
-        timerDeadline = nil
+    func timerQueueDeadlineReached() {
         timerFired()
     }
 
     private func cancelTimer() {
-        timer?.cancel()
-        timer = nil
-        timerDeadline = nil
+        timers?.cancel(self)
     }
 
     private func timerFired() {

@@ -254,15 +254,18 @@ struct ConnectionGuardState {
     }
 }
 
-/// The timeouts, ping interval and logger of every connection guard of one server, held once.
+/// The timeouts, ping interval and logger of every connection guard of one server, held once, with the timers
+/// of each of its event loops (`loops`; a loop not among them gets timers of its own per connection).
 final class ConnectionGuardSettings: Sendable {
     let timeouts: ConnectionTimeouts
     let pingInterval: TimeAmount
     let logger: Logger?
+    let loopTimers: LoopTimerTable
 
-    init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, logger: Logger? = nil) {
+    init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, logger: Logger? = nil, loops: [any EventLoop] = []) {
         self.timeouts = timeouts
         self.pingInterval = pingInterval
         self.logger = logger
+        self.loopTimers = LoopTimerTable(loops: loops)
     }
 }

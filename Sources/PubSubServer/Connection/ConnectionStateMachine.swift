@@ -116,7 +116,7 @@ struct ConnectionStateMachine {
     private var awaiting = false
     private var earlyDetach: DetachReason?
     /// Events not yet written (persistent transports while not writable; polling: delivered before parking).
-    private(set) var backlog = CircularBuffer<ByteBuffer>(initialCapacity: 1)
+    private(set) var backlog = CircularBuffer<ByteBuffer>.noEvents
     private(set) var isWritable = true
     private var readPending = false
     /// Draining: a polling connect is answered as soon as it parks.
@@ -173,7 +173,7 @@ struct ConnectionStateMachine {
         case .polling:
             awaiting = false
             guard let pending, pending.result.attached else {
-                backlog.removeAll()
+                backlog = .noEvents
                 return [.write(replies: replies, events: events)]
             }
             held = Held(connect: pending, replies: replies)
@@ -189,6 +189,8 @@ struct ConnectionStateMachine {
         case .webSocket, .eventSource:
             var actions: [Action] = []
             if let pending {
+                // The same id as the bound one: keep the engine's copy (one string per client, not one per connect).
+                if clientId == pending.clientId { clientId = pending.clientId }
                 if let previous = takeHeld(failure: nil, takeEvents: false) { actions.append(.answer(previous)) }
                 held = Held(connect: pending, replies: [])
                 actions.append(.armHoldTimer(pending.hold))
@@ -196,7 +198,7 @@ struct ConnectionStateMachine {
             if !replies.isEmpty {
                 // Replies always go: reading stops while the socket is not writable, so they stay bounded.
                 var all = backlog
-                backlog.removeAll()
+                backlog = .noEvents
                 all.append(contentsOf: events)
                 actions.append(.write(replies: replies, events: all))
             } else if !events.isEmpty {
@@ -229,13 +231,13 @@ struct ConnectionStateMachine {
             backlog.append(contentsOf: events)
             if backlog.count > maxQueue, let clientId {
                 phase = .closing
-                backlog.removeAll()
+                backlog = .noEvents
                 self.clientId = nil
                 return .drop(clientId: clientId)
             }
             if isWritable {
                 let all = backlog
-                backlog.removeAll()
+                backlog = .noEvents
                 return .write(all)
             }
             return .none
@@ -301,7 +303,7 @@ struct ConnectionStateMachine {
         var actions: [Action] = []
         if phase == .open, transport != .polling, !backlog.isEmpty {
             let events = backlog
-            backlog.removeAll()
+            backlog = .noEvents
             actions.append(.write(replies: [], events: events))
         }
         if readPending {
@@ -355,7 +357,7 @@ struct ConnectionStateMachine {
             self.clientId = nil
             actions.append(.detach(clientId: clientId))
         }
-        backlog.removeAll()
+        backlog = .noEvents
         return actions
     }
 
@@ -364,7 +366,7 @@ struct ConnectionStateMachine {
         var actions: [Action] = []
         if !backlog.isEmpty {
             actions.append(.write(replies: [], events: backlog))
-            backlog.removeAll()
+            backlog = .noEvents
         }
         actions.append(.close(reason))
         return actions
@@ -373,7 +375,7 @@ struct ConnectionStateMachine {
     private mutating func takeHeld(failure: BayeuxError?, takeEvents: Bool) -> Answer? {
         guard let held else { return nil }
         self.held = nil
-        var events = CircularBuffer<ByteBuffer>()
+        var events = CircularBuffer<ByteBuffer>.noEvents
         if transport == .polling {
             swap(&events, &backlog)
         }

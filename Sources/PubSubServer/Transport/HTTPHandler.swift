@@ -6,7 +6,7 @@ import PubSubCore
 
 /// Serves one HTTP connection: long-polling (POST), cross-origin long-polling (CORS), JSON-P callback-polling
 /// (GET), EventSource streams, CORS preflights, and the few plain routes.
-final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
+final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQueueOwner {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
 
@@ -33,7 +33,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var parkedJSONP: String?
     /// The request context of the parked connect (for the outgoing extensions of its reply).
     private var pollContext: RequestContext?
-    private var holdTimer = HoldTimer()
+    /// The timers of this connection's loop: the hold of a parked connect is an entry there.
+    private var timers: LoopTimers?
+    var timerQueueIndex = -1
     private var heartbeat: Scheduled<Void>?
     private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
@@ -56,6 +58,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        timers = shared.guardSettings.loopTimers.timers(for: context.eventLoop)
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
     }
@@ -65,7 +68,16 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
         if reportConnectionError(error, context: context, alreadyReported: rejected) { context.close(promise: nil) }
     }
 
-    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timers?.cancel(self)
+        self.context = nil
+    }
+
+    /// The hold of the parked connect ended.
+    func timerQueueDeadlineReached() {
+        guard let context else { return }
+        perform(machine.holdTimerFired(), context: context)
+    }
 
     func channelInactive(context: ChannelHandlerContext) {
         perform(machine.closed(), context: context)
@@ -425,13 +437,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                holdTimer.arm(in: hold, on: context.eventLoop) { [weak self] in
-                    guard let self, let context = self.context else { return }
-                    self.holdTimer.fired()
-                    self.perform(self.machine.holdTimerFired(), context: context)
-                }
+                timers?.schedule(self, at: context.eventLoop.now + hold)
             case .cancelHoldTimer:
-                holdTimer.cancel()
+                timers?.cancel(self)
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -452,7 +460,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     /// Answers the parked connect: its hold ended, a delivery or a detach came, or the server drains.
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        holdTimer.cancel()
+        timers?.cancel(self)
         var events = answer.events
         if answer.takeEvents, let sink {
             events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))

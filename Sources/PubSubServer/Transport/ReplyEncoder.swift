@@ -5,15 +5,21 @@ import PubSubCore
 /// Builds the JSON array a request or frame is answered with: replies first, then events. Events are already
 /// encoded as one-element arrays; their inner bytes are spliced in, never re-encoded.
 enum ReplyEncoder {
+    /// `headroom`: bytes left free before the array (a WebSocket frame header is written there in place).
     static func encode(
         replies: [Message],
         events: CircularBuffer<ByteBuffer>,
-        allocator: ByteBufferAllocator
+        allocator: ByteBufferAllocator,
+        headroom: Int = 0
     ) -> ByteBuffer {
         if replies.isEmpty, events.count == 1 { return events.first! }
         var size = 2 + replies.count * 96
         for e in events { size += e.readableBytes }
-        var buffer = allocator.buffer(capacity: size)
+        var buffer = allocator.buffer(capacity: size + headroom)
+        if headroom > 0 {
+            buffer.moveWriterIndex(forwardBy: headroom)
+            buffer.moveReaderIndex(forwardBy: headroom)
+        }
         buffer.writeInteger(UInt8(ascii: "["))
         var first = true
         for reply in replies {

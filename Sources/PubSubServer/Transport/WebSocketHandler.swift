@@ -13,24 +13,38 @@ import PubSubCore
 /// What to send when is the `ConnectionStateMachine`'s: this handler decodes frames, feeds the machine and
 /// performs its actions. While the socket is not writable (`maxOutboundBytes` waiting) it is not read, and
 /// delivered events wait in the machine, up to `maxQueue`, past which the client is dropped.
-final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
-    typealias InboundIn = WebSocketFrame
-    typealias OutboundIn = WebSocketFrame
-    typealias OutboundOut = WebSocketFrame
+///
+/// It reads and writes the socket's bytes itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler
+/// where NIO's frame encoder, decoder, aggregator and error handler were four, each with its pipeline context,
+/// kept for as long as the socket is open.
+final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQueueOwner {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = IOData
+    typealias OutboundOut = IOData
 
     let shared: ServerShared
     private var context: ChannelHandlerContext?
     private var machine: ConnectionStateMachine
     /// The sink of the bound client, if any.
     private var sink: ConnectionSink?
-    private var holdTimer = HoldTimer()
+    /// The timers of this connection's loop: this connection's one entry there is due at the earlier of the held
+    /// connect's hold and the next deadline of `guardState`.
+    private var timers: LoopTimers?
+    private var holdDeadline: NIODeadline?
+    /// The ping, send and silence timeouts, taken over from the `ConnectionGuard`, which leaves the pipeline when
+    /// this handler joins it; nil when there was no guard (tests of this handler alone).
+    private var guardState: ConnectionGuardState?
+    var timerQueueIndex = -1
     private var closing = false
+    private var parser: WebSocketFrameParser
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
     private var counters: LoopCounters?
 
     init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
         self.shared = shared
+        let maxFrame = shared.configuration.maxFrameBytes
+        self.parser = WebSocketFrameParser(maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096)
         self.machine = ConnectionStateMachine(transport: .webSocket, maxQueue: shared.configuration.broker.maxQueue)
         self.requestContext = RequestContext(
             connectionType: .websocket, remoteAddress: remoteAddress,
@@ -39,22 +53,43 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        timers = shared.guardSettings.loopTimers.timers(for: context.eventLoop)
         counters = shared.operations.loopCounters.counters(for: context.eventLoop)
         counters?.attached(.websocket)
         if !context.channel.isWritable { perform(machine.writabilityChanged(isWritable: false), context: context) }
-        // The connection guard keeps the WebSocket alive with pings from now on.
-        context.triggerUserOutboundEvent(ConnectionGuard.Event.upgraded, promise: nil)
+        // The WebSocket is timed here from now on (pings, silence, blocked writes): the guard hands over and leaves.
+        let sync = context.pipeline.syncOperations
+        if let connectionGuard = try? sync.handler(type: ConnectionGuard.self) {
+            var state = connectionGuard.handOver()
+            state.upgraded(now: context.eventLoop.now)
+            state.writabilityChanged(
+                isWritable: context.channel.isWritable, unsentBytes: Self.unsentBytes(context), now: context.eventLoop.now)
+            guardState = state
+            sync.removeHandler(connectionGuard, promise: nil)
+            rearm()
+        }
+    }
+
+    /// When the connection's timer entry is next due: the hold's end or the guard's next deadline.
+    private func rearm() {
+        guard let timers else { return }
+        var next = holdDeadline
+        if let deadline = guardState?.deadline { next = next.map { min($0, deadline) } ?? deadline }
+        guard let next else {
+            timers.cancel(self)
+            return
+        }
+        // A later deadline leaves the entry as it is: it comes early, finds nothing due and re-arms.
+        if let armed = timers.deadline(of: self), armed <= next { return }
+        timers.schedule(self, at: next)
+    }
+
+    private static func unsentBytes(_ context: ChannelHandlerContext) -> Int {
+        (try? context.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
     }
 
     /// The server is draining: answer a held connect, send what is waiting, close with 1001.
-    /// The guard saw the socket silent for the ping interval: a ping (answered by any live peer's pong).
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is ConnectionGuard.PingDue {
-            guard !closing else { return }
-            let ping = WebSocketFrame(fin: true, opcode: .ping, data: context.channel.allocator.buffer(capacity: 0))
-            context.writeAndFlush(wrapOutboundOut(ping), promise: nil)
-            return
-        }
         guard event is ChannelShouldQuiesceEvent else {
             context.fireUserInboundEventTriggered(event)
             return
@@ -62,7 +97,44 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
         perform(machine.quiesce(), context: context)
     }
 
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timers?.cancel(self)
+        self.context = nil
+    }
+
+    /// The hold of the held connect ended, or a deadline of the guard's came.
+    func timerQueueDeadlineReached() {
+        guard let context else { return }
+        let now = context.eventLoop.now
+        if let holdDeadline, now >= holdDeadline {
+            self.holdDeadline = nil
+            perform(machine.holdTimerFired(), context: context)
+        }
+        if guardState != nil, self.context != nil {
+            switch guardState!.timerFired(now: now, unsentBytes: Self.unsentBytes(context)) {
+            case .none:
+                break
+            case .ping:
+                // Silent for the ping interval: a ping, answered by any live peer's pong.
+                if !closing { writeFrame(.ping, ByteBuffer(), context: context) }
+            case .close(let reason):
+                shared.logger.debug(
+                    "closing connection",
+                    metadata: [
+                        "pubsub.reason": "\(reason.rawValue)",
+                        "pubsub.remote": "\(context.channel.remoteAddress?.description ?? "?")",
+                    ])
+                context.close(promise: nil)
+                return
+            }
+        }
+        rearm()
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
+        guardState?.closed()
+        holdDeadline = nil
+        timers?.cancel(self)
         counters?.detached(.websocket)
         counters = nil
         perform(machine.closed(), context: context)
@@ -72,17 +144,26 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let frame = unwrapInboundIn(data)
+        let bytes = unwrapInboundIn(data)
+        // Any byte is a sign of life (a later deadline: the armed entry stays as it is).
+        _ = guardState?.bytesReceived(bytes.readableBytes, now: context.eventLoop.now)
+        guard !closing else { return }
+        parser.append(bytes)
+        do {
+            while !closing, let frame = try parser.next() { handleFrame(frame, context: context) }
+        } catch {
+            frameError(error, context: context)
+        }
+    }
+
+    private func handleFrame(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
         switch frame.opcode {
         case .text:
-            guard !closing else { return }
-            handleMessage(frame.unmaskedData, binary: false, context: context)
+            handleMessage(frame.data, binary: false, context: context)
         case .binary:
-            guard !closing else { return }
-            handleMessage(frame.unmaskedData, binary: true, context: context)
+            handleMessage(frame.data, binary: true, context: context)
         case .ping:
-            let pong = WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)
-            context.writeAndFlush(wrapOutboundOut(pong), promise: nil)
+            writeFrame(.pong, frame.data, context: context)
         case .connectionClose:
             close(code: nil, context: context)
         default:
@@ -90,13 +171,24 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
         }
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+    /// A frame or message over the limit (1009), or a frame that breaks the protocol (1002).
+    private func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
         let remote = context.channel.remoteAddress?.description ?? "?"
-        if let error = error as? NIOWebSocketFrameAggregator.Error, error == .accumulatedFrameSizeIsTooLarge {
+        switch error {
+        case .tooLarge:
             shared.operations.metrics.error(.websocketTooLarge)
             shared.logger.info("websocket message over the limit", metadata: ["pubsub.remote": "\(remote)"])
             close(code: .messageTooLarge, context: context)
-        } else if error is IOError {
+        case .protocolError:
+            shared.operations.metrics.error(.websocketProtocol)
+            shared.logger.info("websocket protocol error", metadata: ["pubsub.remote": "\(remote)"])
+            close(code: .protocolError, context: context)
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        let remote = context.channel.remoteAddress?.description ?? "?"
+        if error is IOError {
             shared.operations.metrics.error(.connection)
             shared.logger.debug("websocket connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
             close(code: .protocolError, context: context)
@@ -108,6 +200,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if guardState != nil {
+            guardState!.writabilityChanged(
+                isWritable: context.channel.isWritable, unsentBytes: Self.unsentBytes(context), now: context.eventLoop.now)
+            rearm()
+        }
         perform(machine.writabilityChanged(isWritable: context.channel.isWritable), context: context)
         context.fireChannelWritabilityChanged()
     }
@@ -129,16 +226,15 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
                 return
             }
             // Garbage in a binary frame is answered as garbage in a text frame: the session goes on.
-            write(replies: [Self.badRequestReply], events: [], context: context)
+            write(replies: [Self.badRequestReply], events: .noEvents, context: context)
             return
         }
         guard let elements = MessageBatch.elements(of: value) else {
-            write(replies: [Self.badRequestReply], events: [], context: context)
+            write(replies: [Self.badRequestReply], events: .noEvents, context: context)
             return
         }
         if elements.isEmpty {
-            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: "[]"))),
-                promise: nil)
+            writeFrame(.text, ByteBuffer(string: "[]"), context: context)
             return
         }
         // The socket is bound to the client of the first connect in the frame.
@@ -156,7 +252,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
                 guard case .success(let outcomes) = result else {
-                    self.write(replies: [Self.serverErrorReply], events: [], context: context)
+                    self.write(replies: [Self.serverErrorReply], events: .noEvents, context: context)
                     return
                 }
                 let (replies, events, pending) = broker.split(outcomes, context: self.requestContext)
@@ -213,13 +309,10 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                holdTimer.arm(in: hold, on: context.eventLoop) { [weak self] in
-                    guard let self, let context = self.context else { return }
-                    self.holdTimer.fired()
-                    self.perform(self.machine.holdTimerFired(), context: context)
-                }
+                holdDeadline = context.eventLoop.now + hold
+                rearm()
             case .cancelHoldTimer:
-                holdTimer.cancel()
+                holdDeadline = nil
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -244,7 +337,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     /// Sends the reply of the held connect (its hold ended, or it was superseded or released).
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        holdTimer.cancel()
+        holdDeadline = nil
         let reply = answer.reply
         var replies = answer.replies
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
@@ -265,18 +358,44 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner {
 
     private func write(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
         guard !closing else { return }
-        let payload = ReplyEncoder.encode(replies: replies, events: events, allocator: context.channel.allocator)
+        let payload = ReplyEncoder.encode(
+            replies: replies, events: events, allocator: context.channel.allocator,
+            headroom: WebSocketFrameHeader.maxLength)
         counters?.bytesOut &+= UInt64(payload.readableBytes)
-        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: payload)), promise: nil)
+        writeFrame(.text, payload, context: context)
+    }
+
+    /// One final, unmasked frame: its header in the payload's headroom when it has some (a reply built here),
+    /// else a small buffer of its own (an event shared by every recipient is never written into).
+    private func writeFrame(
+        _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
+        promise: EventLoopPromise<Void>? = nil
+    ) {
+        var payload = payload
+        if WebSocketFrameHeader.prepend(opcode: opcode, to: &payload) {
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(payload)), promise: promise)
+            return
+        }
+        let header = WebSocketFrameHeader.buffer(
+            opcode: opcode, payloadLength: payload.readableBytes, allocator: context.channel.allocator)
+        if payload.readableBytes == 0 {
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(header)), promise: promise)
+            return
+        }
+        context.write(wrapOutboundOut(.byteBuffer(header)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.byteBuffer(payload)), promise: promise)
     }
 
     private func close(code: WebSocketErrorCode?, context: ChannelHandlerContext) {
         guard !closing else { return }
         closing = true
         machine.closing()
-        var data = context.channel.allocator.buffer(capacity: 2)
+        var data = context.channel.allocator.buffer(capacity: 2 + WebSocketFrameHeader.maxLength)
+        data.moveWriterIndex(forwardBy: WebSocketFrameHeader.maxLength)
+        data.moveReaderIndex(forwardBy: WebSocketFrameHeader.maxLength)
         if let code { data.write(webSocketErrorCode: code) }
-        let frame = WebSocketFrame(fin: true, opcode: .connectionClose, data: data)
-        context.writeAndFlush(wrapOutboundOut(frame)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        let closed = context.eventLoop.makePromise(of: Void.self)
+        writeFrame(.connectionClose, data, context: context, promise: closed)
+        closed.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 }

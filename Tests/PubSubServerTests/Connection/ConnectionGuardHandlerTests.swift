@@ -67,9 +67,7 @@ struct HTTPPipeline {
         shared = ServerShared(
             configuration: configuration, broker: Broker(configuration: configuration.broker), logger: logger,
             operations: operations)
-        let upgrader = NIOWebSocketServerUpgrader(
-            shouldUpgrade: { channel, _ in channel.eventLoop.makeSucceededFuture(nil) },
-            upgradePipelineHandler: { channel, _ in channel.eventLoop.makeSucceededVoidFuture() })
+        let upgrader = WebSocketUpgrader(shouldUpgrade: { _, _ in false }, upgradePipeline: { _, _ in })
         try channel.pipeline.syncOperations.addHandler(recorder)
         try PubSubServer.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
@@ -457,18 +455,16 @@ struct WireResponse {
             ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
         let shared = ConnectionHandlerTests.makeShared(maxQueue: 10, recorder: ConnectionHandlerTests.LogRecorder())
-        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(WebSocketFrameDecoder()))
         try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil))
         loop.advanceTime(by: .seconds(29))
-        #expect(try channel.readOutbound(as: WebSocketFrame.self) == nil)
+        #expect(try WireFrames.written(channel).isEmpty)
         loop.advanceTime(by: .seconds(1))
-        let ping = try channel.readOutbound(as: WebSocketFrame.self)
-        #expect(ping?.opcode == .ping)
+        #expect(try WireFrames.written(channel).map(\.opcode) == [.ping])
         // A pong: alive for another interval.
         try channel.writeInbound(ByteBuffer(bytes: [0x8A, 0x80, 0, 0, 0, 0]))
         loop.advanceTime(by: .seconds(59))
         #expect(channel.isActive)
-        #expect(try channel.readOutbound(as: WebSocketFrame.self)?.opcode == .ping)
+        #expect(try WireFrames.written(channel).map(\.opcode) == [.ping])
         loop.advanceTime(by: .seconds(30))
         #expect(!channel.isActive)
     }

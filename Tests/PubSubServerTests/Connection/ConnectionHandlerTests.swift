@@ -91,14 +91,14 @@ import Testing
     // MARK: WebSocket
 
     static func sendFrame(_ text: String, binary: Bool = false, _ channel: EmbeddedChannel) throws {
-        try channel.writeInbound(WebSocketFrame(fin: true, opcode: binary ? .binary : .text, data: ByteBuffer(string: text)))
+        try channel.writeInbound(WireFrames.bytes(binary ? .binary : .text, text))
         channel.embeddedEventLoop.run()
     }
 
     /// Every frame written so far, as parsed JSON (close frames as `close:<code>`).
     static func frames(_ channel: EmbeddedChannel) throws -> [JSONValue] {
         var out: [JSONValue] = []
-        while let frame = try channel.readOutbound(as: WebSocketFrame.self) {
+        for frame in try WireFrames.written(channel) {
             if frame.opcode == .connectionClose {
                 var data = frame.data
                 let code = data.readInteger(as: UInt16.self).map(String.init) ?? "none"
@@ -218,7 +218,7 @@ import Testing
         let clientId = try #require(first["clientId"]?.stringValue)
 
         try channel.writeInbound(
-            WebSocketFrame(fin: true, opcode: .binary, data: ByteBuffer(bytes: [0xff, 0x00, 0xfe, 0x7b])))
+            WireFrames.bytes(.binary, [0xff, 0x00, 0xfe, 0x7b]))
         channel.embeddedEventLoop.run()
         let error = try Self.frames(channel)
         #expect(error.count == 1)

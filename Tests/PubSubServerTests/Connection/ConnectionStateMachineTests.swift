@@ -18,13 +18,8 @@ import Testing
     static func connect(_ clientId: String, id: String = "c", hold: TimeAmount = .seconds(45), attached: Bool = true)
         -> PendingConnect
     {
-        var reply = Message()
-        reply.channel = Channel.connect
-        reply.clientId = clientId
-        reply["id"] = .string(id)
-        reply["successful"] = true
-        return PendingConnect(
-            reply: reply, clientId: clientId,
+        PendingConnect(
+            id: .string(id), clientId: clientId, advice: nil,
             result: ConnectResult(status: .ok, attached: attached, answerNow: false), hold: hold)
     }
 
