@@ -32,10 +32,9 @@ private struct StampConnects: BayeuxExtension {
     }
 
     func connect(_ clientId: String, events: [ByteBuffer], answerNow: Bool) -> Outcome {
-        var reply = reply("/meta/connect", id: clientId)
-        reply.clientId = clientId
         let result = ConnectResult(status: .ok, events: CircularBuffer(events), attached: true, answerNow: answerNow)
-        return .connect(PendingConnect(reply: reply, clientId: clientId, result: result, hold: .seconds(45)))
+        return .connect(
+            PendingConnect(id: .string(clientId), clientId: clientId, advice: nil, result: result, hold: .seconds(45)))
     }
 
     @Test func repliesInOrderAConnectAnsweredNowFinishedAndItsEventsDelivered() {

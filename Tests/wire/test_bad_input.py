@@ -481,6 +481,20 @@ def test_websocket_abrupt_disconnects(broker):
     server_answers_handshake(broker)
 
 
+@pytest.mark.pubsub_only
+@pytest.mark.parametrize("key", ["short", "dGhlIHNhbXBsZSBub25jZQ", "not base64 at all!!!!!!!", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"])
+def test_websocket_upgrade_with_a_bad_key_is_refused(broker, key):
+    """Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455 4.1): anything else is a 400, never a 101."""
+    import socket
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    s.sendall((f"GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    status = s.recv(200).split(b"\r\n")[0]
+    s.close()
+    assert status == b"HTTP/1.1 400 Bad Request", status
+    server_answers_handshake(broker)
+
+
 # ------------------------------------------------------------------ raw HTTP garbage
 
 @pytest.mark.parametrize("raw", [

@@ -1,4 +1,5 @@
 import Crypto
+import ExtrasBase64
 import NIOCore
 import NIOHTTP1
 import NIOWebSocket
@@ -29,7 +30,10 @@ final class WebSocketUpgrader: HTTPServerProtocolUpgrader, Sendable {
     {
         let keys = upgradeRequest.headers["Sec-WebSocket-Key"]
         let versions = upgradeRequest.headers["Sec-WebSocket-Version"]
-        guard keys.count == 1, versions.count == 1, versions[0] == "13" else {
+        // The key is 16 random bytes in base64 (RFC 6455 §4.1).
+        guard keys.count == 1, versions.count == 1, versions[0] == "13",
+            (try? keys[0].base64decoded())?.count == 16
+        else {
             return channel.eventLoop.makeFailedFuture(NIOWebSocketUpgradeError.invalidUpgradeHeader)
         }
         guard shouldUpgrade(channel, upgradeRequest) else {
@@ -51,24 +55,6 @@ final class WebSocketUpgrader: HTTPServerProtocolUpgrader, Sendable {
     /// Base64 of the SHA-1 of the key and the protocol's GUID.
     static func acceptValue(key: String) -> String {
         let digest = Insecure.SHA1.hash(data: Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8))
-        return base64(Array(digest))
-    }
-
-    private static func base64(_ bytes: [UInt8]) -> String {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity((bytes.count + 2) / 3 * 4)
-        var i = 0
-        while i < bytes.count {
-            let b0 = bytes[i]
-            let b1 = i + 1 < bytes.count ? bytes[i + 1] : 0
-            let b2 = i + 2 < bytes.count ? bytes[i + 2] : 0
-            out.append(alphabet[Int(b0 >> 2)])
-            out.append(alphabet[Int((b0 & 0x03) << 4 | b1 >> 4)])
-            out.append(i + 1 < bytes.count ? alphabet[Int((b1 & 0x0F) << 2 | b2 >> 6)] : UInt8(ascii: "="))
-            out.append(i + 2 < bytes.count ? alphabet[Int(b2 & 0x3F)] : UInt8(ascii: "="))
-            i += 3
-        }
-        return String(decoding: out, as: UTF8.self)
+        return Base64.encodeToString(bytes: Array(digest))
     }
 }
