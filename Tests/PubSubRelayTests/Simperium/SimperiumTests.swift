@@ -375,10 +375,18 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
         let source = h.source()
         try await h.withRelay(source) {
             try await eventually("the first sync") { try h.store.load() != nil }
-            h.fake.sendRaw("0:c:[{\"broken")
-            try await eventually("a reconnection") { source.connections >= 2 }
-            h.fake.sendRaw("\u{0}\u{1}garbage")
-            try await eventually("another reconnection") { source.connections >= 3 }
+            // Sent again until it lands: a reconnection counts as soon as the source dials, before the fake has
+            // taken the new connection, and what is sent meanwhile reaches no one.
+            try await eventually("a reconnection") {
+                if source.connections >= 2 { return true }
+                h.fake.sendRaw("0:c:[{\"broken")
+                return false
+            }
+            try await eventually("another reconnection") {
+                if source.connections >= 3 { return true }
+                h.fake.sendRaw("\u{0}\u{1}garbage")
+                return false
+            }
             h.fake.put(bucket: "notes", id: "still", data: [:])
             try await eventually("a change afterwards") { h.ids.contains("still") }
         }
