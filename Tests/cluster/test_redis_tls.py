@@ -42,22 +42,12 @@ class TLSRedis(RedisServer):
             ["timeout", "--signal=KILL", "900", self.binary, "--port", "0", "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.wait()
+        self.wait_answering("TLS redis")
 
     def command(self, *args):
         out = subprocess.run(["redis-cli", "--tls", "--cacert", self.c["ca.pem"], "-h", "127.0.0.1", "-p", str(self.port),
                               *map(str, args)], capture_output=True, text=True, timeout=10)
         return out.stdout.strip()
-
-    def wait(self):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.command("PING") == "PONG":
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"TLS redis did not start on port {self.port}:\n{self.log()}")
 
 
 class TLSSentinel(Sentinel):
@@ -76,7 +66,7 @@ class TLSSentinel(Sentinel):
         self.proc = subprocess.Popen(["timeout", "--signal=KILL", "900", self.binary, self.config, "--sentinel"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
-        TLSRedis.wait(self)
+        self.wait_answering("TLS redis-sentinel")
 
 
 def delivered_across_two_nodes(nodes):
