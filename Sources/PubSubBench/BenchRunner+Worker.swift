@@ -113,7 +113,8 @@ extension BenchRunner {
         for client in clients { client.loop.execute { client.close() } }
     }
 
-    private func merged(_ loops: [any EventLoop], _ stats: [LoopStats]) async throws -> LoopStats {
+    /// The statistics of every event loop merged into one, each copied on its own loop.
+    func merged(_ loops: [any EventLoop], _ stats: [LoopStats]) async throws -> LoopStats {
         let total = LoopStats()
         for (loop, s) in zip(loops, stats) {
             let copy = try await loop.submit { () -> LoopStats in

@@ -201,15 +201,7 @@ public final class BenchRunner: Sendable {
         _ = publishersDone
 
         // Collect, then close.
-        let total = LoopStats()
-        for (loop, s) in zip(loops, stats) {
-            let copy = try await loop.submit { () -> LoopStats in
-                let c = LoopStats()
-                c.merge(s)
-                return c
-            }.get()
-            total.merge(copy)
-        }
+        let total = try await merged(loops, stats)
         if remote != nil { total.merge(workers) }
         for client in subscribers + publishers {
             client.loop.execute { client.close() }

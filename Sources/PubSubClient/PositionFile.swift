@@ -11,9 +11,8 @@ import Bayeux
 ///
 ///     {"version":1,"positions":{"/jobs/*":"2.2x8fq1kd.1u3k8jd0w7ne1"}}
 ///
-/// It is replaced whole, never edited in place: the new content goes to `<path>.tmp`, which is renamed over the
-/// file, so a reader (or a run killed halfway) sees the old content or the new one, never a mix. A durable write
-/// also flushes the file to disk before the rename and the folder after it, so it survives a power cut too.
+/// It is replaced whole, never edited in place (`DurableFile`): a reader, or a run killed halfway, sees the old
+/// content or the new one, never a mix; a durable write also survives a power cut.
 public struct PositionFile: Sendable {
     public struct Error: Swift.Error, Sendable, Hashable, CustomStringConvertible {
         /// One line for people, naming the file.
@@ -81,48 +80,24 @@ public struct PositionFile: Sendable {
         return file.jsonString + "\n"
     }
 
-    /// Replaces the file with `positions`: written to `<path>.tmp`, renamed over `path`. `durable` also calls
-    /// fsync on the new file before the rename and on the folder after it.
+    /// Replaces the file with `positions` (`DurableFile.replace`): written to `<path>.tmp`, renamed over `path`.
+    /// `durable` also calls fsync on the new file before the rename and on the folder after it.
     public func write(_ positions: SubscriptionPositions, durable: Bool) throws(Error) {
-        let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        if fd < 0 { throw fail("cannot create \(temporary) for", errno: errno) }
-        var text = Self.encode(positions)
-        let written = text.withUTF8 { bytes -> Int32 in
-            var offset = 0
-            while offset < bytes.count {
-                let n = systemWrite(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return errno }
-                offset += n
+        do {
+            try DurableFile.replace(path, with: Array(Self.encode(positions).utf8), durable: durable)
+        } catch let error as DurableFile.Error {
+            let temporary = DurableFile.temporaryPath(of: path)
+            switch error.operation {
+            case .create: throw fail("cannot create \(temporary) for", errno: error.code)
+            case .write, .close: throw fail("cannot write", errno: error.code)
+            case .sync: throw fail("cannot flush", errno: error.code)
+            case .rename: throw fail("cannot rename \(temporary) to", errno: error.code)
+            case .openDirectory: throw fail("cannot open the folder of", errno: error.code)
+            case .syncDirectory: throw fail("cannot flush the folder of", errno: error.code)
             }
-            return 0
+        } catch {
+            throw Error(message: "cannot write the position file \(path): \(error)")  // no hook: not reached
         }
-        if written != 0 {
-            close(fd)
-            throw fail("cannot write", errno: written)
-        }
-        if durable && fsync(fd) != 0 {
-            let error = errno
-            close(fd)
-            throw fail("cannot flush", errno: error)
-        }
-        close(fd)
-        if rename(temporary, path) != 0 { throw fail("cannot rename \(temporary) to", errno: errno) }
-        if durable { try syncFolder() }
-    }
-
-    private func syncFolder() throws(Error) {
-        let folder: String
-        if let slash = path.lastIndex(of: "/") {
-            folder = slash == path.startIndex ? "/" : String(path[..<slash])
-        } else {
-            folder = "."
-        }
-        let fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if fd < 0 { throw fail("cannot open the folder of", errno: errno) }
-        defer { close(fd) }
-        if fsync(fd) != 0 && errno != EINVAL { throw fail("cannot flush the folder of", errno: errno) }
     }
 
     private func corrupt(_ why: String) -> Error {
@@ -134,6 +109,5 @@ public struct PositionFile: Sendable {
     }
 }
 
-// `read` and `write` of the C library, under names the methods above do not shadow.
+// `read` of the C library, under a name the method above does not shadow.
 private func systemRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int { read(fd, buffer, count) }
-private func systemWrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int) -> Int { write(fd, buffer, count) }

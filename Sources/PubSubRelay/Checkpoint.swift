@@ -24,16 +24,11 @@ public protocol CheckpointStore: Sendable {
     func save(_ checkpoint: Checkpoint) throws
 }
 
-/// A checkpoint in one small JSON file, replaced atomically and durably: write `<path>.tmp`, fsync it, rename it
-/// over `<path>`, fsync the directory. A crash at any instant leaves either the old or the new checkpoint.
+/// A checkpoint in one small JSON file, replaced atomically and durably (`DurableFile`): write `<path>.tmp`, fsync
+/// it, rename it over `<path>`, fsync the directory. A crash at any instant leaves either the old or the new one.
 public struct FileCheckpointStore: CheckpointStore {
     /// The steps of `save`, in order, for tests that inject a failure before one of them.
-    public enum Step: String, Sendable, CaseIterable {
-        case writeTemporary
-        case syncTemporary
-        case rename
-        case syncDirectory
-    }
+    public typealias Step = DurableFile.Step
 
     public var path: String
     /// Called before each step; a throw aborts `save` there (tests only).
@@ -73,45 +68,21 @@ public struct FileCheckpointStore: CheckpointStore {
     }
 
     public func save(_ checkpoint: Checkpoint) throws {
-        let temporary = path + ".tmp"
         let object: JSONObject = ["source": .string(checkpoint.sourceID), "position": .string(checkpoint.position)]
-        let bytes = Array((object.jsonString + "\n").utf8)
-
-        try beforeStep?(.writeTemporary)
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        if fd < 0 { throw RelayError(.checkpoint, "cannot write checkpoint \(temporary): \(Self.errorText())") }
-        var closed = false
-        defer { if !closed { close(fd) } }
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw RelayError(.checkpoint, "cannot write checkpoint \(temporary): \(Self.errorText())")
+        do {
+            try DurableFile.replace(path, with: Array((object.jsonString + "\n").utf8), durable: true,
+                                    beforeStep: beforeStep)
+        } catch let error as DurableFile.Error {
+            let reason = error.reason
+            switch error.operation {
+            case .create, .write: throw RelayError(.checkpoint, "cannot write checkpoint \(error.path): \(reason)")
+            case .sync: throw RelayError(.checkpoint, "cannot sync checkpoint \(error.path): \(reason)")
+            case .close: throw RelayError(.checkpoint, "cannot close checkpoint \(error.path): \(reason)")
+            case .rename: throw RelayError(.checkpoint, "cannot replace checkpoint \(error.path): \(reason)")
+            case .openDirectory: throw RelayError(.checkpoint, "cannot open directory \(error.path): \(reason)")
+            case .syncDirectory: throw RelayError(.checkpoint, "cannot sync directory \(error.path): \(reason)")
             }
-            offset += n
         }
-        try beforeStep?(.syncTemporary)
-        if fsync(fd) != 0 { throw RelayError(.checkpoint, "cannot sync checkpoint \(temporary): \(Self.errorText())") }
-        closed = true
-        if close(fd) != 0 { throw RelayError(.checkpoint, "cannot close checkpoint \(temporary): \(Self.errorText())") }
-
-        try beforeStep?(.rename)
-        if rename(temporary, path) != 0 {
-            throw RelayError(.checkpoint, "cannot replace checkpoint \(path): \(Self.errorText())")
-        }
-        try beforeStep?(.syncDirectory)
-        let directory = Self.directory(of: path)
-        let dfd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd < 0 { throw RelayError(.checkpoint, "cannot open directory \(directory): \(Self.errorText())") }
-        defer { close(dfd) }
-        if fsync(dfd) != 0 { throw RelayError(.checkpoint, "cannot sync directory \(directory): \(Self.errorText())") }
-    }
-
-    static func directory(of path: String) -> String {
-        guard let slash = path.lastIndex(of: "/") else { return "." }
-        let directory = String(path[..<slash])
-        return directory.isEmpty ? "/" : directory
     }
 
     static func errorText() -> String { String(cString: strerror(errno)) }

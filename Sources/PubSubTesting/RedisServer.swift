@@ -91,15 +91,7 @@ public final class RedisServer: @unchecked Sendable {
     /// a bounded wait.
     public func stop() {
         guard process.executableURL != nil else { return }
-        if process.isRunning {
-            let pid = process.processIdentifier
-            // The server is the child of `timeout`: kill it first, then `timeout`.
-            if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
-                for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGKILL) }
-            }
-            kill(pid, SIGKILL)
-            for _ in 0..<500 where process.isRunning { usleep(10_000) }
-        }
+        killUnderTimeout(process)
         try? FileManager.default.removeItem(at: directory)
     }
 
@@ -182,14 +174,19 @@ public final class RedisSentinelServer: @unchecked Sendable {
     public var endpoint: RedisEndpoint { RedisEndpoint(host: "127.0.0.1", port: port) }
 
     public func stop() {
-        if process.isRunning {
-            let pid = process.processIdentifier
-            if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
-                for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGKILL) }
-            }
-            kill(pid, SIGKILL)
-            for _ in 0..<500 where process.isRunning { usleep(10_000) }
-        }
+        killUnderTimeout(process)
         try? FileManager.default.removeItem(at: directory)
     }
+}
+
+/// SIGKILL to a server started under `timeout` and to `timeout` itself (the server is its child: killed first),
+/// then a bounded wait (5 s) for `timeout` to end.
+private func killUnderTimeout(_ process: Process) {
+    guard process.isRunning else { return }
+    let pid = process.processIdentifier
+    if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
+        for child in children.split(separator: " ").compactMap({ Int32($0) }) { kill(child, SIGKILL) }
+    }
+    kill(pid, SIGKILL)
+    for _ in 0..<500 where process.isRunning { usleep(10_000) }
 }

@@ -7,16 +7,7 @@ func expectRelayError<R>(
     _ code: RelayError.Code, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
     _ body: () throws -> R
 ) -> RelayError? {
-    do {
-        _ = try body()
-        Issue.record("expected a RelayError \(code); nothing was thrown", sourceLocation: sourceLocation)
-    } catch let error as RelayError {
-        #expect(error.code == code, comment, sourceLocation: sourceLocation)
-        return error
-    } catch {
-        Issue.record("expected a RelayError \(code), got \(error)", sourceLocation: sourceLocation)
-    }
-    return nil
+    checkRelayError(code, comment, sourceLocation, Result { try body() })
 }
 
 /// Expects `body` to throw a `RelayError` of `code`, and returns it.
@@ -25,13 +16,21 @@ func expectRelayError<R>(
     _ code: RelayError.Code, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
     _ body: () async throws -> R
 ) async -> RelayError? {
-    do {
-        _ = try await body()
+    let outcome: Result<R, any Error>
+    do { outcome = .success(try await body()) } catch { outcome = .failure(error) }
+    return checkRelayError(code, comment, sourceLocation, outcome)
+}
+
+private func checkRelayError<R>(
+    _ code: RelayError.Code, _ comment: Comment?, _ sourceLocation: SourceLocation, _ outcome: Result<R, any Error>
+) -> RelayError? {
+    switch outcome {
+    case .success:
         Issue.record("expected a RelayError \(code); nothing was thrown", sourceLocation: sourceLocation)
-    } catch let error as RelayError {
+    case .failure(let error as RelayError):
         #expect(error.code == code, comment, sourceLocation: sourceLocation)
         return error
-    } catch {
+    case .failure(let error):
         Issue.record("expected a RelayError \(code), got \(error)", sourceLocation: sourceLocation)
     }
     return nil

@@ -2,7 +2,6 @@
 made by openssl: trusted with --ca-file or PUBSUB_CA_FILE, refused without it, and checked against the host."""
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -11,6 +10,7 @@ import threading
 import pytest
 
 from clitools import SECRET, Broker, clean_env, pubsub_bin, run
+from pubsubtest.tls import make_self_signed
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -18,18 +18,10 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def tls():
     directory = tempfile.mkdtemp(prefix="pubsub-cli-tls-")
-    cert, key = os.path.join(directory, "broker.crt"), os.path.join(directory, "broker.key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=pubsub-cli-test",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True, timeout=30)
-    other = os.path.join(directory, "other.crt")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", os.path.join(directory, "other.key"), "-out", other, "-days", "2",
-                    "-subj", "/CN=somebody-else", "-addext", "subjectAltName=DNS:elsewhere.example"],
-                   check=True, capture_output=True, timeout=30)
+    cert, key = make_self_signed(directory, "pubsub-cli-test")
+    other, other_key = make_self_signed(directory, "somebody-else", names=["elsewhere.example"])
     with Broker(secret=SECRET, extra_args=["--tls-cert", cert, "--tls-key", key]) as broker:
-        yield {"broker": broker, "ca": cert, "other": other, "port": broker.port}
+        yield {"broker": broker, "ca": cert, "other": other, "other_key": other_key, "port": broker.port}
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -80,8 +72,7 @@ def test_an_untrusted_certificate_is_refused_with_one_line(tls, args):
 
 def test_a_certificate_for_another_host_is_refused(tls):
     """A certificate that chains to a trusted root but names another host."""
-    key = os.path.join(os.path.dirname(tls["other"]), "other.key")
-    with Broker(secret=SECRET, extra_args=["--tls-cert", tls["other"], "--tls-key", key]) as elsewhere:
+    with Broker(secret=SECRET, extra_args=["--tls-cert", tls["other"], "--tls-key", tls["other_key"]]) as elsewhere:
         for scheme in ("https", "wss"):
             result = run(["subscribe", "--url", f"{scheme}://127.0.0.1:{elsewhere.port}/faye", "--secret", SECRET,
                           "--ca-file", tls["other"], "--timeout", "5", "/tls/x"])

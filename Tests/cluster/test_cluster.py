@@ -14,15 +14,7 @@ import pytest
 
 from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
 from pubsubtest.broker import Broker
-from pubsubtest.redis import RedisServer, wait_ready
-
-
-@pytest.fixture
-def redis_server():
-    r = RedisServer()
-    r.start()
-    yield r
-    r.stop()
+from pubsubtest.redis import wait_ready
 
 
 @pytest.fixture

@@ -13,27 +13,14 @@ import requests
 from cluster_helpers import WSClient, handshake, publish, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
+from pubsubtest.tls import make_authority
 
 
 @pytest.fixture(scope="module")
 def certificates():
     """A private certificate authority, and a certificate it signed for 127.0.0.1 (server and client use)."""
     d = tempfile.mkdtemp(prefix="pubsub-redis-certs-")
-
-    def openssl(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=pubsub redis test CA", "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    with open(os.path.join(d, "server.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
-                "extendedKeyUsage=serverAuth,clientAuth\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
-    yield {name: os.path.join(d, name) for name in ("ca.pem", "server.pem", "server.key")}
+    yield make_authority(d, authority="pubsub redis test CA")
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -55,22 +42,12 @@ class TLSRedis(RedisServer):
             ["timeout", "--signal=KILL", "900", self.binary, "--port", "0", "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.wait()
+        self.wait_answering("TLS redis")
 
     def command(self, *args):
         out = subprocess.run(["redis-cli", "--tls", "--cacert", self.c["ca.pem"], "-h", "127.0.0.1", "-p", str(self.port),
                               *map(str, args)], capture_output=True, text=True, timeout=10)
         return out.stdout.strip()
-
-    def wait(self):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.command("PING") == "PONG":
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"TLS redis did not start on port {self.port}:\n{self.log()}")
 
 
 class TLSSentinel(Sentinel):
@@ -89,7 +66,7 @@ class TLSSentinel(Sentinel):
         self.proc = subprocess.Popen(["timeout", "--signal=KILL", "900", self.binary, self.config, "--sentinel"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
-        TLSRedis.wait(self)
+        self.wait_answering("TLS redis-sentinel")
 
 
 def delivered_across_two_nodes(nodes):

@@ -12,20 +12,13 @@ import socket
 import subprocess
 import time
 
-import pytest
 import requests
 import websocket
 
-from pubsubtest.redis import RedisServer
 from pubsubtest.broker import pubsub_bin
+from pubsubtest.ports import free_port
 
 CLIENTS = 40
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(port, redis_url, *extra, env=None, capture=False):
@@ -107,14 +100,6 @@ class Subscriber:
             self.ws.close()
         except Exception:
             pass
-
-
-@pytest.fixture
-def redis_server():
-    r = RedisServer()
-    r.start()
-    yield r
-    r.stop()
 
 
 def test_two_brokers_share_a_port_and_form_one_cluster(redis_server):

@@ -21,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.ports import free_port  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.bayeux import bayeux  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.tls import make_self_signed as make_certificate  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
@@ -192,17 +193,6 @@ def metric(samples, name, **labels):
 
 
 # ---------------------------------------------------------------- certificates
-
-def make_certificate(directory, name):
-    """A self-signed EC certificate for 127.0.0.1 made with openssl; returns (cert path, key path)."""
-    cert = os.path.join(directory, f"{name}.crt")
-    key = os.path.join(directory, f"{name}.key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True, timeout=30)
-    return cert, key
-
 
 def served_certificate(port):
     """The DER bytes of the certificate a new TLS connection to the port is given."""

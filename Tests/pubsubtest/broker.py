@@ -170,31 +170,29 @@ class Broker:
 
     def stop(self):
         """SIGTERM, wait, then SIGKILL if needed."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if not self._signal_and_wait(signal.SIGTERM):
+            self.kill()
         self._cleanup()
 
     def kill(self):
         """SIGKILL."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        self._signal_and_wait(signal.SIGKILL)
         self._cleanup()
+
+    def _signal_and_wait(self, sig):
+        """Sends `sig` to the server's process group, then waits 5 s at most; False if it is still running."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return True
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=5)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def _cleanup(self):
         if self._reader is not None:

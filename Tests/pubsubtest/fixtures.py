@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from .broker import Broker
+from .redis import RedisServer
 
 
 @pytest.fixture
@@ -34,3 +35,12 @@ def pool():
     ex = ThreadPoolExecutor(max_workers=8)
     yield ex
     ex.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture
+def redis_server():
+    """A redis-server of its own for the test, stopped (and its folder removed) afterwards."""
+    r = RedisServer()
+    r.start()
+    yield r
+    r.stop()

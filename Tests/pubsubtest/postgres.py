@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 
 from .ports import free_port
+from .tls import make_authority
 
 
 def pg_bin() -> str:
@@ -48,25 +49,17 @@ class PostgresCluster:
         self.tls = tls
         self.ca_file = None
 
-    def _make_certificates(self, data):
-        """A throwaway CA and a server certificate for localhost/127.0.0.1, for ssl=on."""
-        ca_key, ca_crt = os.path.join(self.dir, "ca.key"), os.path.join(self.dir, "ca.pem")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                        "/CN=pubsub test CA", "-keyout", ca_key, "-out", ca_crt], check=True, capture_output=True)
-        key, csr, crt = (os.path.join(data, n) for n in ("server.key", "server.csr", "server.crt"))
-        ext = os.path.join(self.dir, "san.ext")
-        with open(ext, "w") as f:
-            f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-        subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", key,
-                        "-out", csr], check=True, capture_output=True)
-        subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
-                        "-days", "2", "-extfile", ext, "-out", crt], check=True, capture_output=True)
+    def _make_certificates(self):
+        """A throwaway CA and a server certificate for localhost/127.0.0.1, for ssl=on; returns their server options."""
+        files = make_authority(self.dir)
+        key = files["server.key"]
         os.chmod(key, 0o600)
         if os.geteuid() == 0:
-            for path in (key, crt):
+            for path in (key, files["server.pem"]):
                 shutil.chown(path, "postgres", "postgres")
-        os.chmod(ca_crt, 0o644)
-        self.ca_file = ca_crt
+        os.chmod(files["ca.pem"], 0o644)
+        self.ca_file = files["ca.pem"]
+        return f" -c ssl=on -c ssl_cert_file={files['server.pem']} -c ssl_key_file={key}"
 
     @property
     def dsn(self) -> str:
@@ -88,15 +81,13 @@ class PostgresCluster:
         data = os.path.join(self.dir, "data")
         self._run(os.path.join(self.bindir, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--no-sync")
-        if self.tls:
-            self._make_certificates(data)
+        ssl_options = self._make_certificates() if self.tls else ""
         last = None
         for _ in range(3):
             self.port = free_port()
             options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c wal_level=logical "
                        "-c max_replication_slots=8 -c max_wal_senders=8 -c fsync=off")
-            if self.tls:
-                options += " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key"
+            options += ssl_options
             try:
                 self._run(os.path.join(self.bindir, "pg_ctl"), "-D", data, "-l", os.path.join(self.dir, "log"),
                           "-w", "-t", "30", "-o", options, "start")

@@ -56,6 +56,17 @@ class RedisServer:
                              timeout=10)
         return out.stdout.strip()
 
+    def wait_answering(self, what):
+        """Waits until `command("PING")` answers PONG (10 s at most); raises with the log when it does not."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.command("PING") == "PONG":
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{what} did not start on port {self.port}:\n{self.log()}")
+
     def server_pid(self):
         """The redis-server process under `timeout`."""
         with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
@@ -106,14 +117,7 @@ sentinel parallel-syncs {name} 1
         command = [sentinel, self.config] if sentinel else [self.binary, self.config, "--sentinel"]
         self.proc = subprocess.Popen(["timeout", "--signal=KILL", "900"] + command, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.command("PING") == "PONG":
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-sentinel did not start on port {self.port}:\n{self.log()}")
+        self.wait_answering("redis-sentinel")
 
     def stop(self):
         self.kill()

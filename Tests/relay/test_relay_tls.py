@@ -4,7 +4,6 @@ trusted by `pubsub relay <kind> --feed-ca-file` (events arrive) or not (a loud c
 import json
 import os
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -12,6 +11,7 @@ import urllib.request
 import pytest
 
 from pubsubtest.broker import pubsub_bin
+from pubsubtest.tls import make_authority
 from relaykit import SECRET, Lines, events, start_fake, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 
@@ -19,20 +19,7 @@ from relaykit import SECRET, Lines, events, start_fake, start_subscriber, broker
 def certificates():
     """A private certificate authority and a server certificate it signed for 127.0.0.1."""
     with tempfile.TemporaryDirectory(prefix="pubsub-relay-certs-") as d:
-        def openssl(*args):
-            subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-                "-subj", "/CN=pubsub relay test CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-        openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-        with open(os.path.join(d, "server.ext"), "w") as f:
-            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
-                    "extendedKeyUsage=serverAuth\n")
-        openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
-        yield {name: os.path.join(d, name) for name in ("ca.pem", "server.pem", "server.key")}
+        yield make_authority(d, authority="pubsub relay test CA")
 
 
 def start_tls_fake(kind, certificates, *args):

@@ -2,23 +2,13 @@
 
 import time
 
-import pytest
-
 from hookkit import HookReceiver, hook_bayeux, hook_broker, hook_handshake, hook_subscribe
-from pubsubtest.redis import RedisServer, wait_ready
+from pubsubtest.redis import wait_ready
 
 
-@pytest.fixture
-def hook_redis():
-    r = RedisServer()
-    r.start()
-    yield r
-    r.stop()
-
-
-def test_two_nodes_post_each_event_once(hook_redis):
+def test_two_nodes_post_each_event_once(redis_server):
     with HookReceiver() as receiver:
-        args = ["--engine", "redis", "--redis-url", hook_redis.url, "--redis-prefix", "hooks:", "--max-queue", "2"]
+        args = ["--engine", "redis", "--redis-url", redis_server.url, "--redis-prefix", "hooks:", "--max-queue", "2"]
         a = hook_broker([receiver.url], extra=args, timeout=1)
         b = hook_broker([receiver.url], extra=args, timeout=1)
         with a, b:

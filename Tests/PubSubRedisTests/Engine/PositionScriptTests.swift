@@ -23,13 +23,19 @@ import PubSubTesting
         return out
         """)
 
-    @Test func luaAndSwiftGiveTheSameTokens() async throws {
-        let server = try await RedisServer.start()
-        defer { server.stop() }
+    /// A client of `server`, connected (or given up on after 2 s: its commands then fail).
+    private func connected(_ server: RedisServer) async throws -> RedisClient {
         let client = RedisClient(
             configuration: try RedisConfiguration(url: server.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
         client.start()
         for _ in 0..<200 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        return client
+    }
+
+    @Test func luaAndSwiftGiveTheSameTokens() async throws {
+        let server = try await RedisServer.start()
+        defer { server.stop() }
+        let client = try await connected(server)
         defer { _ = client.close() }
         var rng = SystemRandomNumberGenerator()
         for key in [PositionKey(text: "0123456789abcdef0123456789abcdef")!, PositionKey.random(), PositionKey.random()] {
@@ -58,10 +64,7 @@ import PubSubTesting
     @Test func luaUndoesFullWidthPermutedValues() async throws {
         let server = try await RedisServer.start()
         defer { server.stop() }
-        let client = RedisClient(
-            configuration: try RedisConfiguration(url: server.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
-        client.start()
-        for _ in 0..<200 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        let client = try await connected(server)
         defer { _ = client.close() }
         let key = PositionKey.random()
         // What tokens carry: permuted values over all 64 bits, as the node hands them to the subscribe script.
