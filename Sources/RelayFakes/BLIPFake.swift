@@ -374,13 +374,14 @@ final class FakeBLIPConnection: Sendable {
             for (index, entry) in entries.enumerated() where index < wanted.count && wanted[index].arrayValue != nil {
                 let body: JSONValue = entry.deleted ? .object(["_deleted": .bool(true)])
                     : .object(["_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq))])
+                // Counted before it is sent: a client may have it, and a test read the count, before `send` returns.
+                fake.state.withLockedValue { $0.revsSent += 1 }
                 try send(FakeBLIP.Message(
                     type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
                     properties: entry.deleted
                         ? ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq), "deleted": "1"]
                         : ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq)],
                     body: Array(body.jsonString.utf8)))
-                fake.state.withLockedValue { $0.revsSent += 1 }
             }
             return
         }
