@@ -241,7 +241,8 @@ public actor PostgresChangeSource: ChangeSource {
             if let resync { return try await resyncPage(connection, resync) }
             return try await peek(connection)
         } catch {
-            guard connection.isClosed else { throw error }
+            guard connection.isClosed || Self.endsTheConnection(error) else { throw error }
+            if !connection.isClosed { try? await connection.close() }
             lostConnection(error)
             return nil
         }
@@ -284,7 +285,8 @@ public actor PostgresChangeSource: ChangeSource {
         do {
             try await advance(connection, to: lsn)
         } catch {
-            guard connection.isClosed else { throw error }
+            guard connection.isClosed || Self.endsTheConnection(error) else { throw error }
+            if !connection.isClosed { try? await connection.close() }
             // The checkpoint is durable: the slot is advanced to it once connected again.
             lostConnection(error)
         }
@@ -403,6 +405,22 @@ public actor PostgresChangeSource: ChangeSource {
                 let seconds = timeout.nanoseconds / 1_000_000_000
                 continuation.resume(throwing: RelayError(.source, "no answer from PostgreSQL within \(seconds) s"))
             }
+        }
+    }
+
+    /// Whether `error` means the connection is gone even if it is not marked closed yet: a crash or shutdown of
+    /// the server answers the query in flight with an error (SQLSTATE class 57P, operator intervention, or 08,
+    /// connection exception) just before the socket closes.
+    static func endsTheConnection(_ error: any Error) -> Bool {
+        guard let error = error as? PSQLError else { return false }
+        switch error.code {
+        case .serverClosedConnection, .connectionError, .uncleanShutdown, .clientClosedConnection:
+            return true
+        case .server:
+            let state = error.serverInfo?[.sqlState] ?? ""
+            return state.hasPrefix("57P") || state.hasPrefix("08")
+        default:
+            return false
         }
     }
 
