@@ -1,3 +1,4 @@
+import Bayeux
 /// What `pubsub bench` runs: the shape of the load, how it is sent, and how long.
 public enum Scenario: String, CaseIterable, Sendable {
     /// N subscribers on one channel; publishers at a fixed rate or as fast as the window allows.
@@ -30,7 +31,7 @@ public struct BenchURL: Sendable, Equatable, CustomStringConvertible {
     /// Parses `http://127.0.0.1:9292/faye`, `ws://…`, or `127.0.0.1:9292/faye`. TLS is not supported.
     public init?(_ text: String) {
         var rest = Substring(text)
-        var defaultPort = 80
+        let defaultPort = 80
         for scheme in ["http://", "ws://"] where rest.hasPrefix(scheme) {
             rest = rest.dropFirst(scheme.count)
         }
@@ -43,15 +44,11 @@ public struct BenchURL: Sendable, Equatable, CustomStringConvertible {
             hostPort = rest
             path = "/"
         }
-        if hostPort.isEmpty { return nil }
-        if let colon = hostPort.lastIndex(of: ":") {
-            guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else { return nil }
-            host = String(hostPort[..<colon])
-            defaultPort = p
-        } else {
-            host = String(hostPort)
-        }
-        port = defaultPort
+        guard !hostPort.isEmpty, let authority = try? URLAuthority(hostPort), authority.user == nil,
+            !authority.host.isEmpty
+        else { return nil }
+        host = authority.host
+        port = authority.port ?? defaultPort
     }
 
     public var description: String { "http://\(host):\(port)\(path)" }

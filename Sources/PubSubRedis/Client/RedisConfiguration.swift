@@ -1,3 +1,4 @@
+import Bayeux
 import NIOCore
 
 /// Where Redis is and how to talk to it, usually read from a `redis[s]://[[user]:password@]host[:port][/db]` URL.
@@ -61,62 +62,39 @@ public struct RedisConfiguration: Sendable, Hashable {
         if let q = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) { rest = rest[..<q] }
         self.init()
         tls = scheme == "rediss://"
-        if let at = rest.lastIndex(of: "@") {
-            let userinfo = rest[..<at]
-            rest = rest[rest.index(after: at)...]
-            if let colon = userinfo.firstIndex(of: ":") {
-                let user = String(userinfo[..<colon])
-                username = user.isEmpty ? nil : try Self.percentDecoded(user, fail)
-                password = try Self.percentDecoded(String(userinfo[userinfo.index(after: colon)...]), fail)
-            } else if !userinfo.isEmpty {
-                // `redis://secret@host` is how some tools write a password alone.
-                password = try Self.percentDecoded(String(userinfo), fail)
-            }
-        }
-        var hostPort = rest
+        var authority = rest
         if let slash = rest.firstIndex(of: "/") {
-            hostPort = rest[..<slash]
+            authority = rest[..<slash]
             let db = rest[rest.index(after: slash)...]
             if !db.isEmpty {
                 guard let n = Int(db), n >= 0, n < 1 << 16 else { throw fail("the database must be a number") }
                 database = n
             }
         }
-        if hostPort.hasPrefix("["), let close = hostPort.firstIndex(of: "]") {
-            host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
-            hostPort = hostPort[hostPort.index(after: close)...]
-            if hostPort.hasPrefix(":") {
-                guard let p = Int(hostPort.dropFirst()), (1...65535).contains(p) else { throw fail("bad port") }
-                port = p
-            } else if !hostPort.isEmpty {
-                throw fail("bad host")
+        let parts: URLAuthority
+        do {
+            parts = try URLAuthority(authority)
+        } catch {
+            switch error {
+            case .badPort: throw fail("bad port")
+            case .unclosedBracket, .junkAfterBracket: throw fail("bad host")
             }
-        } else if let colon = hostPort.lastIndex(of: ":") {
-            host = String(hostPort[..<colon])
-            guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else {
-                throw fail("bad port")
-            }
-            port = p
-        } else {
-            host = String(hostPort)
         }
+        func decoded(_ text: String) throws -> String {
+            do { return try PercentDecoding.decode(text) } catch { throw fail("bad percent escape") }
+        }
+        if let user = parts.user {
+            if let secret = parts.password {
+                username = user.isEmpty ? nil : try decoded(user)
+                password = try decoded(secret)
+            } else if !user.isEmpty {
+                // `redis://secret@host` is how some tools write a password alone.
+                password = try decoded(user)
+            }
+        }
+        host = parts.host
+        if let port = parts.port { self.port = port }
         if host.isEmpty { host = "127.0.0.1" }
-    }
-
-    private static func percentDecoded(_ text: String, _ fail: (String) -> URLError) throws -> String {
-        var bytes: [UInt8] = []
-        var iterator = Array(text.utf8).makeIterator()
-        while let byte = iterator.next() {
-            if byte == UInt8(ascii: "%") {
-                guard let h = iterator.next(), let l = iterator.next(),
-                    let value = UInt8(String(decoding: [h, l], as: UTF8.self), radix: 16)
-                else { throw fail("bad percent escape") }
-                bytes.append(value)
-            } else {
-                bytes.append(byte)
-            }
-        }
-        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// The URL without the password, for logs.

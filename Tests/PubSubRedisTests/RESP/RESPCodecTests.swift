@@ -187,7 +187,8 @@ import PubSubTesting
         #expect(full.redacted == "redis://:***@example.test:6380/3")
     }
 
-    @Test(arguments: ["http://x", "redis://h:0", "redis://h:99999", "redis://h:1/x", "redis://:%zz@h", "redis://h:port"])
+    @Test(arguments: ["http://x", "redis://h:0", "redis://h:99999", "redis://h:1/x", "redis://:%zz@h", "redis://h:port",
+                      "redis://[::1", "redis://[::1]x", "redis://h:+80"])
     func rejects(_ url: String) {
         #expect(throws: RedisConfiguration.URLError.self) { try RedisConfiguration(url: url) }
     }
