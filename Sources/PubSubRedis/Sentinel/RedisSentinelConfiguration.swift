@@ -22,9 +22,7 @@ public struct RedisSentinelConfiguration: Sendable {
 
 
 extension RedisSentinelConfiguration {
-    public struct ParseError: Error, CustomStringConvertible, Hashable {
-        public var description: String
-    }
+    public typealias ParseError = RedisEndpointList.ParseError
 
     /// Reads `--redis-sentinels` and `--redis-master-name`.
     ///
@@ -33,30 +31,7 @@ extension RedisSentinelConfiguration {
     /// the same). Master: `NAME`, or `redis[s]://[[user]:password@]NAME[/db]` for the master's own password,
     /// database and TLS.
     public static func parse(sentinels list: String, masterName: String) throws -> (RedisSentinelConfiguration, master: RedisConfiguration) {
-        var endpoints: [RedisEndpoint] = []
-        var connection: RedisConfiguration?
-        for raw in list.split(separator: ",") {
-            let entry = Self.trimmed(raw)
-            guard !entry.isEmpty else { continue }
-            var url = entry.contains("://") ? entry : "redis://" + entry
-            // A sentinel listens on 26379 unless told otherwise.
-            if !Self.hasPort(url) { url = Self.withPort(url, 26379) }
-            let parsed: RedisConfiguration
-            do {
-                parsed = try RedisConfiguration(url: url)
-            } catch {
-                throw ParseError(description: "invalid sentinel '\(entry)': \(error)")
-            }
-            var shared = parsed
-            shared.host = ""
-            shared.port = 0
-            if let connection, connection != shared {
-                throw ParseError(description: "every sentinel must use the same scheme and password")
-            }
-            connection = shared
-            endpoints.append(RedisEndpoint(host: parsed.host, port: parsed.port))
-        }
-        guard !endpoints.isEmpty else { throw ParseError(description: "no sentinel given (host:port,host:port)") }
+        let (endpoints, connection) = try RedisEndpointList.parse(list, defaultPort: 26379, noun: "sentinel")
         let name = Self.trimmed(Substring(masterName))
         var master = RedisConfiguration()
         var masterID = name
@@ -71,36 +46,13 @@ extension RedisSentinelConfiguration {
         guard !masterID.isEmpty, !masterID.contains(" ") else {
             throw ParseError(description: "the master name must not be empty or contain spaces")
         }
-        var sentinelConnection = connection ?? RedisConfiguration()
+        var sentinelConnection = connection
         sentinelConnection.host = endpoints[0].host
         sentinelConnection.port = endpoints[0].port
         return (RedisSentinelConfiguration(sentinels: endpoints, masterName: masterID, sentinelConnection: sentinelConnection), master)
     }
 
     private static func trimmed(_ text: Substring) -> String {
-        String(text.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
-    }
-
-    /// Where the authority starts: after `scheme://`.
-    private static func authorityStart(_ url: String) -> String.Index {
-        var i = url.startIndex
-        while i < url.endIndex {
-            if url[i...].hasPrefix("://") { return url.index(i, offsetBy: 3) }
-            i = url.index(after: i)
-        }
-        return url.startIndex
-    }
-
-    private static func hasPort(_ url: String) -> Bool {
-        var rest = url[authorityStart(url)...]
-        if let at = rest.lastIndex(of: "@") { rest = rest[rest.index(after: at)...] }
-        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
-        if rest.hasPrefix("[") { return rest.contains("]:") }
-        return rest.contains(":")
-    }
-
-    private static func withPort(_ url: String, _ port: Int) -> String {
-        guard let slash = url[authorityStart(url)...].firstIndex(of: "/") else { return url + ":\(port)" }
-        return String(url[..<slash]) + ":\(port)" + String(url[slash...])
+        RedisEndpointList.trimmed(text)
     }
 }
