@@ -11,6 +11,8 @@ public enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConverti
     case redis
     /// The Redis engine finding its master through a sentinel.
     case sentinel
+    /// The Redis engine on a Redis Cluster of three masters (shared by the tests, each in a slot of its own).
+    case redisCluster
     public var testDescription: String { rawValue }
     /// Several nodes can share it.
     public var isRedis: Bool { self != .memory }
@@ -106,19 +108,27 @@ public final class Cluster: @unchecked Sendable {
     public private(set) var nodes: [Node] = []
     public let server: RedisServer?
     public let sentinel: RedisSentinelServer?
+    /// `.redisCluster`: the shared cluster, and this test's key prefix (its hash tag picks the slot).
+    public let redisCluster: RedisClusterServer?
+    public let keyPrefix = "t" + String(ClientID.random().prefix(10)) + ":"
     public let configuration: BrokerConfiguration
 
-    private init(kind: EngineKind, server: RedisServer?, sentinel: RedisSentinelServer?, configuration: BrokerConfiguration) {
+    private init(
+        kind: EngineKind, server: RedisServer?, sentinel: RedisSentinelServer?, redisCluster: RedisClusterServer?,
+        configuration: BrokerConfiguration
+    ) {
         self.kind = kind
         self.server = server
         self.sentinel = sentinel
+        self.redisCluster = redisCluster
         self.configuration = configuration
     }
 
     public static func start(_ kind: EngineKind, nodes count: Int = 1, configuration: BrokerConfiguration = .init())
         async throws -> Cluster
     {
-        let server = kind.isRedis ? try await RedisServer.start() : nil
+        let server = kind == .redis || kind == .sentinel ? try await RedisServer.start() : nil
+        let redisCluster = kind == .redisCluster ? try await RedisClusterServer.shared() : nil
         var sentinel: RedisSentinelServer?
         if kind == .sentinel, let server {
             do {
@@ -128,7 +138,8 @@ public final class Cluster: @unchecked Sendable {
                 throw error
             }
         }
-        let cluster = Cluster(kind: kind, server: server, sentinel: sentinel, configuration: configuration)
+        let cluster = Cluster(
+            kind: kind, server: server, sentinel: sentinel, redisCluster: redisCluster, configuration: configuration)
         for _ in 0..<count { try await cluster.addNode() }
         return cluster
     }
@@ -142,9 +153,14 @@ public final class Cluster: @unchecked Sendable {
             let node = Node(broker: broker, redis: nil, loop: loop)
             nodes.append(node)
             return node
-        case .redis, .sentinel:
+        case .redis, .sentinel, .redisCluster:
             var settings = RedisEngineConfiguration(
-                redis: try RedisConfiguration(url: server!.url), sweepPeriod: sweepPeriod, handoffTimeout: handoffTimeout)
+                redis: try RedisConfiguration(url: server?.url ?? "redis://127.0.0.1:1/0"), sweepPeriod: sweepPeriod,
+                handoffTimeout: handoffTimeout)
+            if let redisCluster {
+                settings.cluster = RedisClusterConfiguration(seeds: redisCluster.seeds)
+                settings.keyPrefix = keyPrefix
+            }
             if let sentinel {
                 // The master's address comes from the sentinel only: the URL's host and port are not used.
                 settings.redis.port = 1

@@ -21,6 +21,10 @@ struct EngineOptions: ParsableArguments {
         "The master's name at the sentinels; redis[s]://[[user]:password@]NAME[/db] for its password, database, TLS (PUBSUB_REDIS_MASTER_NAME).",
         valueName: "name"))
     var redisMasterName: String?
+    @Option(help: ArgumentHelp(
+        "Redis Cluster instead of --redis-url: host:port,host:port of any of its nodes (or redis[s]://[[user]:password@]host:port each) (PUBSUB_REDIS_CLUSTER).",
+        valueName: "nodes"))
+    var redisCluster: String?
     @Option(help: "PEM file of the CAs to trust for rediss:// instead of the system's (PUBSUB_REDIS_CA_FILE).")
     var redisCaFile: String?
 
@@ -28,6 +32,7 @@ struct EngineOptions: ParsableArguments {
         let name = try resolvedEngine()
         if name != "redis", redisUrl != nil { throw ValidationError("--redis-url needs --engine redis") }
         if name != "redis", redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
+        if name != "redis", redisCluster != nil { throw ValidationError("--redis-cluster needs --engine redis") }
         _ = try resolvedRedis()
     }
 
@@ -35,6 +40,7 @@ struct EngineOptions: ParsableArguments {
     enum RedisTarget {
         case server(RedisConfiguration)
         case sentinel(RedisSentinelConfiguration, master: RedisConfiguration)
+        case cluster(RedisClusterConfiguration)
     }
 
     func resolvedRedis() throws -> RedisTarget {
@@ -42,6 +48,11 @@ struct EngineOptions: ParsableArguments {
         let sentinels = redisSentinels ?? Environment.string("PUBSUB_REDIS_SENTINELS")
         let masterName = redisMasterName ?? Environment.string("PUBSUB_REDIS_MASTER_NAME")
         let caFile = redisCaFile ?? Environment.string("PUBSUB_REDIS_CA_FILE")
+        let clusterNodes = redisCluster ?? Environment.string("PUBSUB_REDIS_CLUSTER")
+        if clusterNodes != nil, url != nil || sentinels != nil {
+            throw ValidationError(
+                "--redis-cluster (PUBSUB_REDIS_CLUSTER) cannot be used with --redis-url or --redis-sentinels: one Redis server, the sentinels, or the cluster's nodes")
+        }
         if url != nil, sentinels != nil {
             throw ValidationError(
                 "--redis-url (PUBSUB_REDIS_URL) and --redis-sentinels (PUBSUB_REDIS_SENTINELS) cannot be used together: one Redis server, or the sentinels that name the master")
@@ -51,6 +62,15 @@ struct EngineOptions: ParsableArguments {
         }
         if let caFile, !FileManager.default.isReadableFile(atPath: caFile) {
             throw ValidationError("--redis-ca-file: cannot read \(caFile)")
+        }
+        if let clusterNodes {
+            do {
+                var cluster = try RedisClusterConfiguration.parse(clusterNodes)
+                cluster.connection.caFile = caFile
+                return .cluster(cluster)
+            } catch {
+                throw ValidationError("--redis-cluster: \(error)")
+            }
         }
         if let sentinels {
             guard let masterName else {
@@ -94,6 +114,8 @@ struct EngineOptions: ParsableArguments {
             settings = RedisEngineConfiguration(redis: redis)
         case .sentinel(let sentinel, let master):
             settings = RedisEngineConfiguration(redis: master, sentinel: sentinel)
+        case .cluster(let cluster):
+            settings = RedisEngineConfiguration(redis: cluster.connection, cluster: cluster)
         }
         if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
         let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)

@@ -25,7 +25,7 @@ public final class RedisClient: Sendable {
     private let setup: [RESPCommand]
     private let resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)?
     private let verify: (@Sendable (RedisEndpoint, _ send: @escaping @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>) -> EventLoopFuture<Void>)?
-    private let onReadOnly: (@Sendable () -> Void)?
+    private let onRedirect: (@Sendable (String) -> Void)?
 
     /// Sends commands on a connection that is being prepared (before anyone else may use it).
     public typealias Sender = @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>
@@ -46,8 +46,8 @@ public final class RedisClient: Sendable {
     /// `onPush` makes this a subscriber connection: pushes (`message`, `subscribe`, …) go there.
     /// `resolve` says where to connect at each attempt (Sentinel discovery); without it, the configuration's
     /// host and port. `verify` runs on each new connection after the setup commands, before it is used (a
-    /// failed future drops it). `onReadOnly` makes a `READONLY` error reply drop the connection (the server was
-    /// demoted to a replica) and is told so.
+    /// failed future drops it). `onRedirect` makes a `READONLY` or `MOVED` error reply drop the connection (the
+    /// server was demoted to a replica, or no longer serves the slot) and is told the reply.
     public init(
         configuration: RedisConfiguration,
         eventLoop: any EventLoop,
@@ -56,7 +56,7 @@ public final class RedisClient: Sendable {
         logger: Logger = Logger(label: "pubsub.redis"),
         resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)? = nil,
         verify: (@Sendable (RedisEndpoint, _ send: @escaping Sender) -> EventLoopFuture<Void>)? = nil,
-        onReadOnly: (@Sendable () -> Void)? = nil,
+        onRedirect: (@Sendable (String) -> Void)? = nil,
         onPush: (@Sendable (RESPValue) -> Void)? = nil,
         onEvent: @escaping @Sendable (Event) -> Void = { _ in }
     ) {
@@ -67,7 +67,7 @@ public final class RedisClient: Sendable {
         self.logger = logger
         self.resolve = resolve
         self.verify = verify
-        self.onReadOnly = onReadOnly
+        self.onRedirect = onRedirect
         self.onPush = onPush
         self.onEvent = onEvent
     }
@@ -157,7 +157,7 @@ public final class RedisClient: Sendable {
     }
 
     /// One request on a connection of its own, closed after the replies (asking a sentinel).
-    static func request(
+    public static func request(
         _ commands: [RESPCommand], configuration: RedisConfiguration, to endpoint: RedisEndpoint,
         on eventLoop: any EventLoop
     ) -> EventLoopFuture<[RESPValue]> {
@@ -253,12 +253,13 @@ public final class RedisClient: Sendable {
             return eventLoop.makeFailedFuture(RedisError(.notConnected))
         }
         let replies = Self.write(commands, to: channel)
-        guard let onReadOnly else { return replies }
+        guard let onRedirect else { return replies }
         return replies.map { replies in
-            if replies.contains(where: Self.isReadOnly) {
-                // A replica now: nothing written here counts. Drop the connection; the reconnect finds the master.
+            if let redirect = replies.lazy.compactMap(Self.redirect).first {
+                // A replica now, or the slot is served elsewhere: nothing written here counts. Drop the
+                // connection; the reconnect finds the master.
                 channel.close(promise: nil)
-                onReadOnly()
+                onRedirect(redirect)
             }
             return replies
         }
@@ -267,6 +268,12 @@ public final class RedisClient: Sendable {
     static func isReadOnly(_ reply: RESPValue) -> Bool {
         if case .error(let message) = reply { return message.hasPrefix("READONLY") }
         return false
+    }
+
+    /// The error message of a reply that says another server must be used: `READONLY` or `MOVED`.
+    static func redirect(_ reply: RESPValue) -> String? {
+        guard case .error(let message) = reply, message.hasPrefix("READONLY") || message.hasPrefix("MOVED ") else { return nil }
+        return message
     }
 
     /// Writes commands whose replies nobody waits for (SUBSCRIBE on a subscriber connection).

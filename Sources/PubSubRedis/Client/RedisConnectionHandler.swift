@@ -81,13 +81,14 @@ final class RedisConnectionHandler: ChannelDuplexHandler {
 
     static func isPush(_ value: RESPValue) -> Bool {
         guard case .array(let elements?) = value, let kind = elements.first?.buffer else { return false }
-        switch kind.readableBytes {
-        case 7: return kind.readableBytesView.elementsEqual("message".utf8)
-        case 8: return kind.readableBytesView.elementsEqual("pmessage".utf8)
-        case 9: return kind.readableBytesView.elementsEqual("subscribe".utf8)
-        case 10: return kind.readableBytesView.elementsEqual("psubscribe".utf8)
-        case 11: return kind.readableBytesView.elementsEqual("unsubscribe".utf8)
-        case 12: return kind.readableBytesView.elementsEqual("punsubscribe".utf8)
+        let bytes = kind.readableBytesView
+        switch bytes.count {
+        case 7: return bytes.elementsEqual("message".utf8)
+        case 8: return bytes.elementsEqual("pmessage".utf8) || bytes.elementsEqual("smessage".utf8)
+        case 9: return bytes.elementsEqual("subscribe".utf8)
+        case 10: return bytes.elementsEqual("psubscribe".utf8) || bytes.elementsEqual("ssubscribe".utf8)
+        case 11: return bytes.elementsEqual("unsubscribe".utf8)
+        case 12: return bytes.elementsEqual("punsubscribe".utf8) || bytes.elementsEqual("sunsubscribe".utf8)
         default: return false
         }
     }

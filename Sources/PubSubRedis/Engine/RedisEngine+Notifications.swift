@@ -8,7 +8,7 @@ extension RedisEngine {
     func received(_ push: RESPValue) {
         guard let parts = push.array, let kind = parts.first?.string else { return }
         switch kind {
-        case "message":
+        case "message", "smessage":
             guard parts.count == 3, let payload = parts[2].buffer else { return }
             guard let message = NodeMessage.parse(payload) else {
                 logger.warning("unreadable notification", metadata: ["pubsub.redis.bytes": "\(payload.readableBytes)"])
@@ -22,7 +22,10 @@ extension RedisEngine {
                 return false
             }
             if !buffer { handle(message) }
-        case "subscribe":
+        case "sunsubscribe":
+            // The server moved the slot of the notification channel elsewhere.
+            cluster?.unsubscribed()
+        case "subscribe", "ssubscribe":
             let both = state.withLockedValue { s -> Bool in
                 s.subscribed = true
                 return s.routed
@@ -83,7 +86,7 @@ extension RedisEngine {
     func handOver(_ clientId: String, to node: String) {
         let queue = local.evict(clientId, reason: .superseded) ?? []
         let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
-        _ = commands.send(RESPCommand("PUBLISH", .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
+        _ = commands.send(RESPCommand(publishCommand, .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
     }
 
     /// Once both connections are back and this node's routing is in Redis again: delivers from the history what
@@ -189,7 +192,7 @@ extension RedisEngine {
     func subscriberEvent(_ event: RedisClient.Event) {
         switch event {
         case .connected:
-            subscriber.sendWithoutReply([RESPCommand("SUBSCRIBE", .string(notificationChannel))])
+            subscriber.sendWithoutReply([RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))])
         case .disconnected(let error):
             state.withLockedValue { s in
                 s.subscribed = false

@@ -47,7 +47,7 @@ extension RedisEngine {
             let key = values.count > 2 ? values[2].string.flatMap { PositionKey(text: $0) } : nil
             self.state.withLockedValue { s in
                 s.published += 1
-                if self.sentinel != nil, sequence > 0 {
+                if self.sentinel != nil || self.cluster != nil, sequence > 0 {
                     if s.acknowledged.count >= 100_000 { s.acknowledged.removeFirst() }
                     s.acknowledged.append(sequence)
                 }

@@ -49,11 +49,10 @@ extension RedisEngine {
     /// is sent. When this node comes from another master: counts the positions it had seen and its acknowledged
     /// publishes that the new master does not have.
     func reseat(at endpoint: RedisEndpoint, send: @escaping RedisClient.Sender) -> EventLoopFuture<Void> {
-        let gap = settings.sentinel?.failoverPositionGap ?? 0
-        let command = RESPCommand([
-            "EVAL", .string(Self.reseatScript.source), 0, .string(keyPrefix), .string(channelPrefix),
-            .string(endpoint.description), .integer(Int64(gap)),
-        ])
+        let gap = settings.failoverPositionGap
+        let command = RESPCommand(
+            ["EVAL", .string(Self.reseatScript.variant(sharded: sharded).source)] + scriptPrelude
+                + [.string(endpoint.description), .integer(Int64(gap))])
         return send([command]).flatMapThrowing { replies in
             if case .error(let message) = replies[0] { throw RedisError(.server, "reseat: \(message)") }
             guard let values = replies[0].array, values.count == 4, let base = values[1].int.map({ UInt64(max(0, $0)) }),

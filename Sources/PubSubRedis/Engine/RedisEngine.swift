@@ -27,6 +27,10 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     var subscriber: RedisClient!
     /// Sentinel mode: finds the master and watches for failovers.
     let sentinel: SentinelMonitor?
+    /// Cluster mode: finds the master serving the engine's slot and follows it.
+    let cluster: ClusterMonitor?
+    /// Redis Cluster: notifications are sharded (`SPUBLISH`, `SSUBSCRIBE`), scripts name a key of the slot.
+    var sharded: Bool { cluster != nil }
     let group: MultiThreadedEventLoopGroup
     let logger: Logger
     /// Told about the session events that happen on this node (webhooks); see `RedisEngine+SessionEvents.swift`.
@@ -95,8 +99,9 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         // The local store logs what no connection sees: a client dropped for overflow between two polls.
         self.local = MemoryEngine(configuration: localConfiguration, logger: logger)
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        self.keyPrefix = settings.keyPrefix
-        self.channelPrefix = settings.keyPrefix + String(settings.redis.database) + ":"
+        let keyPrefix = settings.cluster == nil ? settings.keyPrefix : RedisClusterConfiguration.taggedPrefix(settings.keyPrefix)
+        self.keyPrefix = keyPrefix
+        self.channelPrefix = keyPrefix + String(settings.redis.database) + ":"
         self.notificationChannel = channelPrefix + "n:" + settings.nodeID
         self.positionMarker = "pos" + ClientID.random()
         var wall = timespec()
@@ -104,7 +109,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         let wallMilliseconds = Int64(wall.tv_sec) * 1000 + Int64(wall.tv_nsec) / 1_000_000
         self.wallOffsetMilliseconds = wallMilliseconds - Int64(NIODeadline.now().uptimeNanoseconds / 1_000_000)
         let loop = group.next()
-        let setup = RedisScripts.all.map { RESPCommand("SCRIPT", "LOAD", .string($0.source)) }
+        let setup = RedisScripts.all.map { RESPCommand("SCRIPT", "LOAD", .string($0.variant(sharded: settings.cluster != nil).source)) }
         let box = NIOLockedValueBox<RedisEngine?>(nil)
         let sentinel = settings.sentinel.map { sentinelSettings in
             SentinelMonitor(settings: sentinelSettings, eventLoop: loop, logger: logger) { why in
@@ -112,10 +117,16 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             }
         }
         self.sentinel = sentinel
+        let cluster = settings.cluster.map { clusterSettings in
+            ClusterMonitor(settings: clusterSettings, probeKey: keyPrefix, eventLoop: loop, logger: logger) { why in
+                box.withLockedValue { $0 }?.rediscover(because: why)
+            }
+        }
+        self.cluster = cluster
         var resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)?
         var verifyCommands: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
         var verifySubscriber: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
-        var onReadOnly: (@Sendable () -> Void)?
+        var onRedirect: (@Sendable (String) -> Void)?
         if let monitor = sentinel {
             resolve = { monitor.resolve() }
             verifyCommands = { endpoint, send in
@@ -125,11 +136,21 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                 }
             }
             verifySubscriber = { endpoint, send in monitor.verify(endpoint, send: send).map { _ in } }
-            onReadOnly = { monitor.readOnly() }
+            onRedirect = { message in if message.hasPrefix("READONLY") { monitor.readOnly() } }
+        } else if let monitor = cluster {
+            resolve = { monitor.resolve() }
+            verifyCommands = { endpoint, send in
+                monitor.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
+                    guard let engine = box.withLockedValue({ $0 }) else { return loop.makeSucceededVoidFuture() }
+                    return engine.reseat(at: endpoint, send: send)
+                }
+            }
+            verifySubscriber = { endpoint, send in monitor.verify(endpoint, send: send).map { _ in } }
+            onRedirect = { message in monitor.redirected(message) }
         }
         self.commands = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "commands", setup: setup, logger: logger,
-            resolve: resolve, verify: verifyCommands, onReadOnly: onReadOnly,
+            resolve: resolve, verify: verifyCommands, onRedirect: onRedirect,
             onEvent: { event in box.withLockedValue { $0 }?.commandsEvent(event) })
         self.subscriber = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "notifications", logger: logger,
@@ -169,8 +190,13 @@ public final class RedisEngine: Engine, @unchecked Sendable {
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }
 
-    /// Where Redis is, for logs: the URL (without password), or the sentinels and the master's name.
+    /// Where Redis is, for logs: the URL (without password), the sentinels and the master's name, or the
+    /// cluster's nodes and the engine's slot.
     public var redisDescription: String {
+        if let cluster = settings.cluster {
+            return "Redis Cluster " + cluster.seeds.map(\.description).joined(separator: ",")
+                + " (slot \(ClusterSlot.of(keyPrefix)) of '\(keyPrefix)')"
+        }
         guard let sentinel = settings.sentinel else { return settings.redis.redacted }
         return "master '\(sentinel.masterName)' of sentinels "
             + sentinel.sentinels.map(\.description).joined(separator: ",")
@@ -199,11 +225,11 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
             counter("sessions_restored", s.sessionsRestored,
                     "Sessions of this node that Redis no longer had after a reconnect or failover, put back."),
-            counter("failovers", s.failovers, "Sentinel: new Redis masters this node moved to."),
+            counter("failovers", s.failovers, "Sentinel or Cluster: new Redis masters this node moved to."),
             counter("failover_lost_publishes", s.failoverLostPublishes,
-                    "Sentinel: this node's acknowledged publishes that the new master does not have (not replicated)."),
+                    "Sentinel or Cluster: this node's acknowledged publishes that the new master does not have (not replicated)."),
             counter("failover_lost_positions", s.failoverLostPositions,
-                    "Sentinel: positions this node had seen beyond the new master's last one at a failover."),
+                    "Sentinel or Cluster: positions this node had seen beyond the new master's last one at a failover."),
         ]
     }
 
@@ -244,16 +270,26 @@ public final class RedisEngine: Engine, @unchecked Sendable {
 
     /// Runs a script by its digest, loading it if Redis lost it (after a restart, before the setup ran).
     func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
-        let common: [RESPArgument] = [0, .string(keyPrefix), .string(channelPrefix)]
+        let common = scriptPrelude
         let commands = self.commands
-        return commands.send(RESPCommand(["EVALSHA", .string(script.sha)] + common + arguments)).flatMapError {
+        let variant = script.variant(sharded: sharded)
+        return commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
             error in
             if let e = error as? RedisError, e.code == .server, e.message.hasPrefix("NOSCRIPT") {
-                return commands.send(RESPCommand(["EVAL", .string(script.source)] + common + arguments))
+                return commands.send(RESPCommand(["EVAL", .string(variant.source)] + common + arguments))
             }
             return commands.eventLoop.makeFailedFuture(error)
         }
     }
+
+    /// What every script run starts with: its keys (in Redis Cluster one, of the engine's slot, so that the
+    /// server answers `MOVED` rather than run where the slot is not served), then P and C.
+    var scriptPrelude: [RESPArgument] {
+        sharded ? [1, .string(keyPrefix), .string(keyPrefix), .string(channelPrefix)] : [0, .string(keyPrefix), .string(channelPrefix)]
+    }
+
+    /// `PUBLISH`, or `SPUBLISH` in Redis Cluster (the notification channels are sharded).
+    var publishCommand: String { sharded ? "SPUBLISH" : "PUBLISH" }
 
     var isConnected: Bool { commands.isConnected }
 
@@ -267,7 +303,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             s.barriers[s.nextBarrier] = promise
             return s.nextBarrier
         }
-        commands.send(RESPCommand("PUBLISH", .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
+        commands.send(RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
             .whenFailure { error in
                 self.state.withLockedValue { $0.barriers[n] = nil }
                 promise.fail(error)

@@ -9,7 +9,11 @@ public struct RedisEngineConfiguration: Sendable {
     public var redis: RedisConfiguration
     /// Redis Sentinel: the master is found through the sentinels and followed through failovers.
     public var sentinel: RedisSentinelConfiguration?
-    /// Prepended to every key; nodes sharing a prefix (and a database) form one cluster.
+    /// Redis Cluster: the engine's slot is found through the cluster's nodes and followed through failovers;
+    /// `redis` then says how to talk to the nodes (password, TLS).
+    public var cluster: RedisClusterConfiguration?
+    /// Prepended to every key; nodes sharing a prefix (and a database) form one cluster. In Redis Cluster it is
+    /// put inside a hash tag unless it has one (`RedisClusterConfiguration.taggedPrefix`).
     public var keyPrefix: String
     /// This node's name in Redis; unique per process.
     public var nodeID: String
@@ -27,14 +31,19 @@ public struct RedisEngineConfiguration: Sendable {
         sweepPeriod: TimeAmount = .seconds(1),
         handoffTimeout: TimeAmount = .seconds(1),
         sweepBatch: Int = 1000,
-        sentinel: RedisSentinelConfiguration? = nil
+        sentinel: RedisSentinelConfiguration? = nil,
+        cluster: RedisClusterConfiguration? = nil
     ) {
         self.redis = redis
         self.sentinel = sentinel
+        self.cluster = cluster
         self.keyPrefix = keyPrefix
         self.nodeID = nodeID
         self.sweepPeriod = sweepPeriod
         self.handoffTimeout = handoffTimeout
         self.sweepBatch = sweepBatch
     }
+
+    /// Positions skipped when the first node reaches a new master after a failover (Sentinel or Cluster).
+    var failoverPositionGap: UInt64 { sentinel?.failoverPositionGap ?? cluster?.failoverPositionGap ?? 0 }
 }

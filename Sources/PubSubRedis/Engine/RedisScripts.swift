@@ -20,17 +20,35 @@ import PubSubCore
 /// - Sentinel only: `P master` the address of the master the positions were last taken on, `P termbase` that
 ///   master's last position when the first node reached it (see `RedisEngine+Sentinel.swift`)
 /// Notification channel of a node: `C n:<node>` (C adds the database, as pub/sub ignores it).
+/// In Redis Cluster, P holds a hash tag (`{pubsub:}`), so every key and notification channel is in one slot:
+/// each script runs where that slot is served, and notifications are sharded (`SPUBLISH`, `SSUBSCRIBE`).
 enum RedisScripts {
     struct Script: Sendable {
-        let source: String
-        let sha: String
+        /// The script for one Redis server (notifications with `PUBLISH`).
+        let plain: Variant
+        /// The script for Redis Cluster: notifications with `SPUBLISH`, so they reach only the engine's shard.
+        let sharded: Variant
+
+        struct Variant: Sendable {
+            let source: String
+            let sha: String
+
+            init(_ source: String) {
+                self.source = source
+                let hex = Array("0123456789abcdef".utf8)
+                sha = String(
+                    decoding: Insecure.SHA1.hash(data: Array(source.utf8)).flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] },
+                    as: UTF8.self)
+            }
+        }
 
         init(_ body: String) {
-            source = prelude + body
-            let hex = Array("0123456789abcdef".utf8)
-            sha = String(decoding: Insecure.SHA1.hash(data: Array(source.utf8)).flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] },
-                as: UTF8.self)
+            let source = prelude + body
+            plain = Variant(source)
+            sharded = Variant(source.replacing("redis.call('PUBLISH'", with: "redis.call('SPUBLISH'"))
         }
+
+        func variant(sharded: Bool) -> Variant { sharded ? self.sharded : plain }
     }
 
     /// ARGV[1] key prefix, ARGV[2] channel prefix; the script's own arguments follow.

@@ -100,7 +100,7 @@ import PubSubTesting
         let readOnly = NIOLockedValueBox(0)
         let client = RedisClient(
             configuration: try RedisConfiguration(url: replica.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
-            onReadOnly: { readOnly.withLockedValue { $0 += 1 } })
+            onRedirect: { message in if message.hasPrefix("READONLY") { readOnly.withLockedValue { $0 += 1 } } })
         client.start()
         for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
         let reply = try await client.send([RESPCommand("SET", "k", "v")]).get()

@@ -256,8 +256,8 @@ import PubSubTesting
             #expect(got == [7])
             if let redis = h.redis {
                 // The byte total kept in Redis is the sum of what its history list holds.
-                let list = try await redis.commands.send(RESPCommand("LRANGE", "pubsub:history", "0", "-1")).get()
-                let total = try await redis.commands.send(RESPCommand("GET", "pubsub:hbytes")).get()
+                let list = try await redis.commands.send(RESPCommand("LRANGE", .string(redis.keyPrefix + "history"), "0", "-1")).get()
+                let total = try await redis.commands.send(RESPCommand("GET", .string(redis.keyPrefix + "hbytes"))).get()
                 let sum = (list.array ?? []).reduce(0) { $0 + ($1.buffer?.readableBytes ?? 0) }
                 #expect(list.array?.count == 1)
                 #expect(total.string.flatMap { Int($0) } == sum)

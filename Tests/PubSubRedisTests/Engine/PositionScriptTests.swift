@@ -48,7 +48,7 @@ import PubSubTesting
             for (epoch, sequence) in zip(epochs, sequences) {
                 arguments += [.string(String(epoch)), .integer(Int64(sequence >> 32)), .integer(Int64(sequence & 0xffff_ffff))]
             }
-            let reply = try await client.send(RESPCommand(["EVAL", .string(Self.probe.source)] + arguments)).get()
+            let reply = try await client.send(RESPCommand(["EVAL", .string(Self.probe.plain.source)] + arguments)).get()
             let values = try #require(reply.array).map { $0.string ?? "" }
             #expect(values.count == 3 * sequences.count)
             for (i, (epoch, sequence)) in zip(epochs, sequences).enumerated() {
@@ -71,7 +71,7 @@ import PubSubTesting
         let permuted = (0..<50).map { PositionCipher.permute(UInt64($0) * 7919, key: key) } + [0, .max, 1 << 63]
         var arguments: [RESPArgument] = [0, "pk", "pc", .string(key.text), .integer(Int64(permuted.count))]
         for value in permuted { arguments += ["1", .integer(Int64(value >> 32)), .integer(Int64(value & 0xffff_ffff))] }
-        let reply = try await client.send(RESPCommand(["EVAL", .string(Self.probe.source)] + arguments)).get()
+        let reply = try await client.send(RESPCommand(["EVAL", .string(Self.probe.plain.source)] + arguments)).get()
         let values = try #require(reply.array).map { $0.string ?? "" }
         for (i, value) in permuted.enumerated() {
             #expect(values[3 * i + 1] == hex16(PositionCipher.unpermute(value, key: key)))

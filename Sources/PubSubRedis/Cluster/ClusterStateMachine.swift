@@ -1,0 +1,198 @@
+/// Which node serves the engine's slot, without sockets or clocks.
+///
+/// Discovery is a round over the known nodes (the seeds first, then the nodes the slot maps named), starting
+/// with the one that answered last: each is asked `CLUSTER SLOTS`, and the master it gives for the slot is then
+/// checked on a connection of its own (`ROLE` is master, and a key of the slot is served there, not `MOVED`).
+/// A `MOVED` reply names the new owner, which the next discovery tries first. A failover is noticed by a
+/// `MOVED` or `READONLY` reply, a `sunsubscribe` of the notification channel (its slot moved), or a lost
+/// connection; every reconnect discovers the owner again.
+struct ClusterStateMachine: Sendable {
+    let seeds: [RedisEndpoint]
+    let slot: Int
+    /// Seeds, then the nodes learnt from slot maps (bounded).
+    private(set) var known: [RedisEndpoint]
+    /// The last owner verified.
+    private(set) var master: RedisEndpoint?
+    /// Owners that replaced a verified one (failovers or migrations followed).
+    private(set) var switches: UInt64 = 0
+    /// The node asked first in the next round.
+    private var preferred = 0
+    /// Where a `MOVED` said the slot is: tried before asking anyone.
+    private var hint: RedisEndpoint?
+    private var round: Round?
+
+    static let maxKnown = 64
+
+    private struct Round {
+        var order: [Int]
+        var next = 0
+        var failures: [String] = []
+    }
+
+    init(seeds: [RedisEndpoint], slot: Int) {
+        precondition(!seeds.isEmpty, "at least one node")
+        self.seeds = seeds
+        self.known = seeds
+        self.slot = slot
+    }
+
+    enum DiscoveryAction: Equatable {
+        /// Send `CLUSTER SLOTS` to node `index` of `known`.
+        case ask(node: Int, RedisEndpoint)
+        /// Connect here and verify it serves the slot as a master.
+        case connect(RedisEndpoint)
+        /// Nobody said who serves the slot: try again later (the caller backs off).
+        case fail(String)
+    }
+
+    enum NodeReply: Equatable {
+        case slots(ClusterSlotMap)
+        /// No connection, a timeout, an error reply (a node not in cluster mode says so here).
+        case failed(String)
+    }
+
+    mutating func discover() -> DiscoveryAction {
+        if let hint {
+            self.hint = nil
+            round = nil
+            return .connect(hint)
+        }
+        let n = known.count
+        round = Round(order: (0..<n).map { (preferred + $0) % n })
+        return nextAsk()
+    }
+
+    private mutating func nextAsk() -> DiscoveryAction {
+        guard var r = round else { return .fail("no discovery running") }
+        guard r.next < r.order.count else {
+            round = nil
+            return .fail("no cluster node named the master of slot \(slot): " + r.failures.joined(separator: "; "))
+        }
+        let index = r.order[r.next]
+        r.next += 1
+        round = r
+        return .ask(node: index, known[index])
+    }
+
+    mutating func nodeAnswered(_ index: Int, _ reply: NodeReply) -> DiscoveryAction {
+        switch reply {
+        case .slots(let map):
+            for node in map.nodes where !known.contains(node) && known.count < Self.maxKnown {
+                known.append(node)
+            }
+            guard let owner = map.master(of: slot) else {
+                round?.failures.append("\(known[index]): slot \(slot) is not served (the cluster is incomplete)")
+                return nextAsk()
+            }
+            preferred = index
+            round = nil
+            return .connect(owner)
+        case .failed(let reason):
+            round?.failures.append("\(known[index]): \(reason)")
+            return nextAsk()
+        }
+    }
+
+    enum Verdict: Equatable {
+        /// Serve here; `switched` when it replaced another verified owner (a failover followed).
+        case use(switched: Bool)
+        /// Not a master of the slot: drop the connection; the next discovery asks the next node first.
+        case reject
+    }
+
+    /// What a new connection to `endpoint` said: its `ROLE`, and whether it served a key of the slot
+    /// (`moved`: the owner it named instead, if it did).
+    mutating func verified(_ endpoint: RedisEndpoint, role: String?, serves: Bool, movedTo: RedisEndpoint? = nil) -> Verdict {
+        guard role == "master", serves else {
+            if let movedTo, movedTo != endpoint { hint = movedTo }
+            preferred = (preferred + 1) % known.count
+            return .reject
+        }
+        let switched = master != nil && master != endpoint
+        if switched { switches += 1 }
+        master = endpoint
+        return .use(switched: switched)
+    }
+
+    enum Signal: Equatable {
+        /// A reply `MOVED <slot> <host:port>`.
+        case moved(slot: Int, to: RedisEndpoint)
+        /// A write refused with `READONLY` (the node is a replica now).
+        case readOnly
+        /// The server unsubscribed the notification channel itself (its slot moved away).
+        case unsubscribed
+    }
+
+    enum Reaction: Equatable {
+        /// Drop the connections now and discover the owner again.
+        case rediscover
+        case ignore
+    }
+
+    mutating func signal(_ signal: Signal) -> Reaction {
+        switch signal {
+        case .moved(let movedSlot, let to):
+            guard movedSlot == slot else { return .ignore }
+            hint = to
+            return .rediscover
+        case .readOnly, .unsubscribed:
+            return .rediscover
+        }
+    }
+
+    /// Parses `MOVED 4003 127.0.0.1:7101` (also `ASK …`): the slot and where it is.
+    static func parseRedirect(_ message: String) -> (slot: Int, to: RedisEndpoint)? {
+        let parts = message.split(separator: " ")
+        guard parts.count == 3, parts[0] == "MOVED" || parts[0] == "ASK", let slot = Int(parts[1]),
+            (0..<ClusterSlot.count).contains(slot), let colon = parts[2].lastIndex(of: ":"),
+            let port = Int(parts[2][parts[2].index(after: colon)...]), (1...65535).contains(port)
+        else { return nil }
+        var host = String(parts[2][..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        return (slot, RedisEndpoint(host: host, port: port))
+    }
+}
+
+/// What `CLUSTER SLOTS` said: slot ranges and the master serving each (replicas are not used).
+struct ClusterSlotMap: Equatable, Sendable {
+    struct Range: Equatable, Sendable {
+        var first: Int
+        var last: Int
+        var master: RedisEndpoint
+        var replicas: [RedisEndpoint]
+    }
+    var ranges: [Range]
+
+    func master(of slot: Int) -> RedisEndpoint? {
+        ranges.first { $0.first <= slot && slot <= $0.last }?.master
+    }
+
+    /// Every node named, masters first.
+    var nodes: [RedisEndpoint] {
+        var seen: [RedisEndpoint] = []
+        for node in ranges.map(\.master) + ranges.flatMap(\.replicas) where !seen.contains(node) { seen.append(node) }
+        return seen
+    }
+
+    /// Parses the reply; a node whose address is empty or `?` is the one asked (`askedHost`).
+    static func parse(_ value: RESPValue, askedHost: String) -> ClusterSlotMap? {
+        guard let entries = value.array else { return nil }
+        var ranges: [Range] = []
+        for entry in entries {
+            guard let parts = entry.array, parts.count >= 3, let first = parts[0].int.map(Int.init), let last = parts[1].int.map(Int.init),
+                0 <= first, first <= last, last < ClusterSlot.count
+            else { return nil }
+            var servers: [RedisEndpoint] = []
+            for server in parts.dropFirst(2) {
+                guard let fields = server.array, fields.count >= 2, let port = fields[1].int.map(Int.init), (1...65535).contains(port)
+                else { return nil }
+                var host = fields[0].string ?? ""
+                if host.isEmpty || host == "?" { host = askedHost }
+                servers.append(RedisEndpoint(host: host, port: port))
+            }
+            ranges.append(Range(first: first, last: last, master: servers[0], replicas: Array(servers.dropFirst())))
+        }
+        return ClusterSlotMap(ranges: ranges)
+    }
+}
