@@ -1,8 +1,11 @@
 """Helpers of the cluster suite: Bayeux over HTTP and WebSocket (the redis-server is pubsubtest.redis's)."""
 
 import json
+import re
+import threading
 import time
 
+import requests
 import websocket
 
 from pubsubtest.bayeux import bayeux
@@ -77,3 +80,77 @@ class WSClient:
             self.ws.close()
         except Exception:
             pass
+
+
+# ---------------------------------------------------------------- the API, metrics, publishers and readers
+
+def api(node, api_key, method, call, **kw):
+    return requests.request(method, f"http://127.0.0.1:{node.port}/api/{call}",
+                            headers={"Authorization": f"apikey {api_key}"}, timeout=10, **kw)
+
+
+def redis_metrics(node):
+    text = requests.get(f"http://127.0.0.1:{node.port}/metrics", timeout=5).text
+    return {k: int(v) for k, v in re.findall(r"^(pubsub_redis_\w+_total) (\d+)", text, re.M)}
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered events through one node's API until stopped; remembers how each one ended."""
+
+    def __init__(self, node, name, channel, api_key):
+        super().__init__(daemon=True)
+        self.node, self.name, self.channel, self.api_key = node, name, channel, api_key
+        self.stop = threading.Event()
+        self.positioned = []  # acknowledged by Redis: (n, position)
+        self.local_only = []  # acknowledged by the node while it had no master: delivered on that node only
+        self.failed = []      # an error: delivered or not, nobody knows
+        self.errors = []
+        self.n = 0
+        self.session = requests.Session()
+
+    def publish_one(self):
+        self.n += 1
+        n = self.n
+        try:
+            r = self.session.post(f"http://127.0.0.1:{self.node.port}/api/publish", timeout=10,
+                                  headers={"Authorization": f"apikey {self.api_key}"},
+                                  json={"channel": self.channel, "data": {"from": self.name, "n": n}})
+        except requests.RequestException as e:
+            self.failed.append(n)
+            self.errors.append(f"{n}: {e}")
+            return
+        if r.status_code != 200:
+            self.failed.append(n)
+            self.errors.append(f"{n}: {r.status_code} {r.text[:200]}")
+        elif r.json().get("position"):
+            self.positioned.append((n, r.json()["position"]))
+        else:
+            self.local_only.append(n)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.publish_one()
+            time.sleep(0.005)
+
+
+class Reader(threading.Thread):
+    """Reads a WebSocket client's frames as they come, sending /meta/connect again after each answer."""
+
+    def __init__(self, client):
+        super().__init__(daemon=True)
+        self.client = client
+        self.stop = threading.Event()
+
+    def run(self):
+        answered = 0
+        while not self.stop.is_set():
+            messages = self.client.read(lambda ms: False, timeout=0.2)
+            connects = sum(1 for m in messages if m.get("channel") == "/meta/connect")
+            if connects > answered:
+                answered = connects
+                self.client.connect()
+
+
+def received(client, channel, name):
+    """The numbers of `name`'s events on `channel` that a client got, in the order it got them."""
+    return [m["data"]["n"] for m in client.events() if m.get("channel") == channel and m["data"].get("from") == name]

@@ -6,17 +6,14 @@ acknowledged events, as asynchronous replication can. Afterwards both nodes serv
 sessions and subscriptions made before the kill still work, and what was lost is counted exactly in /metrics.
 """
 
-import json
 import os
-import re
 import signal
-import threading
 import time
 
 import pytest
 import requests
 
-from cluster_helpers import WSClient, handshake, long_poll, post, publish, subscribe
+from cluster_helpers import Publisher, Reader, WSClient, api, handshake, long_poll, publish, received, redis_metrics, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 
@@ -67,77 +64,6 @@ def sentinel_setup():
         master.stop()
 
 
-def api(node, method, call, **kw):
-    return requests.request(method, f"http://127.0.0.1:{node.port}/api/{call}",
-                            headers={"Authorization": f"apikey {API_KEY}"}, timeout=10, **kw)
-
-
-def redis_metrics(node):
-    text = requests.get(f"http://127.0.0.1:{node.port}/metrics", timeout=5).text
-    return {k: int(v) for k, v in re.findall(r"^(pubsub_redis_\w+_total) (\d+)", text, re.M)}
-
-
-class Publisher(threading.Thread):
-    """Publishes numbered events through one node's API until stopped; remembers how each one ended."""
-
-    def __init__(self, node, name):
-        super().__init__(daemon=True)
-        self.node, self.name = node, name
-        self.stop = threading.Event()
-        self.positioned = []  # acknowledged by Redis: (n, position)
-        self.local_only = []  # acknowledged by the node while it had no master: delivered on that node only
-        self.failed = []      # an error: delivered or not, nobody knows
-        self.errors = []
-        self.n = 0
-        self.session = requests.Session()
-
-    def publish_one(self):
-        self.n += 1
-        n = self.n
-        try:
-            r = self.session.post(f"http://127.0.0.1:{self.node.port}/api/publish", timeout=10,
-                                  headers={"Authorization": f"apikey {API_KEY}"},
-                                  json={"channel": CHANNEL, "data": {"from": self.name, "n": n}})
-        except requests.RequestException as e:
-            self.failed.append(n)
-            self.errors.append(f"{n}: {e}")
-            return
-        if r.status_code != 200:
-            self.failed.append(n)
-            self.errors.append(f"{n}: {r.status_code} {r.text[:200]}")
-        elif r.json().get("position"):
-            self.positioned.append((n, r.json()["position"]))
-        else:
-            self.local_only.append(n)
-
-    def run(self):
-        while not self.stop.is_set():
-            self.publish_one()
-            time.sleep(0.005)
-
-
-class Reader(threading.Thread):
-    """Reads a WebSocket client's frames as they come, sending /meta/connect again after each answer."""
-
-    def __init__(self, client):
-        super().__init__(daemon=True)
-        self.client = client
-        self.stop = threading.Event()
-
-    def run(self):
-        answered = 0
-        while not self.stop.is_set():
-            messages = self.client.read(lambda ms: False, timeout=0.2)
-            connects = sum(1 for m in messages if m.get("channel") == "/meta/connect")
-            if connects > answered:
-                answered = connects
-                self.client.connect()
-
-
-def received(client, name):
-    return [m["data"]["n"] for m in client.events() if m.get("channel") == CHANNEL and m["data"].get("from") == name]
-
-
 def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_setup):
     master, replica, sentinels, (a, b) = sentinel_setup
     t0 = time.monotonic()
@@ -156,7 +82,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     readers = [Reader(c) for c in subscribers.values()]
     for r in readers:
         r.start()
-    publishers = {"a": Publisher(a, "a"), "b": Publisher(b, "b")}
+    publishers = {"a": Publisher(a, "a", CHANNEL, API_KEY), "b": Publisher(b, "b", CHANNEL, API_KEY)}
     for p in publishers.values():
         p.start()
     time.sleep(1.0)
@@ -236,7 +162,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
         params = {"channel": CHANNEL, "limit": 1000}
         if since:
             params["since"] = since
-        page = api(a, "GET", "history", params=params).json()
+        page = api(a, API_KEY, "GET", "history", params=params).json()
         held.update(m["position"] for m in page["messages"])
         if not page.get("more") or not page["messages"]:
             break
@@ -259,13 +185,13 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     for name, other in (("a", "b"), ("b", "a")):
         client = subscribers[name]
         for source in ("a", "b"):
-            got = received(client, source)
+            got = received(client, CHANNEL, source)
             assert got == sorted(got), f"{name} got {source}'s events out of order"
             assert len(got) == len(set(got)), f"{name} got some of {source}'s events twice"
-        own = set(received(client, name))
+        own = set(received(client, CHANNEL, name))
         p = publishers[name]
         assert {n for n, _ in p.positioned} | set(p.local_only) <= own
-        theirs = set(received(client, other))
+        theirs = set(received(client, CHANNEL, other))
         q = publishers[other]
         missing = ({n for n, _ in q.positioned} | set(q.local_only)) - theirs
         assert missing == set(q.local_only), (name, sorted(missing), sorted(q.local_only))

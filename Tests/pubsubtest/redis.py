@@ -137,3 +137,71 @@ def wait_ready(b, timeout=15):
             pass
         time.sleep(0.1)
     raise RuntimeError(f"node on port {b.port} not ready:\n{b.log()}")
+
+
+class RedisCluster:
+    """A Redis Cluster on loopback: `masters` redis-server processes in cluster mode, each with `replicas`
+    replicas, joined with `redis-cli --cluster create`; ready when every node says `cluster_state:ok`."""
+
+    def __init__(self, masters=3, replicas=1, node_timeout_ms=1000):
+        self.nodes = [RedisServer(extra_args=[
+            "--cluster-enabled", "yes", "--cluster-port", str(free_port()), "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(node_timeout_ms)]) for _ in range(masters * (1 + replicas))]
+        self.replicas = replicas
+
+    def start(self):
+        try:
+            for node in self.nodes:
+                node.start()
+            out = subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ok(self, timeout=30):
+        """Every live node says cluster_state:ok with all slots assigned, and every replica is in sync."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = [n for n in self.nodes if n.proc.poll() is None]
+            infos = [n.command("CLUSTER", "INFO") for n in live]
+            replication = [n.command("INFO", "replication") for n in live]
+            if all("cluster_state:ok" in i and "cluster_slots_assigned:16384" in i for i in infos) and all(
+                    "role:master" in r or "master_link_status:up" in r for r in replication):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis Cluster did not become ready:\n" + self.nodes[0].log())
+
+    @property
+    def seeds(self):
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def node(self, port):
+        return next(n for n in self.nodes if n.port == port)
+
+    def slot(self, key):
+        return int(self.nodes[0].command("CLUSTER", "KEYSLOT", key))
+
+    def owner(self, slot, asking=None):
+        """The master serving `slot`, as a live node sees it."""
+        asking = asking or next(n for n in self.nodes if n.proc.poll() is None)
+        for line in asking.command("CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for r in fields[8:]:
+                first, _, last = r.partition("-")
+                if r[0] != "[" and int(first) <= slot <= int(last or first):
+                    return self.node(int(fields[1].split(":")[1].split("@")[0]))
+        return None
+
+    def node_id(self, node):
+        return node.command("CLUSTER", "MYID")
+
+    def stop(self):
+        for node in self.nodes:
+            node.stop()
