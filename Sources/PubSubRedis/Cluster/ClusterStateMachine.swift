@@ -1,3 +1,5 @@
+import NIOCore
+
 /// Which node serves the engine's slot, without sockets or clocks.
 ///
 /// Discovery is a round over the known nodes (the seeds first, then the nodes the slot maps named), starting
@@ -138,6 +140,27 @@ struct ClusterStateMachine: Sendable {
         case .readOnly, .unsubscribed:
             return .rediscover
         }
+    }
+
+    /// How long to wait before sending again a command that failed with `error`, or nil not to. `ASK` and
+    /// `TRYAGAIN` (the slot is being migrated), `MOVED` (it was; the commands connection is following it) and
+    /// `CLUSTERDOWN` say the command did not run; so does `notConnected` after one of them (the connection is
+    /// being made again). The engine's scripts touch many keys of the slot, so `ASK` is not followed to the target
+    /// (which may not hold them all yet): the script waits until the migration is over. Delays double from
+    /// 10 ms to 500 ms; after 10 attempts (about 3 s) the error stands.
+    static func retryDelay(after error: any Error, attempt: Int) -> TimeAmount? {
+        guard attempt < 10, let e = error as? RedisError else { return nil }
+        let retryable: Bool
+        switch e.code {
+        case .server:
+            retryable = ["ASK ", "TRYAGAIN", "MOVED ", "CLUSTERDOWN"].contains { e.message.hasPrefix($0) }
+        case .notConnected:
+            retryable = attempt > 0
+        default:
+            retryable = false
+        }
+        guard retryable else { return nil }
+        return .milliseconds(min(500, 10 << Int64(attempt)))
     }
 
     /// Parses `MOVED 4003 127.0.0.1:7101` (also `ASK …`): the slot and where it is.

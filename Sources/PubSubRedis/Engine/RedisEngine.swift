@@ -225,6 +225,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
             counter("sessions_restored", s.sessionsRestored,
                     "Sessions of this node that Redis no longer had after a reconnect or failover, put back."),
+            counter("cluster_retries", s.clusterRetries,
+                    "Cluster: scripts sent again because the engine's slot was moving or had moved (ASK, TRYAGAIN, MOVED)."),
             counter("failovers", s.failovers, "Sentinel or Cluster: new Redis masters this node moved to."),
             counter("failover_lost_publishes", s.failoverLostPublishes,
                     "Sentinel or Cluster: this node's acknowledged publishes that the new master does not have (not replicated)."),
@@ -269,16 +271,29 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     func expiry(_ now: NIODeadline) -> RESPArgument { .integer(milliseconds(now) + lifetimeMilliseconds) }
 
     /// Runs a script by its digest, loading it if Redis lost it (after a restart, before the setup ran).
-    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
+    /// In Redis Cluster, a script refused because the engine's slot is moving or has moved (`ASK`, `TRYAGAIN`,
+    /// `MOVED`: it did not run) is sent again after a short delay, until the slot has settled where the commands
+    /// connection follows it (`ClusterStateMachine.retryDelay`).
+    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument], attempt: Int = 0) -> EventLoopFuture<RESPValue> {
         let common = scriptPrelude
         let commands = self.commands
         let variant = script.variant(sharded: sharded)
-        return commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
+        let sent = commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
             error in
             if let e = error as? RedisError, e.code == .server, e.message.hasPrefix("NOSCRIPT") {
                 return commands.send(RESPCommand(["EVAL", .string(variant.source)] + common + arguments))
             }
             return commands.eventLoop.makeFailedFuture(error)
+        }
+        guard sharded else { return sent }
+        return sent.flatMapError { error in
+            guard let delay = ClusterStateMachine.retryDelay(after: error, attempt: attempt) else {
+                return commands.eventLoop.makeFailedFuture(error)
+            }
+            self.state.withLockedValue { $0.redis.clusterRetries += 1 }
+            return commands.eventLoop.scheduleTask(in: delay) {}.futureResult.flatMap {
+                self.eval(script, arguments, attempt: attempt + 1)
+            }
         }
     }
 

@@ -22,11 +22,13 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     /// Sessions of this node that Redis no longer had when the node put them back after a reconnect (Redis
     /// restarted empty, or a Sentinel failover promoted a replica that had not received them).
     public var sessionsRestored: UInt64 = 0
-    /// Sentinel: new masters this node moved to.
+    /// Sentinel or Cluster: new masters this node moved to.
     public var failovers: UInt64 = 0
-    /// Sentinel: publishes of this node that were acknowledged by the old master but that the new master does
+    /// Sentinel or Cluster: publishes of this node that were acknowledged by the old master but that the new master does
     /// not have (not replicated in time): gone from the history, though delivered when they were published.
     public var failoverLostPublishes: UInt64 = 0
-    /// Sentinel: positions this node had seen (delivered or published) beyond the new master's last one.
+    /// Sentinel or Cluster: positions this node had seen (delivered or published) beyond the new master's last one.
     public var failoverLostPositions: UInt64 = 0
+    /// Cluster: scripts sent again because the engine's slot was moving or had moved.
+    public var clusterRetries: UInt64 = 0
 }

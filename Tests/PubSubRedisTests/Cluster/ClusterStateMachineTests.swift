@@ -139,3 +139,24 @@ import Testing
         #expect(RedisScripts.publish.sharded.source.contains("redis.call('SPUBLISH'"))
     }
 }
+
+/// Which refused scripts are sent again, and when.
+@Suite struct ClusterRetryTests {
+    @Test func slotInMotionIsRetriedWithGrowingDelaysThenGivenUp() {
+        let ask = RedisError(.server, "ASK 4003 127.0.0.1:7102")
+        #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 0) == .milliseconds(10))
+        #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 3) == .milliseconds(80))
+        #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 9) == .milliseconds(500))
+        #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 10) == nil)
+        for message in ["TRYAGAIN Multiple keys request during rehashing of slot", "MOVED 1 a:1", "CLUSTERDOWN The cluster is down"] {
+            #expect(ClusterStateMachine.retryDelay(after: RedisError(.server, message), attempt: 0) != nil, "\(message)")
+        }
+        // Errors of the script itself, or a lost connection (the script may have run): not again.
+        #expect(ClusterStateMachine.retryDelay(after: RedisError(.server, "ERR user_script:1: bad"), attempt: 0) == nil)
+        #expect(ClusterStateMachine.retryDelay(after: RedisError(.connectionClosed), attempt: 0) == nil)
+        #expect(ClusterStateMachine.retryDelay(after: RedisError(.timeout), attempt: 1) == nil)
+        // Not connected: only while following a redirection (the connection is being made again).
+        #expect(ClusterStateMachine.retryDelay(after: RedisError(.notConnected), attempt: 0) == nil)
+        #expect(ClusterStateMachine.retryDelay(after: RedisError(.notConnected), attempt: 2) == .milliseconds(40))
+    }
+}
