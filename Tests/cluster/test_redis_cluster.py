@@ -294,3 +294,18 @@ def test_slot_migrated_to_another_master_while_publishing_nodes_follow(redis_clu
     finally:
         for x in nodes:
             x.stop()
+
+
+def test_a_server_not_in_cluster_mode_keeps_the_node_not_ready_and_says_why(redis_server):
+    b = Broker(timeout=10, extra_args=["--engine", "redis", "--redis-cluster", f"127.0.0.1:{redis_server.port}",
+                                       "--log-level", "info"])
+    b.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "cluster support disabled" not in b.log():
+            assert time.monotonic() < deadline, b.log()
+            time.sleep(0.1)
+        assert requests.get(f"http://127.0.0.1:{b.port}/readyz", timeout=5).status_code == 503
+        assert b.log().count("no master found for the engine's slot") == 1, b.log()
+    finally:
+        b.stop()

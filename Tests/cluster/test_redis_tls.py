@@ -1,5 +1,6 @@
 """`rediss://`: the Redis engine over TLS to a redis-server that listens on TLS only, with a certificate from a test
-authority made here by openssl; once to one server, once through a sentinel that also speaks TLS only."""
+authority made here by openssl; once to one server, once through a sentinel that also speaks TLS only, once to a
+Redis Cluster whose nodes speak TLS only (clients and cluster bus)."""
 
 import os
 import shutil
@@ -12,6 +13,7 @@ import requests
 
 from cluster_helpers import WSClient, handshake, publish, subscribe
 from pubsubtest.broker import Broker
+from pubsubtest.ports import free_port
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 from pubsubtest.tls import make_authority
 
@@ -150,6 +152,44 @@ def test_rediss_through_a_sentinel_that_speaks_tls(certificates):
         master.stop()
 
 
+def test_rediss_to_a_redis_cluster_that_speaks_tls(certificates):
+    servers = []
+    nodes = []
+    try:
+        for _ in range(3):
+            server = TLSRedis(certificates)
+            server.extra_args += ["--tls-cluster", "yes", "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+                                  "--cluster-config-file",
+                                  "nodes.conf", "--cluster-node-timeout", "1000"]
+            server.start()
+            servers.append(server)
+        out = subprocess.run(["redis-cli", "--tls", "--cacert", certificates["ca.pem"], "--cluster", "create",
+                              *[f"127.0.0.1:{s.port}" for s in servers], "--cluster-yes"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        deadline = time.monotonic() + 30
+        while not all("cluster_state:ok" in s.command("CLUSTER", "INFO") for s in servers):
+            assert time.monotonic() < deadline, "the TLS cluster did not become ready"
+            time.sleep(0.1)
+        seeds = ",".join(f"rediss://127.0.0.1:{s.port}" for s in servers[1:])
+        nodes = start_nodes(["--redis-cluster", seeds, "--redis-ca-file", certificates["ca.pem"]])
+        for b in nodes:
+            wait_redis_ready(b)
+        delivered_across_two_nodes(nodes)
+        # Without the authority: never ready, and the log says why.
+        untrusting = start_nodes(["--redis-cluster", seeds], count=1)
+        nodes += untrusting
+        wait_ready(untrusting[0])
+        time.sleep(1)
+        assert requests.get(f"http://127.0.0.1:{untrusting[0].port}/readyz", timeout=5).status_code == 503
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusting[0].log()
+    finally:
+        for b in nodes:
+            b.stop()
+        for s in servers:
+            s.stop()
+
+
 def test_bad_redis_flags_are_refused_with_one_line(certificates):
     binary = os.environ.get("PUBSUB_BIN", os.path.join(os.path.dirname(__file__), "..", "..", ".build", "debug", "pubsub"))
     cases = [
@@ -159,6 +199,11 @@ def test_bad_redis_flags_are_refused_with_one_line(certificates):
         (["--redis-master-name", "m"], "needs --redis-sentinels"),
         (["--redis-sentinels", "127.0.0.1:x", "--redis-master-name", "m"], "invalid sentinel"),
         (["--redis-url", "rediss://127.0.0.1:1/0", "--redis-ca-file", "/nonexistent/ca.pem"], "cannot read"),
+        (["--redis-cluster", "127.0.0.1:7000", "--redis-url", "redis://127.0.0.1:1/0"], "cannot be used with"),
+        (["--redis-cluster", "127.0.0.1:7000", "--redis-sentinels", "127.0.0.1:26379"], "cannot be used with"),
+        (["--redis-cluster", "127.0.0.1:x"], "invalid cluster node"),
+        (["--redis-cluster", "redis://127.0.0.1:7000/2"], "only database 0"),
+        (["--redis-cluster", "rediss://a:1,redis://b:1"], "same scheme"),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PUBSUB_")}
     for args, needle in cases:
