@@ -7,25 +7,34 @@ struct RedisOutbound {
 }
 
 /// Pipelining over one connection: replies complete promises in the order the commands were written; pub/sub
-/// pushes go to `onPush`. A reply later than `timeout` fails every pending command and closes the connection,
-/// since a pipeline that lost its place can never be trusted again.
+/// pushes go to `onPush`. No reply for `timeout` while replies are awaited (`ReplyDeadline`: not counting time the
+/// event loop was too late to read) fails every pending command and closes the connection, since a pipeline that
+/// lost its place can never be trusted again.
 final class RedisConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = RESPValue
     typealias OutboundIn = RedisOutbound
     typealias OutboundOut = ByteBuffer
 
-    private var pending = CircularBuffer<(promise: EventLoopPromise<RESPValue>, sentAt: NIODeadline)>()
+    private var pending = CircularBuffer<EventLoopPromise<RESPValue>>()
     private let timeout: TimeAmount
+    private var deadline: ReplyDeadline
+    /// Replies read since the last `channelReadComplete`.
+    private var repliesInRead = 0
     private let onPush: (@Sendable (RESPValue) -> Void)?
     private var timer: RepeatedTask?
 
     init(timeout: TimeAmount, onPush: (@Sendable (RESPValue) -> Void)?) {
         self.timeout = timeout
         self.onPush = onPush
+        self.deadline = ReplyDeadline(timeout: timeout, period: Self.period(timeout))
+    }
+
+    static func period(_ timeout: TimeAmount) -> TimeAmount {
+        .nanoseconds(max(10_000_000, timeout.nanoseconds / 4))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        let period = TimeAmount.nanoseconds(max(10_000_000, timeout.nanoseconds / 4))
+        let period = Self.period(timeout)
         let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         timer = context.eventLoop.scheduleRepeatedTask(initialDelay: period, delay: period) { _ in
             let (handler, context) = loopBound.value
@@ -39,15 +48,17 @@ final class RedisConnectionHandler: ChannelDuplexHandler {
     }
 
     private func checkTimeout(context: ChannelHandlerContext) {
-        guard let first = pending.first, first.sentAt + timeout < .now() else { return }
+        guard deadline.check(now: .now(), waiting: !pending.isEmpty) else { return }
         failAll(RedisError(.timeout, "no reply within \(timeout.nanoseconds / 1_000_000) ms"))
         context.close(promise: nil)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let outbound = unwrapOutboundIn(data)
-        let now = NIODeadline.now()
-        for p in outbound.promises { pending.append((p, now)) }
+        if !outbound.promises.isEmpty {
+            deadline.sent(now: .now(), idle: pending.isEmpty)
+            pending.append(contentsOf: outbound.promises)
+        }
         context.write(wrapOutboundOut(outbound.bytes), promise: promise)
     }
 
@@ -62,7 +73,16 @@ final class RedisConnectionHandler: ChannelDuplexHandler {
             context.fireErrorCaught(RedisError(.protocolViolation, "unexpected reply"))
             return
         }
-        first.promise.succeed(value)
+        repliesInRead += 1
+        first.succeed(value)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if repliesInRead > 0 {
+            repliesInRead = 0
+            deadline.replied(now: .now())
+        }
+        context.fireChannelReadComplete()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -76,7 +96,7 @@ final class RedisConnectionHandler: ChannelDuplexHandler {
     }
 
     private func failAll(_ error: RedisError) {
-        while let p = pending.popFirst() { p.promise.fail(error) }
+        while let p = pending.popFirst() { p.fail(error) }
     }
 
     static func isPush(_ value: RESPValue) -> Bool {

@@ -74,7 +74,7 @@ extension RedisEngine {
         case .unsubscribed(let clientId, let channels):
             _ = local.unsubscribe(clientId, from: channels, on: commands.eventLoop)
         case .destroyed(let clientId, let reason):
-            local.evict(clientId, reason: Self.reason(named: reason))
+            evictLocally(clientId, reason: Self.reason(named: reason))
         case .barrier(let n):
             let promise = state.withLockedValue { $0.barriers.removeValue(forKey: n) }
             promise?.succeed(())
@@ -84,7 +84,7 @@ extension RedisEngine {
     /// Gives a session that moved to `node` up, sending what was queued for it there (an empty handoff when it
     /// is already gone: the new node waits for one).
     func handOver(_ clientId: String, to node: String) {
-        let queue = local.evict(clientId, reason: .superseded) ?? []
+        let queue = evictLocally(clientId, reason: .superseded) ?? []
         let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
         _ = commands.send(RESPCommand(publishCommand, .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
     }
@@ -198,6 +198,7 @@ extension RedisEngine {
                 s.subscribed = false
                 s.filling = true
             }
+            resetLedger()
             logger.warning("lost the Redis notification connection", metadata: ["pubsub.error": "\(error)"])
         }
     }
@@ -214,6 +215,7 @@ extension RedisEngine {
                 s.routed = false
                 s.filling = true
             }
+            resetLedger()
             logger.error(
                 "Redis unavailable: serving this node's clients only until it is back",
                 metadata: ["pubsub.error": "\(error)", "pubsub.redis.url": "\(redisDescription)"])

@@ -77,28 +77,138 @@ extension RedisEngine {
             return loop.makeFailedFuture(RedisError(.notConnected))
         }
         guard resident else { return claim(clientId, now: now, refresh: refresh).hop(to: loop) }
+        if refresh, let batched = joinBatch(clientId, now: now) {
+            return batched.flatMap { passed -> EventLoopFuture<ConnectResult.Status> in
+                guard passed else { return self.touch(clientId, now: now, refresh: refresh) }
+                if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
+                // Moved away meanwhile (its `M` came before the barrier): fetch it again.
+                return self.claim(clientId, now: now, refresh: refresh)
+            }.hop(to: loop)
+        }
+        return touch(clientId, now: now, refresh: refresh).hop(to: loop)
+    }
+
+    /// The `touch` script: Redis says whether the session still lives here, and refreshes its expiry.
+    func touch(_ clientId: String, now: NIODeadline, refresh: Bool) -> EventLoopFuture<ConnectResult.Status> {
         let arguments: [RESPArgument] = [.string(clientId), .string(node), expiry(now), refresh ? "1" : "0"]
+        let generation = confirmationGeneration()
         return eval(RedisScripts.touch, arguments).flatMap { reply -> EventLoopFuture<ConnectResult.Status> in
             switch reply.array?.first?.int {
             case 1?:
-                if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
+                if self.local.hasSession(clientId) {
+                    if refresh, let generation {
+                        self.state.withLockedValue { $0.ledger.confirmed(clientId, now: now, generation: generation) }
+                    }
+                    return self.commands.eventLoop.makeSucceededFuture(.ok)
+                }
                 // Moved away and back between the check and now: fetch it again.
                 return self.claim(clientId, now: now, refresh: refresh)
             case 3?:
-                self.local.evict(clientId, reason: .superseded)
+                self.evictLocally(clientId, reason: .superseded)
                 return self.claim(clientId, now: now, refresh: refresh)
             case 2?:
-                self.local.evict(clientId, reason: .overflow)
+                self.evictLocally(clientId, reason: .overflow)
                 return self.commands.eventLoop.makeSucceededFuture(.overflowed)
             default:
-                self.local.evict(clientId, reason: .disconnected)
+                self.evictLocally(clientId, reason: .disconnected)
                 return self.commands.eventLoop.makeSucceededFuture(.unknownClient)
             }
         }.flatMapError { error in
             // Redis went away mid-request: the local session goes on serving.
             if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
             return self.commands.eventLoop.makeFailedFuture(error)
-        }.hop(to: loop)
+        }
+    }
+
+    /// Removes a session from this node, and from the sessions it serves without asking Redis.
+    @discardableResult
+    func evictLocally(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
+        state.withLockedValue { $0.ledger.forget(clientId) }
+        return local.evict(clientId, reason: reason)
+    }
+
+    /// The ledger generation a confirmation asked now belongs to; nil while the notification channel is not
+    /// subscribed (a move told meanwhile would be lost, so Redis' answer cannot be trusted for later connects).
+    func confirmationGeneration() -> UInt64? {
+        state.withLockedValue { s in s.subscribed ? s.ledger.generation : nil }
+    }
+
+    /// A connect for a session Redis confirmed here: waits for the next batch (its expiry refresh and the barrier
+    /// behind it) instead of running `touch`. The future says true once the barrier came back, false when the
+    /// connect must ask Redis after all (a cut); nil: not confirmed here, run `touch`.
+    func joinBatch(_ clientId: String, now: NIODeadline) -> EventLoopFuture<Bool>? {
+        let waiter = commands.eventLoop.makePromise(of: Bool.self)
+        let expiryMilliseconds = milliseconds(now) + lifetimeMilliseconds
+        let decision = state.withLockedValue { s in
+            let decision = s.ledger.connect(clientId, now: now, expiry: expiryMilliseconds, waiter: waiter)
+            if case .wait = decision { s.redis.batchedConnects += 1 }
+            return decision
+        }
+        switch decision {
+        case .touch:
+            waiter.succeed(false)
+            return nil
+        case .wait(let batch):
+            if let batch { send(batch) }
+            return waiter.futureResult
+        }
+    }
+
+    /// Writes a batch: one `ZADD XX` per 500 expiries, then a barrier on this node's notification channel; its
+    /// waiters go on when the barrier comes back. A failure (or nobody listening on the channel) resets the ledger.
+    func send(_ batch: ResidencyLedger<EventLoopPromise<Bool>>.Batch) {
+        let loop = commands.eventLoop
+        let barrier = loop.makePromise(of: Void.self)
+        let n = state.withLockedValue { s -> UInt64 in
+            s.redis.connectBatches += 1
+            s.nextBarrier += 1
+            s.barriers[s.nextBarrier] = barrier
+            return s.nextBarrier
+        }
+        var writes: [RESPCommand] = []
+        var start = 0
+        while start < batch.refreshes.count {
+            let end = min(start + 500, batch.refreshes.count)
+            var arguments: [RESPArgument] = ["ZADD", .string(keyPrefix + "clients"), "XX"]
+            arguments.reserveCapacity(3 + 2 * (end - start))
+            for (id, expiry) in batch.refreshes[start..<end] { arguments += [.integer(expiry), .string(id)] }
+            writes.append(RESPCommand(arguments))
+            start = end
+        }
+        writes.append(RESPCommand("PUBLISH", .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
+        commands.send(writes).whenComplete { result in
+            let delivered: Bool
+            switch result {
+            case .success(let replies):
+                // PUBLISH answers 0 when this node's channel has no listener: the barrier will never come.
+                delivered = replies.last?.int.map { $0 > 0 } ?? false
+                    && !replies.contains { if case .error = $0 { return true } else { return false } }
+            case .failure:
+                delivered = false
+            }
+            if !delivered {
+                self.state.withLockedValue { $0.barriers[n] = nil }
+                barrier.fail(RedisError(.connectionClosed, "batch not delivered"))
+            }
+        }
+        // A barrier lost on its way (published just as the notification connection closed) must not hold the
+        // connects forever: after the command timeout they ask Redis.
+        bounded(barrier.futureResult, by: settings.redis.commandTimeout) {
+            self.state.withLockedValue { $0.barriers[n] = nil }
+            return RedisError(.timeout, "no barrier back for a batch of connects")
+        }.whenComplete { result in
+            guard case .success = result else { return self.resetLedger() }
+            let (waiters, next) = self.state.withLockedValue { $0.ledger.settled(batch.barrier) }
+            if let next { self.send(next) }
+            for waiter in waiters { waiter.succeed(true) }
+        }
+    }
+
+    /// Forgets every confirmation (a Redis connection was cut, a notification may be lost); waiting connects run
+    /// `touch`.
+    func resetLedger() {
+        let waiters = state.withLockedValue { $0.ledger.reset() }
+        for waiter in waiters { waiter.succeed(false) }
     }
 
     /// Moves the session here: waits for the `A` notification (its subscriptions) and, when the old node is
@@ -114,6 +224,7 @@ extension RedisEngine {
             s.abandoned.remove(clientId)
         }
         let arguments: [RESPArgument] = [.string(clientId), .string(node), expiry(now), refresh ? "1" : "0"]
+        let generation = refresh ? confirmationGeneration() : nil
         return eval(RedisScripts.claim, arguments).flatMap { reply -> EventLoopFuture<ConnectResult.Status> in
             let values = reply.array ?? []
             guard values.first?.int == 1 else {
@@ -157,7 +268,12 @@ extension RedisEngine {
                 }
                 handedOver.succeed(())
             }
-            return EventLoopFuture.andAllSucceed(waits, on: loop).map { .ok }
+            return EventLoopFuture.andAllSucceed(waits, on: loop).map {
+                if let generation, self.local.hasSession(clientId) {
+                    self.state.withLockedValue { $0.ledger.confirmed(clientId, now: now, generation: generation) }
+                }
+                return .ok
+            }
         }
     }
 
@@ -254,7 +370,7 @@ extension RedisEngine {
     public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop)
         -> EventLoopFuture<Bool>
     {
-        let wasLocal = local.evict(clientId, reason: reason) != nil
+        let wasLocal = evictLocally(clientId, reason: reason) != nil
         if reason == .kicked { rememberKicked(clientId) }
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }

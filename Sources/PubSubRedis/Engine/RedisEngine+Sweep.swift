@@ -11,6 +11,7 @@ extension RedisEngine {
 
     /// The sweep, completing when Redis has answered (tests).
     public func sweepNow(now: NIODeadline) -> EventLoopFuture<Void> {
+        state.withLockedValue { $0.ledger.prune(now: now) }
         guard isConnected else {
             // Nobody can sweep the cluster meanwhile: this node expires its own sessions.
             local.sweep(now: now)

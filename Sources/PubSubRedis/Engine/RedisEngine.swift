@@ -81,6 +81,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         var acknowledged = CircularBuffer<UInt64>(initialCapacity: 64)
         var redis = RedisEngineStatistics()
         var closed = false
+        /// Resident sessions whose connects need no script (see `ResidencyLedger`); its lifetime is set in `init`.
+        var ledger = ResidencyLedger<EventLoopPromise<Bool>>(lifetime: .seconds(90))
     }
     let state = NIOLockedValueBox(State())
 
@@ -158,6 +160,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             onPush: { push in box.withLockedValue { $0 }?.received(push) },
             onEvent: { event in box.withLockedValue { $0 }?.subscriberEvent(event) })
         box.withLockedValue { $0 = self }
+        let lifetime = TimeAmount.nanoseconds(configuration.timeout.nanoseconds * 2)
+        state.withLockedValue { $0.ledger = ResidencyLedger(lifetime: lifetime) }
     }
 
     /// Connects to Redis; the future completes when both connections are up, or fails after `timeout`
@@ -221,6 +225,10 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             counter("abandoned_handoffs", s.abandonedHandoffs,
                     "Sessions taken over from a node that did not hand their queue over in time."),
             counter("claims", s.claims, "Sessions moved to this node."),
+            counter("batched_connects", s.batchedConnects,
+                    "Connects of sessions confirmed on this node, served with a batched expiry refresh instead of a script."),
+            counter("connect_batches", s.connectBatches,
+                    "Batches of expiry refreshes and a barrier sent for those connects."),
             counter("swept_sessions", s.sweptSessions, "Sessions expired by this node's sweeps."),
             counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
             counter("sessions_restored", s.sessionsRestored,

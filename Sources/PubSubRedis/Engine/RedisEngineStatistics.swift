@@ -15,6 +15,10 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     public var abandonedHandoffs: UInt64 = 0
     /// Sessions moved to this node.
     public var claims: UInt64 = 0
+    /// Connects served without a script: the session was confirmed here, its expiry refreshed in a batch.
+    public var batchedConnects: UInt64 = 0
+    /// Batches sent (expiry refreshes and a barrier, for all the connects that came in meanwhile).
+    public var connectBatches: UInt64 = 0
     /// Sessions expired by this node's sweeps (for the whole cluster).
     public var sweptSessions: UInt64 = 0
     /// Events received from Redis (one per publish that has a subscriber here, whatever their number).

@@ -243,4 +243,79 @@ import PubSubTesting
             #expect(b.redis!.redisStatistics.sweptSessions == 3)
         }
     }
+
+    @Test func connectsOnTheHomeNodeRunNoScriptAndStillKeepTheSessionAlive() async throws {
+        try await withCluster(.redis, nodes: 2, configuration: BrokerConfiguration(timeout: .seconds(5))) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let start = a.now
+            let cid = try await a.handshake()
+            _ = try await a.connect(cid)  // the first asks Redis (touch): confirmed on a
+            #expect(a.redis!.redisStatistics.batchedConnects == 0)
+            a.now = start + .seconds(8)
+            _ = try await a.connect(cid)  // batched: its expiry (+10 s) is in Redis before it is answered
+            #expect(a.redis!.redisStatistics.batchedConnects == 1)
+            try await b.sweep(at: start + .seconds(15))
+            #expect(b.redis!.redisStatistics.sweptSessions == 0)
+            _ = try await b.publish("/none")
+            try await b.sweep(at: start + .seconds(19))
+            #expect(b.redis!.redisStatistics.sweptSessions == 1)
+            try await a.settle()
+            #expect(a.redis!.local.statistics.clients == 0)
+            // Gone for a too: its next connect asks Redis again, and hears the session is unknown.
+            #expect(try await a.connectReply(cid)["error"] == .string("401:\(cid):Unknown client"))
+        }
+    }
+
+    @Test func aSessionLeavingItsHomeNodeAfterBatchedConnectsComesBackThroughRedis() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await a.handshake()
+            _ = try await a.subscribe(cid, "/h")
+            var received: [JSONValue] = []
+            var counter = 0
+            for round in 0..<4 {
+                // Three polls on a (the last two batched), then one on b, which claims it; back on a, a claims it
+                // back (a forgot it when b's move came): every event once, in order.
+                for poller in [a, a, a, b] {
+                    counter += 1
+                    _ = try await (round % 2 == 0 ? a : b).publish("/h", "\(counter)")
+                    try await a.settle()
+                    try await b.settle()
+                    received += try await poller.receive(cid)
+                }
+            }
+            try await a.settle()
+            received += try await a.receive(cid)
+            #expect(received == (1...counter).map { JSONValue($0) })
+            #expect(a.redis!.redisStatistics.batchedConnects >= 8)
+            #expect(a.redis!.redisStatistics.claims == 4 && b.redis!.redisStatistics.claims == 4)
+        }
+    }
+
+    @Test func aCutNotificationConnectionMakesConnectsAskRedisAgain() async throws {
+        try await withCluster(.redis, nodes: 1) { cluster in
+            let a = cluster.nodes[0]
+            let cid = try await a.handshake()
+            _ = try await a.subscribe(cid, "/c")
+            _ = try await a.connect(cid)
+            _ = try await a.connect(cid)
+            #expect(a.redis!.redisStatistics.batchedConnects == 1)
+            a.redis!.subscriber.dropConnection()
+            // Connects while the cut is noticed (batched or not, they are answered).
+            _ = try await a.connect(cid)
+            _ = try await a.connect(cid)
+            // Once the engine is ready again: a move told meanwhile would have been lost, so Redis is asked first.
+            let deadline = NIODeadline.now() + .seconds(10)
+            while a.redis!.isReady, NIODeadline.now() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
+            while !a.redis!.isReady, NIODeadline.now() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
+            let before = a.redis!.redisStatistics.batchedConnects
+            _ = try await a.connect(cid)
+            #expect(a.redis!.redisStatistics.batchedConnects == before)
+            _ = try await a.connect(cid)
+            #expect(a.redis!.redisStatistics.batchedConnects == before + 1)
+            _ = try await a.publish("/c", "5")
+            try await a.settle()
+            #expect(try await a.receive(cid) == [5])
+        }
+    }
 }
