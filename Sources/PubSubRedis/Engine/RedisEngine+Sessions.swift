@@ -175,12 +175,12 @@ extension RedisEngine {
             writes.append(RESPCommand(arguments))
             start = end
         }
-        writes.append(RESPCommand("PUBLISH", .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
+        writes.append(RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
         commands.send(writes).whenComplete { result in
             let delivered: Bool
             switch result {
             case .success(let replies):
-                // PUBLISH answers 0 when this node's channel has no listener: the barrier will never come.
+                // (S)PUBLISH answers 0 when this node's channel has no listener: the barrier will never come.
                 delivered = replies.last?.int.map { $0 > 0 } ?? false
                     && !replies.contains { if case .error = $0 { return true } else { return false } }
             case .failure:
