@@ -41,6 +41,19 @@ public enum EventFrame {
         }
     }
 
+    /// `event` as every recipient can share it: as it is when its frame header is in front already, else copied
+    /// once into a buffer that has it (an event read from another node), so that its WebSocket recipients do
+    /// not each allocate a header and write twice.
+    public static func framed(_ event: ByteBuffer) -> ByteBuffer {
+        if webSocketFrame(of: event) != nil { return event }
+        var buffer = ByteBufferAllocator().buffer(capacity: headroom + event.readableBytes)
+        buffer.moveWriterIndex(forwardBy: headroom)
+        buffer.moveReaderIndex(forwardBy: headroom)
+        buffer.writeImmutableBuffer(event)
+        writeHeader(before: &buffer)
+        return buffer
+    }
+
     /// The whole WebSocket text frame of `event` (header then payload, sharing the event's storage) when the
     /// bytes just before its readable bytes are exactly the header that frame needs; nil otherwise. The check
     /// is of the bytes themselves, so whatever wrote them, the frame returned is the right one.

@@ -48,6 +48,20 @@ import Testing
         #expect(EventFrame.webSocketFrame(of: garbage) == nil)
     }
 
+    /// Bytes from elsewhere are framed once, by a copy; an encoded event is kept as it is.
+    @Test func framingCopiesOnlyWhatHasNoHeader() throws {
+        let bytes = ByteBuffer(string: #"[{"channel":"/a","data":1}]"#)
+        let framed = EventFrame.framed(bytes)
+        #expect(framed == bytes, "readers see the same JSON")
+        let frame = try #require(EventFrame.webSocketFrame(of: framed))
+        #expect(frame.getInteger(at: frame.readerIndex, as: UInt8.self) == 0x81)
+        #expect(frame.readableBytes == 2 + bytes.readableBytes)
+        let event = event(dataBytes: 3)
+        let kept = EventFrame.framed(event)
+        let same = event.withUnsafeReadableBytes { e in kept.withUnsafeReadableBytes { $0.baseAddress == e.baseAddress } }
+        #expect(same, "not copied")
+    }
+
     /// The frame shares the event's storage: every recipient writes the same bytes, none are copied.
     @Test func theFrameSharesTheEventsStorage() throws {
         let event = event(dataBytes: 3)
