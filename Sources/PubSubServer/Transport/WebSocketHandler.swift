@@ -365,12 +365,17 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
         writeFrame(.text, payload, context: context)
     }
 
-    /// One final, unmasked frame: its header in the payload's headroom when it has some (a reply built here),
-    /// else a small buffer of its own (an event shared by every recipient is never written into).
+    /// One final, unmasked frame: an event shared by every recipient carries its header already (`EventFrame`),
+    /// written when it was encoded, and goes as it is; a reply built here gets its header in its headroom; any
+    /// other payload gets a small header buffer of its own (a shared buffer is never written into).
     private func writeFrame(
         _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
         promise: EventLoopPromise<Void>? = nil
     ) {
+        if opcode == .text, let frame = EventFrame.webSocketFrame(of: payload) {
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(frame)), promise: promise)
+            return
+        }
         var payload = payload
         if WebSocketFrameHeader.prepend(opcode: opcode, to: &payload) {
             context.writeAndFlush(wrapOutboundOut(.byteBuffer(payload)), promise: promise)

@@ -165,6 +165,25 @@ import Testing
         #expect(result.status == .overflowed)
     }
 
+    /// A broadcast event goes out as one write of the shared encoded buffer, its frame header written once
+    /// when it was encoded (`EventFrame`): no header buffer per recipient, no second write.
+    @Test func aDeliveredEventIsOneWriteOfTheWholeFrame() throws {
+        let recorder = LogRecorder()
+        let (channel, _, shared, _) = try Self.webSocket(maxQueue: 10, recorder: recorder)
+        Self.publish(7, on: "/x", shared: shared, channel: channel)
+        let written = try #require(try channel.readOutbound(as: IOData.self))
+        #expect(try channel.readOutbound(as: IOData.self) == nil, "one write")
+        guard case .byteBuffer(var frame) = written else {
+            Issue.record("not a buffer")
+            return
+        }
+        let payload = frame.readableBytes - 2
+        #expect(frame.readInteger(as: UInt8.self) == 0x81, "a final text frame")
+        #expect(frame.readInteger(as: UInt8.self) == UInt8(payload), "unmasked, of the payload's length")
+        let parsed = try JSONParser(maxDepth: 8).parse(frame)
+        #expect(parsed.arrayValue?.first?.objectValue?["data"] == JSONValue(7))
+    }
+
     @Test func webSocketResumesReadingAndSendsTheBacklogWhenWritesDrain() throws {
         let recorder = LogRecorder()
         let (channel, reads, shared, _) = try Self.webSocket(maxQueue: 10, recorder: recorder)
