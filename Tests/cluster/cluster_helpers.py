@@ -154,3 +154,29 @@ class Reader(threading.Thread):
 def received(client, channel, name):
     """The numbers of `name`'s events on `channel` that a client got, in the order it got them."""
     return [m["data"]["n"] for m in client.events() if m.get("channel") == channel and m["data"].get("from") == name]
+
+
+def wait_failover_followed(nodes, timeout=30):
+    """Waits until every node counts a failover and says it is ready again; fails with the first node's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = [redis_metrics(n) for n in nodes]
+        if all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
+                requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no failover followed: {m}\n{nodes[0].log()[-3000:]}")
+
+
+def history_positions(node, api_key, channel):
+    """The positions of every event the history holds for `channel`, page by page through the API."""
+    held, since = set(), None
+    while True:
+        params = {"channel": channel, "limit": 1000}
+        if since:
+            params["since"] = since
+        page = api(node, api_key, "GET", "history", params=params).json()
+        held.update(m["position"] for m in page["messages"])
+        if not page.get("more") or not page["messages"]:
+            return held
+        since = page["messages"][-1]["position"]

@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, long_poll, post, publish, received,
-                             redis_metrics, subscribe)
+from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, post,
+                             publish, received, redis_metrics, subscribe, wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisCluster, wait_ready
 
@@ -140,15 +140,7 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
 
         owner.kill()
         killed_at = time.monotonic()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            m = [redis_metrics(n) for n in nodes]
-            if all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
-                    requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes):
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"no failover followed: {m}\n{a.log()[-3000:]}")
+        wait_failover_followed(nodes)
         followed_in = time.monotonic() - killed_at
         assert a.pid == pids[0] and b.pid == pids[1] and a.alive() and b.alive(), "a node restarted"
         promoted = cluster.owner(slot)
@@ -181,16 +173,7 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
         assert reply["successful"] and [e["data"] for e in events] == ["hello"], (reply, events)
 
         # What the promoted replica lacks is counted exactly: acknowledged positions missing from its history.
-        held, since = set(), None
-        while True:
-            params = {"channel": "/feed", "limit": 1000}
-            if since:
-                params["since"] = since
-            page = api(a, API_KEY, "GET", "history", params=params).json()
-            held.update(m["position"] for m in page["messages"])
-            if not page.get("more") or not page["messages"]:
-                break
-            since = page["messages"][-1]["position"]
+        held = history_positions(a, API_KEY, "/feed")
         metrics = {name: redis_metrics(node) for name, node in (("a", a), ("b", b))}
         for name, p in publishers.items():
             lost = [n for n, pos in p.positioned if pos not in held]

@@ -11,9 +11,9 @@ import signal
 import time
 
 import pytest
-import requests
 
-from cluster_helpers import Publisher, Reader, WSClient, api, handshake, long_poll, publish, received, redis_metrics, subscribe
+from cluster_helpers import (Publisher, Reader, WSClient, handshake, history_positions, long_poll, publish, received,
+                             redis_metrics, subscribe, wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 
@@ -105,15 +105,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     killed_at = time.monotonic()
 
     # Both nodes follow the failover by themselves.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = [redis_metrics(n) for n in (a, b)]
-        if all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
-                requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in (a, b)):
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"no failover followed: {m}\n{a.log()[-3000:]}")
+    wait_failover_followed((a, b))
     failover_seconds = time.monotonic() - killed_at
     assert a.alive() and b.alive() and a.pid == pids[0] and b.pid == pids[1], "a node restarted"
     assert "role:master" in replica.command("INFO", "replication")
@@ -156,17 +148,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     metrics = {name: redis_metrics(node) for name, node in (("a", a), ("b", b))}
 
     # Exactly what was lost: acknowledged publishes (with a position) that the new master's history lacks.
-    held = set()
-    since = None
-    while True:
-        params = {"channel": CHANNEL, "limit": 1000}
-        if since:
-            params["since"] = since
-        page = api(a, API_KEY, "GET", "history", params=params).json()
-        held.update(m["position"] for m in page["messages"])
-        if not page.get("more") or not page["messages"]:
-            break
-        since = page["messages"][-1]["position"]
+    held = history_positions(a, API_KEY, CHANNEL)
     lost = {name: [n for n, pos in p.positioned if pos not in held] for name, p in publishers.items()}
     for name in ("a", "b"):
         assert metrics[name]["pubsub_redis_failover_lost_publishes_total"] == len(lost[name]), (metrics, lost)

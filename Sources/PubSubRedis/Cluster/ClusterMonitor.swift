@@ -5,7 +5,7 @@ import NIOCore
 /// Runs `ClusterStateMachine`: asks the cluster's nodes which master serves the engine's slot for every
 /// (re)connect of the engine's connections, and checks each new connection (`ROLE` master, and a key of the
 /// slot answered there rather than `MOVED`) before it is used.
-final class ClusterMonitor: Sendable {
+final class ClusterMonitor: MasterLocator {
     let settings: RedisClusterConfiguration
     let eventLoop: any EventLoop
     /// A key of the engine's slot, for the check.

@@ -21,15 +21,9 @@ struct ClusterStateMachine: Sendable {
     private var preferred = 0
     /// Where a `MOVED` said the slot is: tried before asking anyone.
     private var hint: RedisEndpoint?
-    private var round: Round?
+    private var round: DiscoveryRound?
 
     static let maxKnown = 64
-
-    private struct Round {
-        var order: [Int]
-        var next = 0
-        var failures: [String] = []
-    }
 
     init(seeds: [RedisEndpoint], slot: Int) {
         precondition(!seeds.isEmpty, "at least one node")
@@ -59,19 +53,16 @@ struct ClusterStateMachine: Sendable {
             round = nil
             return .connect(hint)
         }
-        let n = known.count
-        round = Round(order: (0..<n).map { (preferred + $0) % n })
+        round = DiscoveryRound(count: known.count, startingAt: preferred)
         return nextAsk()
     }
 
     private mutating func nextAsk() -> DiscoveryAction {
         guard var r = round else { return .fail("no discovery running") }
-        guard r.next < r.order.count else {
+        guard let index = r.nextIndex() else {
             round = nil
             return .fail("no cluster node named the master of slot \(slot): " + r.failures.joined(separator: "; "))
         }
-        let index = r.order[r.next]
-        r.next += 1
         round = r
         return .ask(node: index, known[index])
     }
@@ -83,14 +74,14 @@ struct ClusterStateMachine: Sendable {
                 known.append(node)
             }
             guard let owner = map.master(of: slot) else {
-                round?.failures.append("\(known[index]): slot \(slot) is not served (the cluster is incomplete)")
+                round?.failed("\(known[index]): slot \(slot) is not served (the cluster is incomplete)")
                 return nextAsk()
             }
             preferred = index
             round = nil
             return .connect(owner)
         case .failed(let reason):
-            round?.failures.append("\(known[index]): \(reason)")
+            round?.failed("\(known[index]): \(reason)")
             return nextAsk()
         }
     }

@@ -129,26 +129,17 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         var verifyCommands: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
         var verifySubscriber: (@Sendable (RedisEndpoint, @escaping RedisClient.Sender) -> EventLoopFuture<Void>)?
         var onRedirect: (@Sendable (String) -> Void)?
-        if let monitor = sentinel {
-            resolve = { monitor.resolve() }
+        let locator: (any MasterLocator)? = sentinel ?? cluster
+        if let locator {
+            resolve = { locator.resolve() }
             verifyCommands = { endpoint, send in
-                monitor.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
+                locator.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
                     guard let engine = box.withLockedValue({ $0 }) else { return loop.makeSucceededVoidFuture() }
                     return engine.reseat(at: endpoint, send: send)
                 }
             }
-            verifySubscriber = { endpoint, send in monitor.verify(endpoint, send: send).map { _ in } }
-            onRedirect = { message in if message.hasPrefix("READONLY") { monitor.readOnly() } }
-        } else if let monitor = cluster {
-            resolve = { monitor.resolve() }
-            verifyCommands = { endpoint, send in
-                monitor.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
-                    guard let engine = box.withLockedValue({ $0 }) else { return loop.makeSucceededVoidFuture() }
-                    return engine.reseat(at: endpoint, send: send)
-                }
-            }
-            verifySubscriber = { endpoint, send in monitor.verify(endpoint, send: send).map { _ in } }
-            onRedirect = { message in monitor.redirected(message) }
+            verifySubscriber = { endpoint, send in locator.verify(endpoint, send: send).map { _ in } }
+            onRedirect = { message in locator.redirected(message) }
         }
         self.commands = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "commands", setup: setup, logger: logger,

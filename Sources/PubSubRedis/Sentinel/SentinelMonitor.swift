@@ -5,7 +5,7 @@ import NIOCore
 /// Runs `SentinelStateMachine`: asks the sentinels where the master is for every (re)connect of the engine's
 /// connections, checks with `ROLE` on each new connection that it reached a master, and watches the sentinels'
 /// `+switch-master` announcements on a pub/sub connection of its own (to one sentinel, the next at each reconnect).
-final class SentinelMonitor: Sendable {
+final class SentinelMonitor: MasterLocator {
     let settings: RedisSentinelConfiguration
     let eventLoop: any EventLoop
     private let logger: Logger
@@ -67,6 +67,10 @@ final class SentinelMonitor: Sendable {
             "pubsub.redis.master_name": "\(name)", "pubsub.redis.endpoint": "\(to)",
         ])
         onRediscover("+switch-master")
+    }
+
+    func redirected(_ message: String) {
+        if message.hasPrefix("READONLY") { readOnly() }
     }
 
     /// A write was refused with `READONLY`.

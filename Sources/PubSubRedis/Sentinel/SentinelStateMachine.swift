@@ -30,13 +30,7 @@ struct SentinelStateMachine: Sendable {
     private(set) var switches: UInt64 = 0
     /// The sentinel the pub/sub watcher (`+switch-master`) connects to next.
     private var watchNext = 0
-    private var round: Round?
-
-    private struct Round {
-        var order: [Int]
-        var next = 0
-        var failures: [String] = []
-    }
+    private var round: DiscoveryRound?
 
     init(sentinels: [RedisEndpoint], masterName: String) {
         precondition(!sentinels.isEmpty, "at least one sentinel")
@@ -64,19 +58,16 @@ struct SentinelStateMachine: Sendable {
 
     /// Starts a discovery round.
     mutating func discover() -> DiscoveryAction {
-        let n = sentinels.count
-        round = Round(order: (0..<n).map { (preferred + $0) % n })
+        round = DiscoveryRound(count: sentinels.count, startingAt: preferred)
         return nextAsk()
     }
 
     private mutating func nextAsk() -> DiscoveryAction {
         guard var r = round else { return .fail("no discovery running") }
-        guard r.next < r.order.count else {
+        guard let index = r.nextIndex() else {
             round = nil
             return .fail("no sentinel named a master '\(masterName)': " + r.failures.joined(separator: "; "))
         }
-        let index = r.order[r.next]
-        r.next += 1
         round = r
         return .ask(sentinel: index, sentinels[index])
     }
@@ -87,10 +78,10 @@ struct SentinelStateMachine: Sendable {
             round = nil
             return .connect(endpoint, sentinel: index)
         case .unknownName:
-            round?.failures.append("\(sentinels[index]) knows no master of that name")
+            round?.failed("\(sentinels[index]) knows no master of that name")
             return nextAsk()
         case .failed(let reason):
-            round?.failures.append("\(sentinels[index]): \(reason)")
+            round?.failed("\(sentinels[index]): \(reason)")
             return nextAsk()
         }
     }
