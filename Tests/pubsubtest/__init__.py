@@ -8,7 +8,7 @@ Tests/ on the path):
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
     fixtures  make_broker, pool, redis_server
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
-    redis     RedisServer, wait_ready() for nodes sharing one Redis
+    redis     RedisServer, Sentinel, RedisCluster (masters with replicas, redis-cli --cluster create), wait_ready()
     tls       make_authority(), make_self_signed(): throwaway certificates made with openssl
     postgres  PostgresCluster (wal_level=logical, wal2json)
     browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
