@@ -180,3 +180,21 @@ def history_positions(node, api_key, channel):
         if not page.get("more") or not page["messages"]:
             return held
         since = page["messages"][-1]["position"]
+
+
+def stop_after_publishing_resumed(publishers, readers, count=20, timeout=10):
+    """Waits until every publisher has had `count` more publishes acknowledged with a position (through the new
+    master), then stops the publishers and the readers; fails if publishing did not resume."""
+    started = {name: len(p.positioned) for name, p in publishers.items()}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(len(p.positioned) - started[n] < count for n, p in publishers.items()):
+        time.sleep(0.1)
+    for p in publishers.values():
+        p.stop.set()
+    for p in publishers.values():
+        p.join(timeout=15)
+    assert all(len(p.positioned) - started[n] >= count for n, p in publishers.items()), "publishing did not resume"
+    for r in readers:
+        r.stop.set()
+    for r in readers:
+        r.join(timeout=5)

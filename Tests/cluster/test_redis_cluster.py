@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, post,
-                             publish, received, redis_metrics, subscribe, wait_failover_followed)
+                             publish, received, redis_metrics, stop_after_publishing_resumed, subscribe,
+                             wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisCluster, wait_ready
 
@@ -147,19 +148,7 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
         assert promoted is not None and promoted is not owner
         assert all(f"127.0.0.1:{promoted.port}" in n.log() for n in nodes)
 
-        started = {name: len(p.positioned) for name, p in publishers.items()}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(len(p.positioned) - started[n] < 20 for n, p in publishers.items()):
-            time.sleep(0.1)
-        for p in publishers.values():
-            p.stop.set()
-        for p in publishers.values():
-            p.join(timeout=15)
-        assert all(len(p.positioned) - started[n] >= 20 for n, p in publishers.items()), "publishing did not resume"
-        for r in readers:
-            r.stop.set()
-        for r in readers:
-            r.join(timeout=5)
+        stop_after_publishing_resumed(publishers, readers)
 
         # Sessions made before the kill go on, on either node, without a new handshake.
         for name, node in (("a", a), ("b", b)):

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from cluster_helpers import (Publisher, Reader, WSClient, handshake, history_positions, long_poll, publish, received,
-                             redis_metrics, subscribe, wait_failover_followed)
+                             redis_metrics, stop_after_publishing_resumed, subscribe,
+                             wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 
@@ -110,21 +111,9 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     assert a.alive() and b.alive() and a.pid == pids[0] and b.pid == pids[1], "a node restarted"
     assert "role:master" in replica.command("INFO", "replication")
     # Publishing goes on through the new master for a while.
-    started = {name: len(p.positioned) for name, p in publishers.items()}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(len(p.positioned) - started[n] < 20 for n, p in publishers.items()):
-        time.sleep(0.1)
-    for p in publishers.values():
-        p.stop.set()
-    for p in publishers.values():
-        p.join(timeout=15)
-    assert all(len(p.positioned) - started[n] >= 20 for n, p in publishers.items()), "publishing did not resume"
+    stop_after_publishing_resumed(publishers, readers)
 
     # Sessions and subscriptions made before the kill still work, without a new handshake, on either node.
-    for r in readers:
-        r.stop.set()
-    for r in readers:
-        r.join(timeout=5)
     for name, node in (("a", a), ("b", b)):
         assert publish(node, CHANNEL, {"from": "end", "n": name})["successful"]
     for client in subscribers.values():

@@ -265,11 +265,6 @@ public final class RedisClient: Sendable {
         }
     }
 
-    static func isReadOnly(_ reply: RESPValue) -> Bool {
-        if case .error(let message) = reply { return message.hasPrefix("READONLY") }
-        return false
-    }
-
     /// The error message of a reply that says another server must be used: `READONLY` or `MOVED`.
     static func redirect(_ reply: RESPValue) -> String? {
         guard case .error(let message) = reply, message.hasPrefix("READONLY") || message.hasPrefix("MOVED ") else { return nil }
