@@ -83,6 +83,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         var closed = false
         /// Resident sessions whose connects need no script (see `ResidencyLedger`); its lifetime is set in `init`.
         var ledger = ResidencyLedger<EventLoopPromise<Bool>>(lifetime: .seconds(90))
+        /// Redis Cluster: scripts wait here, in order, while one is refused (slot migration).
+        var gate = ClusterRetryGate<ScriptJob>(capacity: 10_000)
+    }
+
+    /// A script run waiting its turn at the gate.
+    struct ScriptJob: Sendable {
+        var script: RedisScripts.Script
+        var arguments: [RESPArgument]
+        var promise: EventLoopPromise<RESPValue>
     }
     let state = NIOLockedValueBox(State())
 
@@ -272,26 +281,63 @@ public final class RedisEngine: Engine, @unchecked Sendable {
     /// Runs a script by its digest, loading it if Redis lost it (after a restart, before the setup ran).
     /// In Redis Cluster, a script refused because the engine's slot is moving or has moved (`ASK`, `TRYAGAIN`,
     /// `MOVED`: it did not run) is sent again after a short delay, until the slot has settled where the commands
-    /// connection follows it (`ClusterStateMachine.retryDelay`).
-    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument], attempt: Int = 0) -> EventLoopFuture<RESPValue> {
+    /// connection follows it (`ClusterStateMachine.retryDelay`); `ClusterRetryGate` keeps scripts in order
+    /// meanwhile.
+    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
+        guard sharded else { return send(script, arguments) }
+        let job = ScriptJob(script: script, arguments: arguments, promise: commands.eventLoop.makePromise())
+        switch state.withLockedValue({ $0.gate.admit(job) }) {
+        case .send(let ticket):
+            run(job, ticket: ticket, attempt: 0)
+        case .held:
+            break
+        case .refused:
+            job.promise.fail(RedisError(.server, "CLUSTERDOWN too many scripts waiting for the engine's slot"))
+        }
+        return job.promise.futureResult
+    }
+
+    private func send(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
         let common = scriptPrelude
         let commands = self.commands
         let variant = script.variant(sharded: sharded)
-        let sent = commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
+        return commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
             error in
             if let e = error as? RedisError, e.code == .server, e.message.hasPrefix("NOSCRIPT") {
                 return commands.send(RESPCommand(["EVAL", .string(variant.source)] + common + arguments))
             }
             return commands.eventLoop.makeFailedFuture(error)
         }
-        guard sharded else { return sent }
-        return sent.flatMapError { error in
-            guard let delay = ClusterStateMachine.retryDelay(after: error, attempt: attempt) else {
-                return commands.eventLoop.makeFailedFuture(error)
+    }
+
+    /// Sends a script of the gate's and tells the gate how it went (Redis Cluster).
+    private func run(_ job: ScriptJob, ticket: UInt64, attempt: Int) {
+        send(job.script, job.arguments).whenComplete { result in
+            var outcome = ClusterRetryGate<ScriptJob>.Outcome.done
+            if case .failure(let error) = result {
+                if let delay = ClusterStateMachine.retryDelay(after: error, attempt: attempt) {
+                    outcome = .retry(after: delay)
+                } else if attempt > 0, ClusterStateMachine.retryDelay(after: error, attempt: 1) != nil {
+                    outcome = .gaveUp  // refused each time it was sent: out of attempts
+                }
             }
-            self.state.withLockedValue { $0.redis.clusterRetries += 1 }
-            return commands.eventLoop.scheduleTask(in: delay) {}.futureResult.flatMap {
-                self.eval(script, arguments, attempt: attempt + 1)
+            let actions = self.state.withLockedValue { s in
+                if case .retry = outcome { s.redis.clusterRetries += 1 }
+                return s.gate.finished(ticket: ticket, job: job, attempt: attempt, outcome: outcome)
+            }
+            if case .retry = outcome {} else { job.promise.completeWith(result) }
+            for action in actions {
+                switch action {
+                case .send(let entry):
+                    self.run(entry.job, ticket: entry.ticket, attempt: entry.attempt)
+                case .schedule(let entry, let delay):
+                    self.commands.eventLoop.scheduleTask(in: delay) {
+                        self.run(entry.job, ticket: entry.ticket, attempt: entry.attempt)
+                    }.futureResult.whenFailure { entry.job.promise.fail($0) }
+                case .fail(let jobs):
+                    guard case .failure(let error) = result else { continue }
+                    for queued in jobs { queued.promise.fail(error) }
+                }
             }
         }
     }
@@ -332,6 +378,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             return s.closed
         }
         guard !closed else { return }
+        failWaitingScripts()
         let group = self.group
         let subscriber = self.subscriber!
         let commands = self.commands
@@ -345,6 +392,10 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         }
     }
 
+    private func failWaitingScripts() {
+        for job in state.withLockedValue({ $0.gate.drain() }) { job.promise.fail(RedisError(.closed)) }
+    }
+
     /// Closes the Redis connections and stops the engine's thread (tests; `shutdown` does it too).
     public func close() async {
         local.shutdown()
@@ -353,6 +404,7 @@ public final class RedisEngine: Engine, @unchecked Sendable {
             return s.closed
         }
         guard !closed else { return }
+        failWaitingScripts()
         _ = try? await sentinel?.close().get()
         _ = try? await commands.close().and(subscriber.close()).get()
         try? await group.shutdownGracefully()
