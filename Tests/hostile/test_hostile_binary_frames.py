@@ -1,4 +1,4 @@
-"""Issue 13, item 6: binary WebSocket frames.
+"""Issue 13, item 6: binary WebSocket frames; and frames RFC 6455 says a server must refuse.
 
 UTF-8 JSON in a binary frame is handled exactly like a text frame (Faye's Node server does so); anything else in
 a binary frame gets the same Bayeux error reply as garbage in a text frame, and the session goes on.
@@ -76,6 +76,35 @@ def test_binary_frame_of_garbage_gets_an_error_reply_and_the_socket_goes_on(garb
             ws.send(HANDSHAKE)
             after = _next_reply(ws, "handshake after the garbage")
             assert after[0]["successful"] is True, after
+        finally:
+            ws.close()
+        g.assert_served()
+
+
+def _close_code_after(url, raw):
+    """Sends `raw` after the upgrade, past the client library's framing; the close code the broker answers."""
+    ws = websocket.create_connection(url, timeout=5)
+    try:
+        ws.sock.sendall(raw)
+        opcode, data = ws.recv_data(control_frame=True)
+        assert opcode == websocket.ABNF.OPCODE_CLOSE, (opcode, data)
+        return int.from_bytes(data[:2], "big")
+    finally:
+        ws.close()
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x81\x05hello",                                              # not masked (RFC 6455 section 5.1)
+    bytes([0x81 | 0x40, 0x85]) + b"\x01\x02\x03\x04" + bytes(c ^ m for c, m in zip(b"hello", b"\x01\x02\x03\x04\x01")),
+], ids=["unmasked", "reserved-bit"])
+def test_frames_a_server_must_refuse_close_the_socket_with_1002(raw):
+    with hostile_broker() as (b, g):
+        assert _close_code_after(b.ws_url, raw) == 1002
+        # The broker goes on serving others.
+        ws = websocket.create_connection(b.ws_url, timeout=5)
+        try:
+            ws.send(HANDSHAKE)
+            assert _next_reply(ws, "handshake on a new socket")[0]["successful"] is True
         finally:
             ws.close()
         g.assert_served()

@@ -9,18 +9,23 @@ import NIOWebSocket
 ///
 /// Limits, as before: a frame longer than `maxFrameSize`, or a fragmented message longer than
 /// `maxMessageSize` or of more than `maxFragments` frames, is an error (answered with close 1009 or 1002).
+/// As RFC 6455 §5.1–5.2 require of a server, a client frame that is not masked, or that sets a reserved bit (no
+/// extension is ever negotiated), is a protocol error too.
 struct WebSocketFrameParser {
     enum ParseError: Error, Equatable {
         /// A frame, or a message of several frames, over the size limit (close code 1009).
         case tooLarge
         /// A control frame fragmented or longer than 125 bytes, a continuation with no message to continue, a new
-        /// message before the last one ended, or too many fragments (close code 1002).
+        /// message before the last one ended, too many fragments, an unmasked client frame or a reserved bit set
+        /// (close code 1002).
         case protocolError
     }
 
     let maxFrameSize: Int
     let maxMessageSize: Int
     let maxFragments: Int
+    /// Frames must be masked (a server reading a client); false to read what a server wrote (tests, clients).
+    let requiresMask: Bool
     /// Bytes received and not yet parsed (a frame cut by the end of a read); nil when there are none.
     private var pending: ByteBuffer?
     /// The fragments of a message still in progress.
@@ -28,10 +33,11 @@ struct WebSocketFrameParser {
     private var fragmentsOpcode: WebSocketOpcode = .text
     private var fragmentsSize = 0
 
-    init(maxFrameSize: Int, maxMessageSize: Int? = nil, maxFragments: Int = 4096) {
+    init(maxFrameSize: Int, maxMessageSize: Int? = nil, maxFragments: Int = 4096, requiresMask: Bool = true) {
         self.maxFrameSize = maxFrameSize
         self.maxMessageSize = maxMessageSize ?? maxFrameSize
         self.maxFragments = maxFragments
+        self.requiresMask = requiresMask
     }
 
     /// Whether bytes or fragments wait for more input (for tests).
@@ -99,7 +105,9 @@ struct WebSocketFrameParser {
         index += 2
         let fin = first & 0x80 != 0
         guard let opcode = WebSocketOpcode(encodedWebSocketOpcode: first & 0x0F) else { throw .protocolError }
+        guard first & 0x70 == 0 else { throw .protocolError }
         let masked = second & 0x80 != 0
+        guard masked || !requiresMask else { throw .protocolError }
         var length = Int(second & 0x7F)
         if opcode.isControlOpcode {
             guard fin else { throw .protocolError }
@@ -133,9 +141,7 @@ struct WebSocketFrameParser {
             // client keeps a partial frame pending (a stream of frames that never lines up with the reads).
             if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
         }
-        return WebSocketFrame(
-            fin: fin, rsv1: first & 0x40 != 0, rsv2: first & 0x20 != 0, rsv3: first & 0x10 != 0, opcode: opcode,
-            data: data)
+        return WebSocketFrame(fin: fin, opcode: opcode, data: data)
     }
 }
 

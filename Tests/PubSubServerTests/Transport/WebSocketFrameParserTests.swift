@@ -40,7 +40,7 @@ enum WireFrames {
 
     /// Every frame the channel wrote so far.
     static func written(_ channel: EmbeddedChannel) throws -> [WebSocketFrame] {
-        var parser = WebSocketFrameParser(maxFrameSize: 1 << 24)
+        var parser = WebSocketFrameParser(maxFrameSize: 1 << 24, requiresMask: false)
         while let data = try channel.readOutbound(as: IOData.self) {
             if case .byteBuffer(let buffer) = data { parser.append(buffer) }
         }
@@ -128,6 +128,23 @@ enum WireFrames {
         }
     }
 
+    /// RFC 6455 §5.1: a server fails the connection on a client frame that is not masked; §5.2: on a reserved
+    /// bit set when no extension was negotiated.
+    @Test func unmaskedFramesAndReservedBitsAreProtocolErrors() throws {
+        #expect(throws: WebSocketFrameParser.ParseError.protocolError) {
+            try parse([WireFrames.bytes(.text, Array("hello".utf8), mask: nil)])
+        }
+        #expect(throws: WebSocketFrameParser.ParseError.protocolError) {
+            try parse([WireFrames.bytes(.ping, [], mask: nil)])
+        }
+        for bit: UInt8 in [0x40, 0x20, 0x10] {
+            var frame = WireFrames.bytes(.text, "hello")
+            frame.setInteger(frame.getInteger(at: 0, as: UInt8.self)! | bit, at: 0)
+            #expect(throws: WebSocketFrameParser.ParseError.protocolError) { try parse([frame]) }
+        }
+        #expect(try parse([WireFrames.bytes(.text, "hello")]).map { String(buffer: $0.data) } == ["hello"])
+    }
+
     @Test func storageStaysBoundedWhileFramesNeverLineUpWithReads() throws {
         var parser = WebSocketFrameParser(maxFrameSize: 1 << 20)
         var wire = ByteBuffer()
@@ -164,7 +181,7 @@ enum WireFrames {
             payload.moveReaderIndex(forwardBy: WebSocketFrameHeader.maxLength)
             payload.writeRepeatingByte(0x41, count: count)
             #expect(WebSocketFrameHeader.prepend(opcode: .text, to: &payload))
-            var parser = WebSocketFrameParser(maxFrameSize: 1 << 20)
+            var parser = WebSocketFrameParser(maxFrameSize: 1 << 20, requiresMask: false)
             parser.append(payload)
             let frame = try #require(try parser.next())
             #expect(frame.opcode == .text && frame.fin && frame.data.readableBytes == count)
