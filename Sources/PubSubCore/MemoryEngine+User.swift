@@ -7,7 +7,12 @@ extension MemoryEngine {
     }
 
     public func user(of clientId: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
-        loop.makeSucceededFuture(withSession(clientId) { $0.user } ?? nil)
+        loop.makeSucceededFuture(user(of: clientId))
+    }
+
+    /// The session's user, read at once (nil: no user, or no such session here).
+    public func user(of clientId: String) -> String? {
+        withSession(clientId) { $0.user } ?? nil
     }
 
     public func setGrant(_ clientId: String, grant: String, on loop: any EventLoop) -> EventLoopFuture<Void> {

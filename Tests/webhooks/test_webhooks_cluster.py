@@ -54,3 +54,54 @@ def test_two_nodes_post_each_event_once(redis_server):
             assert sorted(of(c3), key=str) == sorted([
                 ("handshake", None, None), ("subscribe", "/fire", None), ("disconnect", None, "overflow")], key=str)
             assert all(p.signature_ok() for p in receiver.accepted())
+
+
+def test_events_carry_the_user_on_every_node(redis_server):
+    """With JWT, each event names the session's user, whichever node posts it: the node that handled a subscribe
+    for a session living on another node, the sweep's node for an expiry, the home node for an overflow."""
+    import jwt
+
+    key = "k" * 40
+
+    def handshake(node, user):
+        token = jwt.encode({"sub": user, "exp": int(time.time()) + 600, "channels": ["/**"], "publish": ["/**"]},
+                           key, algorithm="HS256")
+        reply = hook_bayeux(node, [{"channel": "/meta/handshake", "version": "1.0", "ext": {"token": token},
+                                    "supportedConnectionTypes": ["long-polling"]}])[0]
+        assert reply["successful"], reply
+        return reply["clientId"], token
+
+    with HookReceiver() as receiver:
+        args = ["--engine", "redis", "--redis-url", redis_server.url, "--redis-prefix", "hookusers:",
+                "--max-queue", "2", "--jwt-key", key]
+        a = hook_broker([receiver.url], extra=args, timeout=1)
+        b = hook_broker([receiver.url], extra=args, timeout=1)
+        with a, b:
+            wait_ready(a)
+            wait_ready(b)
+            alice, _ = handshake(a, "alice")
+            hook_subscribe(b, alice, ["/room"])
+            hook_subscribe(b, alice, ["/room"], meta="/meta/unsubscribe")
+            bob, bob_token = handshake(a, "bob")
+            hook_subscribe(a, bob, "/fire")
+            for i in range(3):
+                assert hook_bayeux(b, [{"channel": "/fire", "data": i, "clientId": bob, "ext": {"token": bob_token}}
+                                       ])[0]["successful"]
+            carol, _ = handshake(b, "carol")
+            assert hook_bayeux(a, [{"channel": "/meta/disconnect", "clientId": carol}])[0]["successful"]
+
+            def ended(events):
+                return any(e["type"] == "disconnect" and e["clientId"] == alice for e in events)
+
+            receiver.wait_events(ended, timeout=30, what="alice expired")
+            time.sleep(1.5)
+            events = receiver.events()
+            users = {alice: "alice", bob: "bob", carol: "carol"}
+            ours = [e for e in events if e["clientId"] in users]  # (the launcher's readiness check handshakes too)
+            for e in ours:
+                assert e["user"] == users[e["clientId"]], e
+            seen = [(e["type"], e.get("reason"), e["user"]) for e in ours]
+            assert ("subscribe", None, "alice") in seen and ("unsubscribe", None, "alice") in seen
+            assert ("disconnect", "expired", "alice") in seen
+            assert ("disconnect", "overflow", "bob") in seen
+            assert ("disconnect", "client", "carol") in seen

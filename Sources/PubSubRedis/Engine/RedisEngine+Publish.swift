@@ -96,15 +96,18 @@ extension RedisEngine {
         return nil
     }
 
-    /// Clients whose local queue overflowed: dropped locally already, now in Redis too.
+    /// Clients whose local queue overflowed: dropped locally already, now in Redis too (which says their user).
     func dropOverflowed(_ ids: [String]) {
         guard !ids.isEmpty else { return }
-        reportEnded(ids, .overflow)
         for id in ids {
             if isConnected {
-                _ = destroyInRedis(id, reason: .overflow)
+                destroyInRedis(id, reason: .overflow).whenComplete { result in
+                    let user = (try? result.get())?.user
+                    self.reportEnded([(id, user)], .overflow)
+                }
             } else {
                 state.withLockedValue { $0.pendingDestroys.append((id, .overflow)) }
+                reportEnded([(id, nil)], .overflow)
             }
         }
     }

@@ -13,7 +13,7 @@ extension RedisEngine {
     }
 
     /// The channels a subscribe applied: all of them, or those before the one that reached the limit.
-    func reportSubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult) {
+    func reportSubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult, user: String?) {
         guard events != nil else { return }
         let applied: ArraySlice<String>
         switch result {
@@ -21,17 +21,23 @@ extension RedisEngine {
         case .limitReached(let channel): applied = channels.prefix { $0 != channel }
         case .unknownClient, .overflowed: return
         }
-        report(applied.map { SessionEvent(kind: .subscribe, clientId: clientId, channel: $0) })
+        report(applied.map { SessionEvent(kind: .subscribe, clientId: clientId, channel: $0, user: user) })
     }
 
-    func reportUnsubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult) {
+    func reportUnsubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult, user: String?) {
         guard events != nil, result == .ok else { return }
-        report(channels.map { SessionEvent(kind: .unsubscribe, clientId: clientId, channel: $0) })
+        report(channels.map { SessionEvent(kind: .unsubscribe, clientId: clientId, channel: $0, user: user) })
     }
 
-    func reportEnded(_ ids: [String], _ reason: DetachReason) {
-        guard events != nil, let ended = SessionEvent.EndReason(reason) else { return }
-        report(ids.map { SessionEvent(kind: .disconnect, clientId: $0, reason: ended) })
+    func reportEnded(_ ended: [(id: String, user: String?)], _ reason: DetachReason) {
+        guard events != nil, let why = SessionEvent.EndReason(reason) else { return }
+        report(ended.map { SessionEvent(kind: .disconnect, clientId: $0.id, user: $0.user, reason: why) })
+    }
+
+    /// A user as a script answers it: '' (or nothing) for none.
+    static func user(in reply: RESPValue?) -> String? {
+        guard let user = reply?.string, !user.isEmpty else { return nil }
+        return user
     }
 
 }

@@ -300,7 +300,7 @@ extension RedisEngine {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             return local.subscribe(clientId, to: channels, resume: nil, now: now, on: loop).map { result, _ in
-                self.reportSubscribed(clientId, channels, result)
+                self.reportSubscribed(clientId, channels, result, user: self.local.user(of: clientId))
                 return (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
             }
         }
@@ -337,7 +337,7 @@ extension RedisEngine {
                         : ResumeResult(recovered: false, missed: 0)
                 }
                 let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
-                self.reportSubscribed(clientId, channels, result)
+                self.reportSubscribed(clientId, channels, result, user: Self.user(in: values.count > 4 ? values[4] : nil))
                 return (result, resumed)
             case 2?: return (.overflowed, nil)
             default: return (.unknownClient, nil)
@@ -351,15 +351,16 @@ extension RedisEngine {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             return local.unsubscribe(clientId, from: channels, on: loop).map { result in
-                self.reportUnsubscribed(clientId, channels, result)
+                self.reportUnsubscribed(clientId, channels, result, user: self.local.user(of: clientId))
                 return result
             }
         }
         let arguments: [RESPArgument] = [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
         return eval(RedisScripts.unsubscribe, arguments).map { reply -> SubscriptionResult in
-            switch reply.array?.first?.int {
+            let values = reply.array ?? []
+            switch values.first?.int {
             case 1?:
-                self.reportUnsubscribed(clientId, channels, .ok)
+                self.reportUnsubscribed(clientId, channels, .ok, user: Self.user(in: values.count > 1 ? values[1] : nil))
                 return .ok
             case 2?: return .overflowed
             default: return .unknownClient
@@ -370,23 +371,28 @@ extension RedisEngine {
     public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop)
         -> EventLoopFuture<Bool>
     {
+        let localUser = local.user(of: clientId)
         let wasLocal = evictLocally(clientId, reason: reason) != nil
         if reason == .kicked { rememberKicked(clientId) }
         guard isConnected else {
             guard wasLocal else { return loop.makeFailedFuture(RedisError(.notConnected)) }
             state.withLockedValue { $0.pendingDestroys.append((clientId, reason)) }
-            reportEnded([clientId], reason)
+            reportEnded([(clientId, localUser)], reason)
             return loop.makeSucceededFuture(true)
         }
         return destroyInRedis(clientId, reason: reason).map { destroyed in
-            if destroyed || wasLocal { self.reportEnded([clientId], reason) }
-            return destroyed || wasLocal
+            if destroyed.destroyed || wasLocal { self.reportEnded([(clientId, destroyed.user ?? localUser)], reason) }
+            return destroyed.destroyed || wasLocal
         }.hop(to: loop)
     }
 
-    func destroyInRedis(_ clientId: String, reason: DetachReason) -> EventLoopFuture<Bool> {
+    /// Whether the session was in Redis, and its user then.
+    func destroyInRedis(_ clientId: String, reason: DetachReason) -> EventLoopFuture<(destroyed: Bool, user: String?)> {
         eval(RedisScripts.destroy, [.string(clientId), .string(Self.name(of: reason)), .integer(lifetimeMilliseconds)])
-            .map { $0.int == 1 }
+            .map { reply in
+                let values = reply.array ?? [reply]
+                return (values.first?.int == 1, Self.user(in: values.count > 1 ? values[1] : nil))
+            }
     }
 
     static func name(of reason: DetachReason) -> String {

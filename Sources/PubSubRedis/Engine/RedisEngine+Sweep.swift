@@ -29,8 +29,13 @@ extension RedisEngine {
             .and(eval(RedisScripts.sweep, [.string(node), .integer(milliseconds(now)), .integer(period), .integer(Int64(settings.sweepBatch))]))
             .map { replies, swept in
                 let seq = replies.count > 1 ? replies[1].int.map { UInt64($0) } : nil
-                // The ids this sweep expired (older scripts answered with their number only).
-                let expired = swept.array?.compactMap(\.string) ?? []
+                // {id, user} of each session this sweep expired (older scripts answered with their ids, or their
+                // number only).
+                let expired = (swept.array ?? []).compactMap { entry -> (id: String, user: String?)? in
+                    if let id = entry.string { return (id, nil) }
+                    guard let pair = entry.array, let id = pair.first?.string else { return nil }
+                    return (id, Self.user(in: pair.count > 1 ? pair[1] : nil))
+                }
                 let count = swept.array.map { Int64($0.count) } ?? swept.int
                 self.state.withLockedValue { s in
                     if let seq { s.lastSequence = max(s.lastSequence, seq) }

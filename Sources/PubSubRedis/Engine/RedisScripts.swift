@@ -266,7 +266,7 @@ enum RedisScripts {
         parts[#parts + 1] = f(#events)
         for _, e in ipairs(events) do parts[#parts + 1] = f(e) end
         if #added > 0 or #events > 0 then notify(home, table.concat(parts)) end
-        return {1, limit, recovered, missed}
+        return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or ''}
         """)
 
     /// ARGV: id, n, channel × n. The home node gets a `U` notification. {1} or {0} / {2}.
@@ -284,14 +284,16 @@ enum RedisScripts {
           end
         end
         if #parts > 0 then notify(home, 'U' .. f(id) .. f(#parts) .. table.concat(parts)) end
-        return {1}
+        return {1, redis.call('HGET', ck, 'user') or ''}
         """)
 
     /// The body shared by destroy and the expiry sweep: removes every trace and tells the home node (`D`).
+    /// Returns the session's user ('' for none), for the session event.
     static let destroyFunction = """
         local function destroy(id, reason, lifetime)
           local ck = P .. 'c:' .. id
           local home = redis.call('HGET', ck, 'home')
+          local user = redis.call('HGET', ck, 'user') or ''
           for _, ch in ipairs(redis.call('SMEMBERS', ck .. ':s')) do
             if home then interest(home, ch, -1) end
           end
@@ -299,27 +301,28 @@ enum RedisScripts {
           redis.call('ZREM', P .. 'clients', id)
           if reason == 'overflow' then redis.call('SET', P .. 'd:' .. id, '1', 'PX', lifetime) end
           if home then notify(home, 'D' .. f(id) .. f(reason)) end
+          return user
         end
 
         """
 
-    /// ARGV: id, reason, lifetime ms. 1 destroyed, 0 did not exist.
+    /// ARGV: id, reason, lifetime ms. {1, user} destroyed, {0} did not exist.
     static let destroy = Script(destroyFunction + """
         local id = ARGV[3]
-        if not redis.call('ZSCORE', P .. 'clients', id) then return 0 end
-        destroy(id, ARGV[4], ARGV[5])
-        return 1
+        if not redis.call('ZSCORE', P .. 'clients', id) then return {0} end
+        return {1, destroy(id, ARGV[4], ARGV[5])}
         """)
 
     /// The expiry sweep, at most once per period for the whole cluster (the lock is never released: it expires).
-    /// ARGV: node, now ms, period ms (0: no lock), batch. Returns the ids of the sessions expired (reported as
-    /// session events by this node, the one that expired them), or -1 (lock taken).
+    /// ARGV: node, now ms, period ms (0: no lock), batch. Returns {id, user} of each session expired (reported
+    /// as session events by this node, the one that expired them), or -1 (lock taken).
     static let sweep = Script(destroyFunction + """
         local period = tonumber(ARGV[5])
         if period > 0 and not redis.call('SET', P .. 'gc', ARGV[3], 'NX', 'PX', period) then return -1 end
         local ids = redis.call('ZRANGEBYSCORE', P .. 'clients', '-inf', ARGV[4], 'LIMIT', 0, tonumber(ARGV[6]))
-        for _, id in ipairs(ids) do destroy(id, 'expired', 0) end
-        return ids
+        local expired = {}
+        for i, id in ipairs(ids) do expired[i] = {id, destroy(id, 'expired', 0)} end
+        return expired
         """)
 
     /// Publishes one event: takes the next position, appends it to the history, and sends one `E` notification
