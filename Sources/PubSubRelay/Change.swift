@@ -97,8 +97,12 @@ public protocol ChangeSource: Sendable {
     /// before, so that reading the feed and publishing overlap. A source saying yes hands out every change once
     /// even when `next()` and `confirm(_:)` interleave. Default: no.
     var readsAhead: Bool { get }
+    /// `error` (from this source, the publisher or the checkpoint file) in one line, for the relay's last words.
+    /// Default: its text, with what to do about a refused certificate (`FeedTLS.describe`).
+    func describe(_ error: any Error) -> String
 }
 
 extension ChangeSource {
     public var readsAhead: Bool { false }
+    public func describe(_ error: any Error) -> String { FeedTLS.describe(error) }
 }

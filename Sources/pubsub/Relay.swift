@@ -84,7 +84,7 @@ struct RelayOptions: ParsableArguments {
         case .failure(is CancellationError):
             return
         case .failure(let error):
-            throw failure("relay stopped: \(PostgresChangeSource.describe(error))", ExitStatus.unavailable)
+            throw failure("relay stopped: \(source.describe(error))", ExitStatus.unavailable)
         }
     }
 }

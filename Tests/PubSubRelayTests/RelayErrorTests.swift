@@ -52,4 +52,23 @@ private func checkRelayError<R>(
         #expect(others.allSatisfy { !RelayError($0, "x").isFatal })
         #expect(Set(others.map(\.description)).count == others.count)
     }
+
+    /// The relay's last line ("relay stopped: …") is said by the source that ran: a certificate refused by any
+    /// feed says what to do about it, a PostgreSQL error gives the server's message.
+    @Test func eachSourceSaysWhyTheRelayStopped() {
+        struct Refused: Error, CustomStringConvertible {
+            var description: String { "handshakeFailed(CERTIFICATE_VERIFY_FAILED)" }
+        }
+        struct Source: ChangeSource {
+            var sourceID: String { "test" }
+            func start(after position: String?) async throws {}
+            func next() async throws -> ChangeBatch? { nil }
+            func confirm(_ position: String) async throws {}
+            func lag() async -> SourceLag? { nil }
+            func close() async {}
+        }
+        #expect(Source().describe(Refused()).contains("--feed-ca-file"))
+        #expect(Source().describe(RelayError(.publish, "503 from the broker")) == "503 from the broker")
+        #expect(PostgresChangeSource.describe(Refused()).contains("--feed-ca-file"))
+    }
 }

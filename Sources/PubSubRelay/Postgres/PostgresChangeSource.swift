@@ -424,13 +424,17 @@ public actor PostgresChangeSource: ChangeSource {
         }
     }
 
-    /// The server's message of a PostgreSQL error, else the error's code.
+    /// The server's message of a PostgreSQL error, else the error's code; another error as `FeedTLS` says it.
     public static func describe(_ error: any Error) -> String {
-        guard let error = error as? PSQLError else { return "\(error)" }
+        guard let error = error as? PSQLError else { return FeedTLS.describe(error) }
         if let message = error.serverInfo?[.message] { return message }
         if let underlying = error.underlying { return "\(underlying)" }
         return "\(error.code)"
     }
+}
+
+extension PostgresChangeSource {
+    public nonisolated func describe(_ error: any Error) -> String { Self.describe(error) }
 }
 
 /// True for the first caller only.

@@ -198,6 +198,8 @@ public final class SimperiumChangeSource: ChangeSource {
         finishStarting(CancellationError())
     }
 
+    public func describe(_ error: any Error) -> String { Self.describe(error) }
+
     static func describe(_ error: any Error) -> String {
         if let error = error as? RelayError { return error.message }
         return FeedTLS.describe(error)
