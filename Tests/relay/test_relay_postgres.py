@@ -178,6 +178,37 @@ def test_survives_a_postgresql_crash_and_restart(pg, broker, workdir):
         sub.stop()
 
 
+def test_a_terminated_backend_reconnects_without_a_gap(pg, broker, workdir):
+    """`pg_terminate_backend` (as an operator or a failover tool does) ends the relay's session, six times while
+    changes are written: the relay finds the socket closed (or, for a query in flight, SQLSTATE 57P01 just before
+    it closes), reconnects, and relays every change."""
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
+    terminated = 0
+    try:
+        wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            for round in range(6):
+                for i in range(round * 50, round * 50 + 50):
+                    db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i}",))
+                terminated += db.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND datname = current_database() AND backend_type = 'client backend'").fetchone()[0]
+                time.sleep(0.3)
+        ids = [f"n{i}" for i in range(300)]
+        try:
+            wait_for_ids(sub, ids, 90, "all 300 inserts")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nrelay:\n{relay.errors()[-3000:]}") from None
+        assert terminated >= 3, terminated
+        assert relay.proc.poll() is None, relay.errors()
+        assert "reconnected to PostgreSQL" in relay.errors()
+        check_at_least_once(events(sub), ids, ordered=False)
+    finally:
+        relay.stop()
+        sub.stop()
+
+
 def relay_until_caught_up(pg, broker, workdir, sub, count):
     """Runs the relay until `count` events arrived, then stops it cleanly (checkpoint written)."""
     relay = start_relay(pg, broker, workdir)
