@@ -77,13 +77,14 @@ extension RedisEngine {
             return loop.makeFailedFuture(RedisError(.notConnected))
         }
         guard resident else { return claim(clientId, now: now, refresh: refresh).hop(to: loop) }
-        if refresh, let batched = joinBatch(clientId, now: now) {
+        if refresh, let batched = joinBatch(clientId, now: now, on: loop) {
+            // The batch resumes its connects on their own loops: the common case stays there.
             return batched.flatMap { passed -> EventLoopFuture<ConnectResult.Status> in
-                guard passed else { return self.touch(clientId, now: now, refresh: refresh) }
-                if self.local.hasSession(clientId) { return self.commands.eventLoop.makeSucceededFuture(.ok) }
+                guard passed else { return self.touch(clientId, now: now, refresh: refresh).hop(to: loop) }
+                if self.local.hasSession(clientId) { return loop.makeSucceededFuture(.ok) }
                 // Moved away meanwhile (its `M` came before the barrier): fetch it again.
-                return self.claim(clientId, now: now, refresh: refresh)
-            }.hop(to: loop)
+                return self.claim(clientId, now: now, refresh: refresh).hop(to: loop)
+            }
         }
         return touch(clientId, now: now, refresh: refresh).hop(to: loop)
     }
@@ -135,9 +136,9 @@ extension RedisEngine {
 
     /// A connect for a session Redis confirmed here: waits for the next batch (its expiry refresh and the barrier
     /// behind it) instead of running `touch`. The future says true once the barrier came back, false when the
-    /// connect must ask Redis after all (a cut); nil: not confirmed here, run `touch`.
-    func joinBatch(_ clientId: String, now: NIODeadline) -> EventLoopFuture<Bool>? {
-        let waiter = commands.eventLoop.makePromise(of: Bool.self)
+    /// connect must ask Redis after all (a cut); nil: not confirmed here, run `touch`. The future is on `loop`.
+    func joinBatch(_ clientId: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Bool>? {
+        let waiter = loop.makePromise(of: Bool.self)
         let expiryMilliseconds = milliseconds(now) + lifetimeMilliseconds
         let decision = state.withLockedValue { s in
             let decision = s.ledger.connect(clientId, now: now, expiry: expiryMilliseconds, waiter: waiter)
@@ -200,15 +201,31 @@ extension RedisEngine {
             guard case .success = result else { return self.resetLedger() }
             let (waiters, next) = self.state.withLockedValue { $0.ledger.settled(batch.barrier) }
             if let next { self.send(next) }
-            for waiter in waiters { waiter.succeed(true) }
+            Self.resume(waiters, with: true)
+        }
+    }
+
+    /// Resumes connects waiting for a batch: one task per event loop for all of that loop's connects, rather than
+    /// one cross-thread hop each.
+    static func resume(_ waiters: [EventLoopPromise<Bool>], with passed: Bool) {
+        var byLoop: [ObjectIdentifier: (loop: any EventLoop, waiters: [EventLoopPromise<Bool>])] = [:]
+        for waiter in waiters {
+            let loop = waiter.futureResult.eventLoop
+            byLoop[ObjectIdentifier(loop), default: (loop, [])].waiters.append(waiter)
+        }
+        for (loop, group) in byLoop.values {
+            if loop.inEventLoop {
+                for waiter in group { waiter.succeed(passed) }
+            } else {
+                loop.execute { for waiter in group { waiter.succeed(passed) } }
+            }
         }
     }
 
     /// Forgets every confirmation (a Redis connection was cut, a notification may be lost); waiting connects run
     /// `touch`.
     func resetLedger() {
-        let waiters = state.withLockedValue { $0.ledger.reset() }
-        for waiter in waiters { waiter.succeed(false) }
+        Self.resume(state.withLockedValue { $0.ledger.reset() }, with: false)
     }
 
     /// Moves the session here: waits for the `A` notification (its subscriptions) and, when the old node is
