@@ -150,9 +150,11 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     assert sum(len(v) for v in lost.values()) > 0, "the replica was cut off: some acknowledged events must be lost"
     assert all(m["pubsub_redis_failovers_total"] == 1 for m in metrics.values()), metrics
 
-    # What the subscribers saw: every event published through Redis (lost from the history or not: it went out
-    # when it was published), in order; of the other node's events, none of those it published while it had no
-    # master (delivered on that node only, counted as local-only publishes there).
+    # What the subscribers saw: every event published through Redis, in order (lost from the history or not: it
+    # went out when it was published; except one the kill caught between its acknowledgement and its notification,
+    # which the new master lacks too: gone for everyone, and counted above as lost); of the other node's events,
+    # none of those it published while it had no master (delivered on that node only, counted as local-only
+    # publishes there).
     for name, other in (("a", "b"), ("b", "a")):
         client = subscribers[name]
         for source in ("a", "b"):
@@ -161,11 +163,13 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
             assert len(got) == len(set(got)), f"{name} got some of {source}'s events twice"
         own = set(received(client, CHANNEL, name))
         p = publishers[name]
-        assert {n for n, _ in p.positioned} | set(p.local_only) <= own
+        cut = ({n for n, _ in p.positioned} | set(p.local_only)) - own
+        assert cut <= set(lost[name]), (name, sorted(cut), sorted(lost[name]))
         theirs = set(received(client, CHANNEL, other))
         q = publishers[other]
         missing = ({n for n, _ in q.positioned} | set(q.local_only)) - theirs
-        assert missing == set(q.local_only), (name, sorted(missing), sorted(q.local_only))
+        assert set(q.local_only) <= missing and missing - set(q.local_only) <= set(lost[other]), (
+            name, sorted(missing), sorted(q.local_only), sorted(lost[other]))
         assert metrics[other]["pubsub_redis_local_only_publishes_total"] == len(q.local_only), metrics
         # A publish that failed is one whose connection broke before Redis answered: counted as uncertain.
         assert metrics[other]["pubsub_redis_uncertain_publishes_total"] == len(q.failed), (metrics, q.errors)
