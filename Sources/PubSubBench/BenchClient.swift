@@ -51,6 +51,9 @@ final class BenchClient: @unchecked Sendable {
     private var retryTimer: Scheduled<Void>?
     private var done: EventLoopPromise<Void>?
     private var clientIdBytes: [UInt8] = []
+    /// `[{"channel":"/meta/connect",…,"id":"` for this client, set at the handshake.
+    private var connectPrefix: [UInt8] = []
+    private var connectBuffer = ByteBuffer()
     private lazy var roomChoice = SplitMix64(seed: 0x5EED_0000 &+ UInt64(publisherIndex))
 
     init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop, index: Int) {
@@ -128,6 +131,7 @@ final class BenchClient: @unchecked Sendable {
     func received(_ body: ByteBuffer) {
         let now = monotonicNanoseconds()
         var others: [[UInt8]] = []
+        var connectSucceeded = false
         let ok = body.withUnsafeReadableBytes { bytes in
             ReplyScanner.scan(bytes) { item in
                 switch item {
@@ -136,6 +140,8 @@ final class BenchClient: @unchecked Sendable {
                 case .other(let object):
                     if ReplyScanner.isPlainPublishSuccess(object) {
                         self.acknowledged(success: true, channel: nil, now: now)
+                    } else if ReplyScanner.isConnectSuccess(object) {
+                        connectSucceeded = true
                     } else {
                         others.append(Array(object))
                     }
@@ -144,6 +150,8 @@ final class BenchClient: @unchecked Sendable {
         }
         if !ok { stats.recordError("unreadable reply: \(String(buffer: body).prefix(120))") }
         for object in others { reply(object, now: now) }
+        // After the events of the same response, as `reply` would have done it.
+        if connectSucceeded { pollAgain() }
     }
 
     /// Called when the wire has read everything currently available.
@@ -193,6 +201,8 @@ final class BenchClient: @unchecked Sendable {
             }
             clientId = id
             clientIdBytes = Array(id.utf8)
+            connectPrefix = Array(
+                "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(id)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\"".utf8)
             if isSubscriber { sendSubscribe() } else { becomeReady() }
         case "/meta/subscribe":
             guard successful else {
@@ -203,7 +213,7 @@ final class BenchClient: @unchecked Sendable {
             sendConnect()
         case "/meta/connect":
             if successful {
-                if isSubscriber, !closed { sendConnect() }
+                pollAgain()
             } else {
                 stats.recordError("connect failed: \(error ?? "unsuccessful")")
                 let advice = object["advice"]?.objectValue?["reconnect"]?.stringValue
@@ -276,11 +286,21 @@ final class BenchClient: @unchecked Sendable {
         )
     }
 
+    /// A successful `/meta/connect` reply: a subscriber polls again.
+    private func pollAgain() {
+        if isSubscriber, !closed { sendConnect() }
+    }
+
+    /// Only the message id changes from one `/meta/connect` to the next: the rest was encoded at the handshake,
+    /// and the buffer of the previous one is reused (the wire has let go of it once its reply arrived).
     private func sendConnect() {
-        guard let clientId else { return }
-        send(
-            "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(clientId)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\"\(takeId())\"}]"
-        )
+        guard clientId != nil, let wire, !closed else { return }
+        connectBuffer.clear()
+        connectBuffer.reserveCapacity(connectPrefix.count + 24)
+        connectBuffer.writeBytes(connectPrefix)
+        connectBuffer.writeDecimal(takeId())
+        connectBuffer.writeStaticString("\"}]")
+        wire.send(connectBuffer)
     }
 
     private func send(_ text: String) {

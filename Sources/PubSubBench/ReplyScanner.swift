@@ -149,4 +149,92 @@ enum ReplyScanner {
     static func isPlainPublishSuccess(_ object: UnsafeRawBufferPointer) -> Bool {
         find(successKey, in: object) != nil && find(metaPrefix, in: object) == nil
     }
+
+    /// A successful `/meta/connect` reply: `"channel":"/meta/connect"` and `"successful":true` among the
+    /// object's own fields (not inside a nested value), whatever their order and spacing.
+    static func isConnectSuccess(_ object: UnsafeRawBufferPointer) -> Bool {
+        var isConnect = false
+        var successful = false
+        let ok = forEachField(object) { key, value in
+            if equals(key, "channel") {
+                isConnect = equals(value, "\"/meta/connect\"")
+            } else if equals(key, "successful") {
+                successful = equals(value, "true")
+            }
+        }
+        return ok && isConnect && successful
+    }
+
+    /// Calls `body` with the raw key (between its quotes) and raw value of each field of a JSON object.
+    /// Returns false when the text is not a well-formed sequence of fields.
+    static func forEachField(
+        _ object: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void
+    ) -> Bool {
+        let count = object.count
+        var i = 0
+        while i < count, isSpace(object[i]) { i += 1 }
+        guard i < count, object[i] == UInt8(ascii: "{") else { return false }
+        i += 1
+        while true {
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            if object[i] == UInt8(ascii: "}") { return true }
+            guard object[i] == UInt8(ascii: "\"") else { return false }
+            let keyStart = i + 1
+            guard let keyEnd = stringEnd(object, from: i) else { return false }
+            i = keyEnd + 1
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count, object[i] == UInt8(ascii: ":") else { return false }
+            i += 1
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            let valueStart = i
+            let c = object[i]
+            if c == UInt8(ascii: "\"") {
+                guard let end = stringEnd(object, from: i) else { return false }
+                i = end + 1
+            } else if c == UInt8(ascii: "{") || c == UInt8(ascii: "[") {
+                guard let end = objectEnd(object, from: i) else { return false }
+                i = end
+            } else {
+                while i < count, object[i] != UInt8(ascii: ","), object[i] != UInt8(ascii: "}"), !isSpace(object[i]) {
+                    i += 1
+                }
+            }
+            guard i > valueStart else { return false }
+            body(
+                UnsafeRawBufferPointer(rebasing: object[keyStart..<keyEnd]),
+                UnsafeRawBufferPointer(rebasing: object[valueStart..<i]))
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            if object[i] == UInt8(ascii: ",") {
+                i += 1
+            } else if object[i] != UInt8(ascii: "}") {
+                return false
+            }
+        }
+    }
+
+    /// The index of the quote closing the string that opens at `start`.
+    private static func stringEnd(_ bytes: UnsafeRawBufferPointer, from start: Int) -> Int? {
+        var i = start + 1
+        let count = bytes.count
+        while i < count {
+            let s = bytes[i]
+            if s == UInt8(ascii: "\\") {
+                i += 2
+                continue
+            }
+            if s == UInt8(ascii: "\"") { return i }
+            i += 1
+        }
+        return nil
+    }
+
+    private static func equals(_ bytes: UnsafeRawBufferPointer, _ text: StaticString) -> Bool {
+        guard bytes.count == text.utf8CodeUnitCount else { return false }
+        let t = text.utf8Start
+        for k in 0..<bytes.count where bytes[k] != t[k] { return false }
+        return true
+    }
 }
