@@ -6,7 +6,20 @@ import NIOCore
 /// The byte pipe under a client: one WebSocket, or one HTTP/1.1 keep-alive connection (long-polling).
 protocol BenchWire: AnyObject {
     func send(_ body: ByteBuffer)
+    /// Sends the message `prefix` + `id` + `"}]` (a `/meta/connect`, whose id alone changes).
+    func send(prefix: [UInt8], id: Int)
     func close()
+}
+
+extension BenchWire {
+    func send(prefix: [UInt8], id: Int) {
+        var body = ByteBuffer()
+        body.reserveCapacity(prefix.count + 24)
+        body.writeBytes(prefix)
+        body.writeDecimal(id)
+        body.writeStaticString("\"}]")
+        send(body)
+    }
 }
 
 /// One Bayeux client of the load: a subscriber (handshake, subscribe, then `/meta/connect` for ever) or a
@@ -53,7 +66,6 @@ final class BenchClient: @unchecked Sendable {
     private var clientIdBytes: [UInt8] = []
     /// `[{"channel":"/meta/connect",…,"id":"` for this client, set at the handshake.
     private var connectPrefix: [UInt8] = []
-    private var connectBuffer = ByteBuffer()
     private lazy var roomChoice = SplitMix64(seed: 0x5EED_0000 &+ UInt64(publisherIndex))
 
     init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop, index: Int) {
@@ -138,12 +150,10 @@ final class BenchClient: @unchecked Sendable {
                 case .event(let marker):
                     self.event(marker, now: now)
                 case .other(let object):
-                    if ReplyScanner.isPlainPublishSuccess(object) {
-                        self.acknowledged(success: true, channel: nil, now: now)
-                    } else if ReplyScanner.isConnectSuccess(object) {
-                        connectSucceeded = true
-                    } else {
-                        others.append(Array(object))
+                    switch ReplyScanner.plainSuccess(object) {
+                    case .publish?: self.acknowledged(success: true, channel: nil, now: now)
+                    case .connect?: connectSucceeded = true
+                    case nil: others.append(Array(object))
                     }
                 }
             }
@@ -291,16 +301,10 @@ final class BenchClient: @unchecked Sendable {
         if isSubscriber, !closed { sendConnect() }
     }
 
-    /// Only the message id changes from one `/meta/connect` to the next: the rest was encoded at the handshake,
-    /// and the buffer of the previous one is reused (the wire has let go of it once its reply arrived).
+    /// Only the message id changes from one `/meta/connect` to the next: the rest was encoded at the handshake.
     private func sendConnect() {
         guard clientId != nil, let wire, !closed else { return }
-        connectBuffer.clear()
-        connectBuffer.reserveCapacity(connectPrefix.count + 24)
-        connectBuffer.writeBytes(connectPrefix)
-        connectBuffer.writeDecimal(takeId())
-        connectBuffer.writeStaticString("\"}]")
-        wire.send(connectBuffer)
+        wire.send(prefix: connectPrefix, id: takeId())
     }
 
     private func send(_ text: String) {

@@ -16,13 +16,16 @@ final class LongPollWire: BenchWire {
     private var connecting = false
     private var closed = false
     private var everConnected = false
+    /// Requests (head and body) not sent yet.
     private var waiting = CircularBuffer<ByteBuffer>()
-    /// The body of the request in flight, kept until its response starts.
+    /// The request in flight, kept until its response arrives.
     private var inFlight: ByteBuffer?
     private var resends = 0
     /// `POST … Content-Length: ` up to the length, the same for every request of this wire.
     private let headPrefix: [UInt8]
-    /// The last request written, cleared and refilled for the next (its bytes are free again once written).
+    /// The last request built, cleared and refilled for the next: its storage is reused once the previous
+    /// request has been written and answered, else `clear()` gives it new storage and the old one stays with
+    /// whoever holds it.
     private var request = ByteBuffer()
 
     private init(client: BenchClient) {
@@ -72,7 +75,7 @@ final class LongPollWire: BenchWire {
             everConnected = true
             client.wireReady(self)  // sends the first request through `send`
         } else if let inFlight {
-            post(inFlight, on: handler)  // died unanswered on the previous connection
+            handler.write(inFlight)  // died unanswered on the previous connection
         } else {
             sendNext()
         }
@@ -121,7 +124,38 @@ final class LongPollWire: BenchWire {
 
     func send(_ body: ByteBuffer) {
         guard !closed else { return }
-        waiting.append(body)
+        startRequest(bodyLength: body.readableBytes)
+        var body = body
+        request.writeBuffer(&body)
+        enqueue(request)
+    }
+
+    /// A `/meta/connect`: the body is `prefix`, the id and `"}]`, written straight after the head.
+    func send(prefix: [UInt8], id: Int) {
+        guard !closed else { return }
+        startRequest(bodyLength: prefix.count + decimalDigits(id) + 3)
+        request.writeBytes(prefix)
+        request.writeDecimal(id)
+        request.writeStaticString("\"}]")
+        enqueue(request)
+    }
+
+    /// Clears `request` and writes the head of a request whose body has `bodyLength` bytes.
+    private func startRequest(bodyLength: Int) {
+        request.clear()
+        request.reserveCapacity(headPrefix.count + 24 + bodyLength)
+        request.writeBytes(headPrefix)
+        request.writeDecimal(bodyLength)
+        request.writeStaticString("\r\n\r\n")
+    }
+
+    private func enqueue(_ request: ByteBuffer) {
+        if inFlight == nil, waiting.isEmpty, let handler {
+            inFlight = request  // the usual case, a poll after a reply: straight out
+            handler.write(request)
+            return
+        }
+        waiting.append(request)
         sendNext()
     }
 
@@ -130,22 +164,10 @@ final class LongPollWire: BenchWire {
         if let handler {
             let next = waiting.removeFirst()
             inFlight = next
-            post(next, on: handler)
+            handler.write(next)
         } else if !connecting {
             _ = open()
         }
-    }
-
-    /// Writes head and body as one buffer.
-    private func post(_ body: ByteBuffer, on handler: LongPollHandler) {
-        request.clear()
-        request.reserveCapacity(headPrefix.count + 24 + body.readableBytes)
-        request.writeBytes(headPrefix)
-        request.writeDecimal(body.readableBytes)
-        request.writeStaticString("\r\n\r\n")
-        var body = body
-        request.writeBuffer(&body)
-        handler.write(request)
     }
 
     func close() {
@@ -205,19 +227,30 @@ final class LongPollHandler: ChannelInboundHandler {
     func close() { context?.close(promise: nil) }
 }
 
+/// The number of decimal digits of a non-negative integer.
+func decimalDigits(_ value: Int) -> Int {
+    var n = value
+    var count = 1
+    while n >= 10 {
+        n /= 10
+        count += 1
+    }
+    return count
+}
+
 extension ByteBuffer {
     /// Writes a non-negative integer in decimal, without building a string.
     mutating func writeDecimal(_ value: Int) {
-        var digits: (UInt64, UInt64) = (0, 0)  // up to 16 digits, written backwards
-        var n = value
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // room for 24 digits, written backwards
+        var n = UInt(max(0, value))
         var count = 0
         withUnsafeMutableBytes(of: &digits) { out in
             repeat {
-                out[15 - count] = UInt8(truncatingIfNeeded: 0x30 + n % 10)
+                out[23 - count] = UInt8(truncatingIfNeeded: 0x30 + n % 10)
                 n /= 10
                 count += 1
-            } while n > 0 && count < 16
-            _ = writeBytes(UnsafeRawBufferPointer(rebasing: out[(16 - count)...]))
+            } while n > 0
+            _ = writeBytes(UnsafeRawBufferPointer(rebasing: out[(24 - count)...]))
         }
     }
 }

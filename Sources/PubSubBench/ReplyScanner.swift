@@ -142,27 +142,36 @@ enum ReplyScanner {
         return nil
     }
 
-    static let successKey: [UInt8] = Array("\"successful\":true".utf8)
-    static let metaPrefix: [UInt8] = Array("\"/meta/".utf8)
-
-    /// A publish acknowledgement that succeeded: `"successful":true` and no meta channel.
-    static func isPlainPublishSuccess(_ object: UnsafeRawBufferPointer) -> Bool {
-        find(successKey, in: object) != nil && find(metaPrefix, in: object) == nil
+    /// Replies handled without a JSON parse.
+    enum PlainSuccess: Equatable {
+        /// `/meta/connect` succeeded: a subscriber polls again.
+        case connect
+        /// A publish was acknowledged.
+        case publish
     }
 
-    /// A successful `/meta/connect` reply: `"channel":"/meta/connect"` and `"successful":true` among the
-    /// object's own fields (not inside a nested value), whatever their order and spacing.
-    static func isConnectSuccess(_ object: UnsafeRawBufferPointer) -> Bool {
-        var isConnect = false
+    /// Reads the object's own fields (not those nested in a value), whatever their order and spacing: a
+    /// `"successful":true` reply without `data` on `/meta/connect` or on a channel outside `/meta/`. Anything
+    /// else (failures, advice to handshake, other meta replies, events without a marker) is nil and left to a
+    /// full parse.
+    static func plainSuccess(_ object: UnsafeRawBufferPointer) -> PlainSuccess? {
+        var channel: UnsafeRawBufferPointer?
         var successful = false
+        var hasData = false
         let ok = forEachField(object) { key, value in
             if equals(key, "channel") {
-                isConnect = equals(value, "\"/meta/connect\"")
+                channel = value
             } else if equals(key, "successful") {
                 successful = equals(value, "true")
+            } else if equals(key, "data") {
+                hasData = true
             }
         }
-        return ok && isConnect && successful
+        guard ok, successful, !hasData, let channel else { return nil }
+        if equals(channel, "\"/meta/connect\"") { return .connect }
+        if channel.count > 7, equals(UnsafeRawBufferPointer(rebasing: channel[0..<7]), "\"/meta/") { return nil }
+        guard channel.count >= 3, channel[0] == UInt8(ascii: "\""), channel[1] == UInt8(ascii: "/") else { return nil }
+        return .publish
     }
 
     /// Calls `body` with the raw key (between its quotes) and raw value of each field of a JSON object.

@@ -123,30 +123,36 @@ import Testing
     }
 
     @Test func decimal() {
-        for n in [0, 7, 10, 99, 12345, 1 << 40] {
+        for n in [0, 7, 9, 10, 99, 100, 12345, 1 << 40, Int.max] {
             var b = ByteBuffer()
             b.writeDecimal(n)
             #expect(String(buffer: b) == String(n))
+            #expect(decimalDigits(n) == String(n).count)
         }
     }
 }
 
 /// The reply checks of `ReplyScanner` that spare the generator a JSON parse.
 @Suite struct ReplyScannerTests {
-    static func scan(_ text: String) -> (events: [ReplyScanner.Marker], connects: Int, others: [String])? {
+    static func scan(_ text: String) -> (events: [ReplyScanner.Marker], connects: Int, acks: Int, others: [String])? {
         var events: [ReplyScanner.Marker] = []
         var connects = 0
+        var acks = 0
         var others: [String] = []
         let ok = Array(text.utf8).withUnsafeBytes { bytes in
             ReplyScanner.scan(bytes) { item in
                 switch item {
                 case .event(let m): events.append(m)
                 case .other(let o):
-                    if ReplyScanner.isConnectSuccess(o) { connects += 1 } else { others.append(String(decoding: o, as: UTF8.self)) }
+                    switch ReplyScanner.plainSuccess(o) {
+                    case .connect?: connects += 1
+                    case .publish?: acks += 1
+                    case nil: others.append(String(decoding: o, as: UTF8.self))
+                    }
                 }
             }
         }
-        return ok ? (events, connects, others) : nil
+        return ok ? (events, connects, acks, others) : nil
     }
 
     @Test func fayeLongPollReply() throws {
@@ -165,6 +171,14 @@ import Testing
         #expect(r.connects == 1)
     }
 
+    @Test func publishAcknowledgements() throws {
+        let r = try #require(
+            Self.scan(#"[{"id":"1","channel":"/bench/r/fanout","successful":true},{"channel":"/a/b","successful":true,"id":"2"}]"#))
+        #expect(r.acks == 2)
+        #expect(r.connects == 0)
+        #expect(r.others.isEmpty)
+    }
+
     @Test(arguments: [
         // Unsuccessful, with reconnect advice: parsed in full by the client.
         #"[{"channel":"/meta/connect","successful":false,"error":"401::No client","advice":{"reconnect":"handshake"}}]"#,
@@ -173,10 +187,16 @@ import Testing
         #"[{"channel":"/meta/subscribe","successful":true}]"#,
         #"[{"channel":"/x","data":{"channel":"/meta/connect","successful":true}}]"#,
         #"[{"channel":"/meta/connect","successful":"true"}]"#,
+        #"[{"channel":"/meta/handshake","successful":true,"clientId":"abc"}]"#,
+        // A failed publish, an event without a marker, a reply without a channel.
+        #"[{"channel":"/bench/x","successful":false,"error":"403::Forbidden"}]"#,
+        #"[{"channel":"/bench/x","successful":true,"data":{"hello":1}}]"#,
+        #"[{"successful":true,"id":"3"}]"#,
     ])
-    func notAPlainConnectSuccess(_ text: String) throws {
+    func notPlainSuccess(_ text: String) throws {
         let r = try #require(Self.scan(text))
         #expect(r.connects == 0)
+        #expect(r.acks == 0)
         #expect(r.others.count == 1)
     }
 
