@@ -247,7 +247,10 @@ let package = Package(
         ),
         .testTarget(
             name: "PubSubBenchTests",
-            dependencies: ["PubSubBench", "Bayeux", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            dependencies: [
+                "PubSubBench", "Bayeux", .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -6,7 +6,20 @@ import NIOCore
 /// The byte pipe under a client: one WebSocket, or one HTTP/1.1 keep-alive connection (long-polling).
 protocol BenchWire: AnyObject {
     func send(_ body: ByteBuffer)
+    /// Sends the message `prefix` + `id` + `"}]` (a `/meta/connect`, whose id alone changes).
+    func send(prefix: [UInt8], id: Int)
     func close()
+}
+
+extension BenchWire {
+    func send(prefix: [UInt8], id: Int) {
+        var body = ByteBuffer()
+        body.reserveCapacity(prefix.count + 24)
+        body.writeBytes(prefix)
+        body.writeDecimal(id)
+        body.writeStaticString("\"}]")
+        send(body)
+    }
 }
 
 /// One Bayeux client of the load: a subscriber (handshake, subscribe, then `/meta/connect` for ever) or a
@@ -51,6 +64,8 @@ final class BenchClient: @unchecked Sendable {
     private var retryTimer: Scheduled<Void>?
     private var done: EventLoopPromise<Void>?
     private var clientIdBytes: [UInt8] = []
+    /// `[{"channel":"/meta/connect",…,"id":"` for this client, set at the handshake.
+    private var connectPrefix: [UInt8] = []
     private lazy var roomChoice = SplitMix64(seed: 0x5EED_0000 &+ UInt64(publisherIndex))
 
     init(role: Role, shared: RunShared, stats: LoopStats, loop: any EventLoop, index: Int) {
@@ -128,22 +143,25 @@ final class BenchClient: @unchecked Sendable {
     func received(_ body: ByteBuffer) {
         let now = monotonicNanoseconds()
         var others: [[UInt8]] = []
+        var connectSucceeded = false
         let ok = body.withUnsafeReadableBytes { bytes in
             ReplyScanner.scan(bytes) { item in
                 switch item {
                 case .event(let marker):
                     self.event(marker, now: now)
                 case .other(let object):
-                    if ReplyScanner.isPlainPublishSuccess(object) {
-                        self.acknowledged(success: true, channel: nil, now: now)
-                    } else {
-                        others.append(Array(object))
+                    switch ReplyScanner.plainSuccess(object) {
+                    case .publish?: self.acknowledged(success: true, channel: nil, now: now)
+                    case .connect?: connectSucceeded = true
+                    case nil: others.append(Array(object))
                     }
                 }
             }
         }
         if !ok { stats.recordError("unreadable reply: \(String(buffer: body).prefix(120))") }
         for object in others { reply(object, now: now) }
+        // After the events of the same response, as `reply` would have done it.
+        if connectSucceeded { pollAgain() }
     }
 
     /// Called when the wire has read everything currently available.
@@ -193,6 +211,8 @@ final class BenchClient: @unchecked Sendable {
             }
             clientId = id
             clientIdBytes = Array(id.utf8)
+            connectPrefix = Array(
+                "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(id)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\"".utf8)
             if isSubscriber { sendSubscribe() } else { becomeReady() }
         case "/meta/subscribe":
             guard successful else {
@@ -203,7 +223,7 @@ final class BenchClient: @unchecked Sendable {
             sendConnect()
         case "/meta/connect":
             if successful {
-                if isSubscriber, !closed { sendConnect() }
+                pollAgain()
             } else {
                 stats.recordError("connect failed: \(error ?? "unsuccessful")")
                 let advice = object["advice"]?.objectValue?["reconnect"]?.stringValue
@@ -276,11 +296,15 @@ final class BenchClient: @unchecked Sendable {
         )
     }
 
+    /// A successful `/meta/connect` reply: a subscriber polls again.
+    private func pollAgain() {
+        if isSubscriber, !closed { sendConnect() }
+    }
+
+    /// Only the message id changes from one `/meta/connect` to the next: the rest was encoded at the handshake.
     private func sendConnect() {
-        guard let clientId else { return }
-        send(
-            "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(clientId)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\"\(takeId())\"}]"
-        )
+        guard clientId != nil, let wire, !closed else { return }
+        wire.send(prefix: connectPrefix, id: takeId())
     }
 
     private func send(_ text: String) {

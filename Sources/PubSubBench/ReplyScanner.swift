@@ -142,11 +142,108 @@ enum ReplyScanner {
         return nil
     }
 
-    static let successKey: [UInt8] = Array("\"successful\":true".utf8)
-    static let metaPrefix: [UInt8] = Array("\"/meta/".utf8)
+    /// Replies handled without a JSON parse.
+    enum PlainSuccess: Equatable {
+        /// `/meta/connect` succeeded: a subscriber polls again.
+        case connect
+        /// A publish was acknowledged.
+        case publish
+    }
 
-    /// A publish acknowledgement that succeeded: `"successful":true` and no meta channel.
-    static func isPlainPublishSuccess(_ object: UnsafeRawBufferPointer) -> Bool {
-        find(successKey, in: object) != nil && find(metaPrefix, in: object) == nil
+    /// Reads the object's own fields (not those nested in a value), whatever their order and spacing: a
+    /// `"successful":true` reply without `data` on `/meta/connect` or on a channel outside `/meta/`. Anything
+    /// else (failures, advice to handshake, other meta replies, events without a marker) is nil and left to a
+    /// full parse.
+    static func plainSuccess(_ object: UnsafeRawBufferPointer) -> PlainSuccess? {
+        var channel: UnsafeRawBufferPointer?
+        var successful = false
+        var hasData = false
+        let ok = forEachField(object) { key, value in
+            if equals(key, "channel") {
+                channel = value
+            } else if equals(key, "successful") {
+                successful = equals(value, "true")
+            } else if equals(key, "data") {
+                hasData = true
+            }
+        }
+        guard ok, successful, !hasData, let channel else { return nil }
+        if equals(channel, "\"/meta/connect\"") { return .connect }
+        if channel.count > 7, equals(UnsafeRawBufferPointer(rebasing: channel[0..<7]), "\"/meta/") { return nil }
+        guard channel.count >= 3, channel[0] == UInt8(ascii: "\""), channel[1] == UInt8(ascii: "/") else { return nil }
+        return .publish
+    }
+
+    /// Calls `body` with the raw key (between its quotes) and raw value of each field of a JSON object.
+    /// Returns false when the text is not a well-formed sequence of fields.
+    static func forEachField(
+        _ object: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) -> Void
+    ) -> Bool {
+        let count = object.count
+        var i = 0
+        while i < count, isSpace(object[i]) { i += 1 }
+        guard i < count, object[i] == UInt8(ascii: "{") else { return false }
+        i += 1
+        while true {
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            if object[i] == UInt8(ascii: "}") { return true }
+            guard object[i] == UInt8(ascii: "\"") else { return false }
+            let keyStart = i + 1
+            guard let keyEnd = stringEnd(object, from: i) else { return false }
+            i = keyEnd + 1
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count, object[i] == UInt8(ascii: ":") else { return false }
+            i += 1
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            let valueStart = i
+            let c = object[i]
+            if c == UInt8(ascii: "\"") {
+                guard let end = stringEnd(object, from: i) else { return false }
+                i = end + 1
+            } else if c == UInt8(ascii: "{") || c == UInt8(ascii: "[") {
+                guard let end = objectEnd(object, from: i) else { return false }
+                i = end
+            } else {
+                while i < count, object[i] != UInt8(ascii: ","), object[i] != UInt8(ascii: "}"), !isSpace(object[i]) {
+                    i += 1
+                }
+            }
+            guard i > valueStart else { return false }
+            body(
+                UnsafeRawBufferPointer(rebasing: object[keyStart..<keyEnd]),
+                UnsafeRawBufferPointer(rebasing: object[valueStart..<i]))
+            while i < count, isSpace(object[i]) { i += 1 }
+            guard i < count else { return false }
+            if object[i] == UInt8(ascii: ",") {
+                i += 1
+            } else if object[i] != UInt8(ascii: "}") {
+                return false
+            }
+        }
+    }
+
+    /// The index of the quote closing the string that opens at `start`.
+    private static func stringEnd(_ bytes: UnsafeRawBufferPointer, from start: Int) -> Int? {
+        var i = start + 1
+        let count = bytes.count
+        while i < count {
+            let s = bytes[i]
+            if s == UInt8(ascii: "\\") {
+                i += 2
+                continue
+            }
+            if s == UInt8(ascii: "\"") { return i }
+            i += 1
+        }
+        return nil
+    }
+
+    private static func equals(_ bytes: UnsafeRawBufferPointer, _ text: StaticString) -> Bool {
+        guard bytes.count == text.utf8CodeUnitCount else { return false }
+        let t = text.utf8Start
+        for k in 0..<bytes.count where bytes[k] != t[k] { return false }
+        return true
     }
 }

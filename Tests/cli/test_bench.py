@@ -108,9 +108,11 @@ def test_workers_over_two_source_addresses():
     assert report["bench"]["cpu_seconds"] > 0
 
 
-def test_workers_name_the_servers_503_as_the_limit():
+@pytest.mark.parametrize("transport", ["websocket", "long-polling"])
+def test_workers_name_the_servers_503_as_the_limit(transport):
     with Broker(extra_args=["--max-connections", "6"]) as b:
-        cmd = [pubsub_bin(), "bench", "--url", b.url, "--json", "--quiet", "--workers", "2", "--subscribers", "12",
+        cmd = [pubsub_bin(), "bench", "--url", b.url, "--json", "--quiet", "--transport", transport,
+               "--workers", "2", "--subscribers", "12",
                "--rate", "10", "--duration", "0.5", "--warmup", "0", "--drain", "1", "--connect-timeout", "5"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, f"exit {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
