@@ -120,6 +120,16 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
             context.triggerUserOutboundEvent(event, promise: promise)
             return
         }
+        handle(event, context: context, promise: promise)
+    }
+
+    /// An event of the HTTP exchange, from the `HTTPExchangeProbe` of this pipeline (on the event loop).
+    func exchange(_ event: Event) {
+        guard let context else { return }
+        handle(event, context: context, promise: nil)
+    }
+
+    private func handle(_ event: Event, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         let now = context.eventLoop.now
         switch event {
         case .requestHead: state.requestHead(now: now)

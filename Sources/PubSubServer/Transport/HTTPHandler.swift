@@ -11,9 +11,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     typealias OutboundOut = HTTPServerResponsePart
 
     let shared: ServerShared
-    private let makeUpgradeHandler: () -> HTTPServerUpgradeHandler
-    /// Whether an upgrade handler stands in front of this one, waiting for the next request.
-    private var upgradeArmed = true
     private var context: ChannelHandlerContext?
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
@@ -43,17 +40,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     /// The `X-RateLimit-*` headers of the publish request being answered.
     private var rateLimitHeaders: HTTPHeaders?
 
-    init(shared: ServerShared, makeUpgradeHandler: @escaping () -> HTTPServerUpgradeHandler) {
+    init(shared: ServerShared) {
         self.shared = shared
-        self.makeUpgradeHandler = makeUpgradeHandler
         self.machine = ConnectionStateMachine(transport: .polling, maxQueue: shared.configuration.broker.maxQueue)
-    }
-
-    /// Puts an upgrade handler back in front of this one, so the next request may be a WebSocket upgrade.
-    private func rearmUpgrade(context: ChannelHandlerContext) {
-        guard !upgradeArmed else { return }
-        upgradeArmed = true
-        try? context.pipeline.syncOperations.addHandler(makeUpgradeHandler(), position: .before(self))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -95,8 +84,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
-            // The upgrade handler passed this request on and left the pipeline.
-            upgradeArmed = false
             self.head = head
             body = nil
             rejected = false
@@ -522,7 +509,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
         if sendsBody { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
-        if keepAlive { rearmUpgrade(context: context) }
         let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
         // A close with the request half read (a 413) lingers in the connection guard: the client reads the
         // status instead of a reset.
