@@ -33,6 +33,10 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     /// The timers of this connection's loop: the hold of a parked connect is an entry there.
     private var timers: LoopTimers?
     var timerQueueIndex = -1
+    /// When the hold of the parked connect ends. Its entry in `timers` may be earlier, left by a hold answered
+    /// before (it then fires early and is moved here, as the connection guard's does), never later: answering
+    /// a poll and parking the next take no timer heap work.
+    private var holdDeadline: NIODeadline?
     private var heartbeat: Scheduled<Void>?
     private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
@@ -64,7 +68,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     /// The hold of the parked connect ended.
     func timerQueueDeadlineReached() {
-        guard let context else { return }
+        guard let context, let holdDeadline else { return }
+        if context.eventLoop.now < holdDeadline {
+            timers?.schedule(self, at: holdDeadline)
+            return
+        }
+        self.holdDeadline = nil
         perform(machine.holdTimerFired(), context: context)
     }
 
@@ -424,9 +433,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                timers?.schedule(self, at: context.eventLoop.now + hold)
+                let deadline = context.eventLoop.now + hold
+                holdDeadline = deadline
+                if let armed = timers?.deadline(of: self), armed <= deadline { break }
+                timers?.schedule(self, at: deadline)
             case .cancelHoldTimer:
-                timers?.cancel(self)
+                holdDeadline = nil
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -447,7 +459,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     /// Answers the parked connect: its hold ended, a delivery or a detach came, or the server drains.
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        timers?.cancel(self)
+        holdDeadline = nil
         var events = answer.events
         if answer.takeEvents, let sink {
             events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))
