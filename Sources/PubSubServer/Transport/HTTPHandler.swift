@@ -41,6 +41,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
     private var counters: LoopCounters?
+    /// The peer's IP address, read once (nil until read; `.some(nil)` when the channel has none).
+    private var remoteIP: String??
     /// The `X-RateLimit-*` headers of the publish request being answered.
     private var rateLimitHeaders: HTTPHeaders?
 
@@ -211,6 +213,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     static func isJSONContentType(_ value: String?) -> Bool {
         guard let value else { return false }
+        // What clients send, told without splitting and lowercasing.
+        if value == "application/json" || value == "application/json; charset=utf-8" { return true }
         let media = value.split(separator: ";").first.map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
         return media == "application/json"
     }
@@ -248,7 +252,14 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             return
         }
         rateLimitHeaders = nil
-        if let limits = checkPublishLimits(elements, head: head, remoteAddress: context.channel.remoteAddress?.ipAddress) {
+        let remoteIP: String?
+        if let known = self.remoteIP {
+            remoteIP = known
+        } else {
+            remoteIP = context.channel.remoteAddress?.ipAddress
+            self.remoteIP = .some(remoteIP)
+        }
+        if let limits = checkPublishLimits(elements, head: head, remoteAddress: remoteIP) {
             if let (status, headers, body) = limits.refusal {
                 respond(status: status, headers: headers, body: body)
                 return
@@ -258,7 +269,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
-            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress,
+            connectionType: connectionType, remoteAddress: remoteIP,
             headers: RequestContext.authorizationHeaders(head.headers))
         let sink = ConnectionSink(owner: self, isPersistent: false, eventLoop: context.eventLoop)
         releaseSink()
