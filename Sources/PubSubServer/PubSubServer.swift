@@ -143,19 +143,19 @@ public final class PubSubServer: Sendable {
         let encoder = HTTPResponseEncoder()
         let decoder = ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes))
         let pipelining = HTTPServerPipelineHandler()
-        let errors = HTTPServerProtocolErrorHandler()
         let handler = HTTPHandler(shared: shared)
         // The probe keeps this maker (it gets itself passed, so no cycle), and the maker the HTTP handler.
         let probe = HTTPExchangeProbe { probe in
             HTTPServerUpgradeHandler(
-                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors, probe],
+                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, probe],
                 upgradeCompletionHandler: { context in
                     context.pipeline.syncOperations.removeHandler(handler, promise: nil)
                 })
         }
         // The guard stays after an upgrade (timing the WebSocket); the probe leaves with the HTTP handlers.
         try sync.addHandler(shared.makeConnectionGuard())
-        try sync.addHandlers([encoder, decoder, pipelining, errors, probe, handler])
+        // No HTTPServerProtocolErrorHandler: the probe answers what the decoder cannot parse.
+        try sync.addHandlers([encoder, decoder, pipelining, probe, handler])
     }
 
     /// Stops accepting, releases every parked connect and socket, closes, and stops the event loops: a drain

@@ -532,10 +532,16 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
         if sendsBody { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
-        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        guard !keepAlive else {
+            // No promise: nothing waits for the write of a kept-alive response.
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            return
+        }
         // A close with the request half read (a 413) lingers in the connection guard: the client reads the
         // status instead of a reset.
-        if !keepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
     }
 }
 
