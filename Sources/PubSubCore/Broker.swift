@@ -91,6 +91,11 @@ public final class Broker: Sendable {
             let outcome = finish(tooManyMessagesReply, context: context).map(Outcome.reply) ?? .none
             return loop.makeSucceededFuture([outcome])
         }
+        // One message (every poll): its future alone, without a chain.
+        if elements.count == 1, case .message(let message) = elements[0] {
+            let isConnect = message.channel == Channel.connect
+            return handleOne(message, context: context, sink: isConnect ? sink : nil, now: now, on: loop).map { [$0] }
+        }
         // Filled in order, by one chain of futures on `loop`.
         let outcomes = OutcomeList(capacity: elements.count)
         var offer = sink

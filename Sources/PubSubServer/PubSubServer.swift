@@ -134,10 +134,8 @@ public final class PubSubServer: Sendable {
         return port
     }
 
-    /// HTTP/1.1 with WebSocket upgrade on any request of a keep-alive connection, not only the first: clients
-    /// that pool connections (aiohttp, for one) send the upgrade on the connection their handshake POST used.
-    /// NIO's upgrade handler looks at one request and leaves; `HTTPHandler` puts a fresh one back in front of
-    /// itself before each response ends, which is before the pipelining handler lets the next request through.
+    /// HTTP/1.1 with WebSocket upgrade on any request of a keep-alive connection, not only the first: the
+    /// exchange probe puts an upgrade handler in front of the HTTP handler for a request that asks for one.
     static func configureHTTP(
         channel: any Channel, shared: ServerShared, upgrader: any HTTPServerProtocolUpgrader & Sendable
     ) throws {
@@ -145,25 +143,19 @@ public final class PubSubServer: Sendable {
         let encoder = HTTPResponseEncoder()
         let decoder = ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes))
         let pipelining = HTTPServerPipelineHandler()
-        let errors = HTTPServerProtocolErrorHandler()
-        let probe = HTTPExchangeProbe()
-        // The guard stays after an upgrade (timing the WebSocket); the probe leaves with the HTTP handlers.
-        try sync.addHandler(shared.makeConnectionGuard())
-        try sync.addHandlers([encoder, decoder, pipelining, errors, probe])
-        // Weak: the handler keeps `makeUpgradeHandler`, whose upgrade handlers capture this variable; a strong
-        // reference would make a cycle that keeps every connection's HTTPHandler alive for ever.
-        weak var httpHandler: HTTPHandler?
-        let makeUpgradeHandler = { () -> HTTPServerUpgradeHandler in
+        let handler = HTTPHandler(shared: shared)
+        // The probe keeps this maker (it gets itself passed, so no cycle), and the maker the HTTP handler.
+        let probe = HTTPExchangeProbe { probe in
             HTTPServerUpgradeHandler(
-                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, errors, probe],
+                upgraders: [upgrader], httpEncoder: encoder, extraHTTPHandlers: [decoder, pipelining, probe],
                 upgradeCompletionHandler: { context in
-                    if let httpHandler { context.pipeline.syncOperations.removeHandler(httpHandler, promise: nil) }
+                    context.pipeline.syncOperations.removeHandler(handler, promise: nil)
                 })
         }
-        let handler = HTTPHandler(shared: shared, makeUpgradeHandler: makeUpgradeHandler)
-        httpHandler = handler
-        try sync.addHandler(makeUpgradeHandler())
-        try sync.addHandler(handler)
+        // The guard stays after an upgrade (timing the WebSocket); the probe leaves with the HTTP handlers.
+        try sync.addHandler(shared.makeConnectionGuard())
+        // No HTTPServerProtocolErrorHandler: the probe answers what the decoder cannot parse.
+        try sync.addHandlers([encoder, decoder, pipelining, probe, handler])
     }
 
     /// Stops accepting, releases every parked connect and socket, closes, and stops the event loops: a drain

@@ -100,6 +100,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
             return
         }
         context.fireChannelReadComplete()
+        // Before the channel asks the pipeline to read: the pipelining handler would hold that read back.
+        if state.readsOnWhileAwaitingResponse { context.read() }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -120,6 +122,16 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
             context.triggerUserOutboundEvent(event, promise: promise)
             return
         }
+        handle(event, context: context, promise: promise)
+    }
+
+    /// An event of the HTTP exchange, from the `HTTPExchangeProbe` of this pipeline (on the event loop).
+    func exchange(_ event: Event) {
+        guard let context else { return }
+        handle(event, context: context, promise: nil)
+    }
+
+    private func handle(_ event: Event, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         let now = context.eventLoop.now
         switch event {
         case .requestHead: state.requestHead(now: now)
@@ -180,10 +192,9 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
 
     private func rearm(context: ChannelHandlerContext) {
         guard let timers else { return }
-        guard let deadline = state.deadline else {
-            timers.cancel(self)
-            return
-        }
+        // Nothing due (a response awaited): the entry stays and fires early to find nothing, so a long-poll
+        // parked and answered takes no timer heap work.
+        guard let deadline = state.deadline else { return }
         if let armed = timers.deadline(of: self), armed <= deadline { return }
         timers.schedule(self, at: deadline)
     }

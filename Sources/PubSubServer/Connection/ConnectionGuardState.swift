@@ -72,6 +72,8 @@ struct ConnectionGuardState {
     private(set) var blockedSince: NIODeadline?
     /// The bytes waiting in the channel at `blockedSince`: fewer later is progress, a slow reader, not a gone one.
     private var blockedUnsent = 0
+    /// Bytes arrived while the response to a request read to its end was awaited: a pipelined request.
+    private var bytesWhileAwaitingResponse = false
 
     init(timeouts: ConnectionTimeouts, pingInterval: TimeAmount, now: NIODeadline) {
         self.init(settings: ConnectionGuardSettings(timeouts: timeouts, pingInterval: pingInterval), now: now)
@@ -103,6 +105,16 @@ struct ConnectionGuardState {
         return phaseDeadline.map { min($0, sendDeadline) } ?? sendDeadline
     }
 
+    /// Whether the socket is read on while the response to a request read to its end is awaited (a parked
+    /// `/meta/connect`). The pipelining handler holds reads back then (one request in flight), which turns the
+    /// socket's read interest off and on again for every long-poll: two `epoll_ctl` calls each. Reading on costs
+    /// nothing while the client sends nothing, and the first bytes that arrive meanwhile stop it, so what is read
+    /// ahead stays one read's worth, as without it; not while writes are blocked either (reading waits for them).
+    var readsOnWhileAwaitingResponse: Bool {
+        guard case .request(bodyComplete: true, responded: false, _) = phase else { return false }
+        return !bytesWhileAwaitingResponse && blockedSince == nil
+    }
+
     var isLingering: Bool {
         if case .lingering = phase { return true }
         return false
@@ -119,6 +131,7 @@ struct ConnectionGuardState {
         case .readingHead:
             return .forward
         case .request(let bodyComplete, let responded, _):
+            if bodyComplete && !responded { bytesWhileAwaitingResponse = true }
             phase = .request(bodyComplete: bodyComplete, responded: responded, lastRead: now)
             return .forward
         case .webSocket:
@@ -156,6 +169,7 @@ struct ConnectionGuardState {
     /// The response's end has been sent (its write completed): the connection is idle from now on.
     mutating func responseEnd(now: NIODeadline) {
         guard case .request(let bodyComplete, _, let lastRead) = phase else { return }
+        bytesWhileAwaitingResponse = false
         phase = bodyComplete ? Self.idle(now: now, timeouts) : .request(bodyComplete: false, responded: true, lastRead: lastRead)
     }
 

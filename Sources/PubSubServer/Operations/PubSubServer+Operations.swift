@@ -90,7 +90,8 @@ extension PubSubServer {
                     if try shared.operations.refuseIfShed(channel, makeGuard: shared.makeConnectionGuard) { return }
                     // Timed like the broker port: a scraper that connects and sends nothing does not stay.
                     try channel.pipeline.syncOperations.addHandler(shared.makeConnectionGuard())
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    // The probe answers what the decoder cannot parse.
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: false)
                     try channel.pipeline.syncOperations.addHandler(HTTPExchangeProbe())
                     try channel.pipeline.syncOperations.addHandler(OperationsHTTPHandler(shared: shared))
                 }

@@ -226,7 +226,8 @@ final class ServerOperations: Sendable {
     private func addRefusal(to channel: any Channel, guard connectionGuard: ConnectionGuard, text: String) throws {
         let sync = channel.pipeline.syncOperations
         try sync.addHandler(connectionGuard)
-        try sync.configureHTTPServerPipeline(withErrorHandling: true)
+        // The probe answers what the decoder cannot parse.
+        try sync.configureHTTPServerPipeline(withErrorHandling: false)
         try sync.addHandler(HTTPExchangeProbe())
         try sync.addHandler(
             RefusingHandler(status: .serviceUnavailable, retryAfter: configuration.connectionRetryAfter, text: text))

@@ -11,9 +11,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     typealias OutboundOut = HTTPServerResponsePart
 
     let shared: ServerShared
-    private let makeUpgradeHandler: () -> HTTPServerUpgradeHandler
-    /// Whether an upgrade handler stands in front of this one, waiting for the next request.
-    private var upgradeArmed = true
     private var context: ChannelHandlerContext?
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
@@ -36,24 +33,22 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     /// The timers of this connection's loop: the hold of a parked connect is an entry there.
     private var timers: LoopTimers?
     var timerQueueIndex = -1
+    /// When the hold of the parked connect ends. Its entry in `timers` may be earlier, left by a hold answered
+    /// before (it then fires early and is moved here, as the connection guard's does), never later: answering
+    /// a poll and parking the next take no timer heap work.
+    private var holdDeadline: NIODeadline?
     private var heartbeat: Scheduled<Void>?
     private var streamEnded = false
     /// This loop's counters (bytes out, attached clients).
     private var counters: LoopCounters?
+    /// The peer's IP address, read once (nil until read; `.some(nil)` when the channel has none).
+    private var remoteIP: String??
     /// The `X-RateLimit-*` headers of the publish request being answered.
     private var rateLimitHeaders: HTTPHeaders?
 
-    init(shared: ServerShared, makeUpgradeHandler: @escaping () -> HTTPServerUpgradeHandler) {
+    init(shared: ServerShared) {
         self.shared = shared
-        self.makeUpgradeHandler = makeUpgradeHandler
         self.machine = ConnectionStateMachine(transport: .polling, maxQueue: shared.configuration.broker.maxQueue)
-    }
-
-    /// Puts an upgrade handler back in front of this one, so the next request may be a WebSocket upgrade.
-    private func rearmUpgrade(context: ChannelHandlerContext) {
-        guard !upgradeArmed else { return }
-        upgradeArmed = true
-        try? context.pipeline.syncOperations.addHandler(makeUpgradeHandler(), position: .before(self))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -75,7 +70,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     /// The hold of the parked connect ended.
     func timerQueueDeadlineReached() {
-        guard let context else { return }
+        guard let context, let holdDeadline else { return }
+        if context.eventLoop.now < holdDeadline {
+            timers?.schedule(self, at: holdDeadline)
+            return
+        }
+        self.holdDeadline = nil
         perform(machine.holdTimerFired(), context: context)
     }
 
@@ -95,8 +95,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
-            // The upgrade handler passed this request on and left the pipeline.
-            upgradeArmed = false
             self.head = head
             body = nil
             rejected = false
@@ -215,6 +213,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     static func isJSONContentType(_ value: String?) -> Bool {
         guard let value else { return false }
+        // What clients send, told without splitting and lowercasing.
+        if value == "application/json" || value == "application/json; charset=utf-8" { return true }
         let media = value.split(separator: ";").first.map { String($0.filter { $0 != " " && $0 != "\t" }).lowercased() }
         return media == "application/json"
     }
@@ -252,7 +252,14 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             return
         }
         rateLimitHeaders = nil
-        if let limits = checkPublishLimits(elements, head: head, remoteAddress: context.channel.remoteAddress?.ipAddress) {
+        let remoteIP: String?
+        if let known = self.remoteIP {
+            remoteIP = known
+        } else {
+            remoteIP = context.channel.remoteAddress?.ipAddress
+            self.remoteIP = .some(remoteIP)
+        }
+        if let limits = checkPublishLimits(elements, head: head, remoteAddress: remoteIP) {
             if let (status, headers, body) = limits.refusal {
                 respond(status: status, headers: headers, body: body)
                 return
@@ -262,7 +269,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         let requestContext = RequestContext(
-            connectionType: connectionType, remoteAddress: context.channel.remoteAddress?.ipAddress,
+            connectionType: connectionType, remoteAddress: remoteIP,
             headers: RequestContext.authorizationHeaders(head.headers))
         let sink = ConnectionSink(owner: self, isPersistent: false, eventLoop: context.eventLoop)
         releaseSink()
@@ -437,9 +444,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             case .answer(let answer):
                 self.answer(answer, context: context)
             case .armHoldTimer(let hold):
-                timers?.schedule(self, at: context.eventLoop.now + hold)
+                let deadline = context.eventLoop.now + hold
+                holdDeadline = deadline
+                if let armed = timers?.deadline(of: self), armed <= deadline { break }
+                timers?.schedule(self, at: deadline)
             case .cancelHoldTimer:
-                timers?.cancel(self)
+                holdDeadline = nil
             case .resumeReading:
                 context.read()
             case .detach(let clientId):
@@ -460,7 +470,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     /// Answers the parked connect: its hold ended, a delivery or a detach came, or the server drains.
     private func answer(_ answer: ConnectionStateMachine.Answer, context: ChannelHandlerContext) {
-        timers?.cancel(self)
+        holdDeadline = nil
         var events = answer.events
         if answer.takeEvents, let sink {
             events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))
@@ -522,11 +532,16 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
             promise: nil)
         if sendsBody { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
-        if keepAlive { rearmUpgrade(context: context) }
-        let done = context.writeAndFlush(wrapOutboundOut(.end(nil)))
+        guard !keepAlive else {
+            // No promise: nothing waits for the write of a kept-alive response.
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            return
+        }
         // A close with the request half read (a 413) lingers in the connection guard: the client reads the
         // status instead of a reset.
-        if !keepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
     }
 }
 

@@ -1,3 +1,4 @@
+import Bayeux
 import Foundation
 import Logging
 import NIOCore
@@ -18,6 +19,8 @@ final class HalfCloseRecorder: ChannelOutboundHandler {
     var outputClosed = 0
     var fullCloses = 0
     var holdWrites = false
+    /// Reads asked of the socket.
+    var reads = 0
     private var held: [(NIOAny, EventLoopPromise<Void>?)] = []
     private var context: ChannelHandlerContext?
 
@@ -29,6 +32,10 @@ final class HalfCloseRecorder: ChannelOutboundHandler {
 
     func flush(context: ChannelHandlerContext) {
         if !holdWrites { context.flush() }
+    }
+    func read(context: ChannelHandlerContext) {
+        reads += 1
+        context.read()
     }
 
     func releaseWrites() {
@@ -467,5 +474,80 @@ struct WireResponse {
         #expect(try WireFrames.written(channel).map(\.opcode) == [.ping])
         loop.advanceTime(by: .seconds(30))
         #expect(!channel.isActive)
+    }
+}
+
+/// A parked long-poll on the real HTTP pipeline: the socket stays read (no read interest turned off and on per
+/// poll) until bytes arrive meanwhile, and its hold ends at its own deadline whatever timer entry is left.
+@Suite struct ParkedLongPollTests {
+    static func post(_ json: String) -> String {
+        "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(json.utf8.count)\r\n\r\n\(json)"
+    }
+
+    /// A handshaken client whose first connect has been answered, subscribed to `/x`.
+    static func client(_ p: HTTPPipeline) throws -> String {
+        try p.send(post(#"[{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}]"#))
+        p.loop.run()
+        let reply = WireResponse.parse(try p.output()).first?.body ?? ""
+        let idRange = try #require(reply.range(of: #""clientId":""#))
+        let clientId = String(reply[idRange.upperBound...].prefix(while: { $0 != "\"" }))
+        try p.send(post(connect(clientId)))
+        p.loop.run()
+        try p.send(post(#"[{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/x"}]"#))
+        p.loop.run()
+        #expect(WireResponse.parse(try p.output()).count == 2)
+        return clientId
+    }
+
+    static func connect(_ clientId: String) -> String {
+        #"[{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling"}]"#
+    }
+
+    static func pipeline() throws -> HTTPPipeline {
+        var configuration = ServerConfiguration()
+        configuration.broker.timeout = .seconds(60)
+        return try HTTPPipeline(configuration)
+    }
+
+    @Test func parkedConnectKeepsReadingUntilBytesArrive() throws {
+        let p = try Self.pipeline()
+        let clientId = try Self.client(p)
+        let before = p.recorder.reads
+        try p.send(Self.post(Self.connect(clientId)))
+        p.loop.run()
+        #expect(try p.output().isEmpty, "the connect is held")
+        #expect(p.recorder.reads == before + 1, "the guard reads on while the response is awaited")
+        // A pipelined request meanwhile: read, but nothing more is until the held connect is answered.
+        try p.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(p.recorder.reads == before + 1)
+        #expect(try p.output().isEmpty, "one request in flight: the pipelined one waits")
+        p.loop.advanceTime(by: .seconds(60))
+        let responses = WireResponse.parse(try p.output())
+        #expect(responses.count == 2)
+        #expect(responses.first?.body.contains("/meta/connect") == true)
+        #expect(responses.last?.body == "ok\n")
+    }
+
+    @Test func connectParkedAgainIsHeldForItsOwnHold() throws {
+        let p = try Self.pipeline()
+        let clientId = try Self.client(p)
+        try p.send(Self.post(Self.connect(clientId)))
+        p.loop.run()
+        p.loop.advanceTime(by: .seconds(10))
+        // A publish answers the held connect; the next one is held until 10 + 60 s, not the first one's 60 s.
+        let publish = try JSONParser(maxDepth: 16).parse(Array(#"[{"channel":"/x","data":1}]"#.utf8))
+        let elements = try #require(MessageBatch.elements(of: publish))
+        _ = p.shared.broker.handle(
+            elements, context: RequestContext(connectionType: .longPolling), sink: nil, now: .now(), on: p.loop)
+        p.loop.run()
+        let delivered = WireResponse.parse(try p.output())
+        #expect(delivered.count == 1)
+        #expect(delivered.first?.body.contains(#""channel":"/x""#) == true)
+        try p.send(Self.post(Self.connect(clientId)))
+        p.loop.run()
+        p.loop.advanceTime(by: .seconds(50))
+        #expect(try p.output().isEmpty, "at 60 s the first hold's timer entry fires early and finds nothing due")
+        p.loop.advanceTime(by: .seconds(10))
+        #expect(WireResponse.parse(try p.output()).first?.body.contains("/meta/connect") == true)
     }
 }

@@ -16,6 +16,29 @@ import Testing
         ConnectionGuardState(timeouts: Self.timeouts, pingInterval: .seconds(30), now: Self.start)
     }
 
+    // MARK: Reading while a response is awaited
+
+    @Test func readsOnWhileAResponseIsAwaitedUntilBytesArrive() {
+        var m = machine()
+        #expect(!m.readsOnWhileAwaitingResponse)
+        _ = m.bytesReceived(100, now: at(0))
+        m.requestHead(now: at(0))
+        #expect(!m.readsOnWhileAwaitingResponse, "the body is still arriving: the pipeline reads as usual")
+        m.requestEnd(now: at(0))
+        #expect(m.readsOnWhileAwaitingResponse)
+        m.writabilityChanged(isWritable: false, now: at(1))
+        #expect(!m.readsOnWhileAwaitingResponse, "reading waits while writes are blocked")
+        m.writabilityChanged(isWritable: true, now: at(2))
+        #expect(m.readsOnWhileAwaitingResponse)
+        #expect(m.bytesReceived(10, now: at(3)) == .forward)
+        #expect(!m.readsOnWhileAwaitingResponse, "a pipelined request stops the reading ahead")
+        m.responseEnd(now: at(4))
+        #expect(!m.readsOnWhileAwaitingResponse, "no request in flight")
+        m.requestHead(now: at(4))
+        m.requestEnd(now: at(4))
+        #expect(m.readsOnWhileAwaitingResponse, "the next request reads ahead again")
+    }
+
     // MARK: Header timeout
 
     @Test func silentConnectionIsClosedAtTheHeaderTimeoutFromItsStart() {

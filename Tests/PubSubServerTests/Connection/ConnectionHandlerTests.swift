@@ -253,11 +253,7 @@ import Testing
     // MARK: EventSource
 
     static func httpHandler(shared: ServerShared) -> HTTPHandler {
-        HTTPHandler(shared: shared) {
-            HTTPServerUpgradeHandler(
-                upgraders: [], httpEncoder: HTTPResponseEncoder(), extraHTTPHandlers: [],
-                upgradeCompletionHandler: { _ in })
-        }
+        HTTPHandler(shared: shared)
     }
 
     /// The body bytes written so far, and whether the response ended.
