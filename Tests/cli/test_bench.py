@@ -108,6 +108,7 @@ def test_workers_over_two_source_addresses():
     assert report["bench"]["cpu_seconds"] > 0
 
 
+@pytest.mark.pubsub_only  # the server's --max-connections is pubsub's (puma has no such flag)
 @pytest.mark.parametrize("transport", ["websocket", "long-polling"])
 def test_workers_name_the_servers_503_as_the_limit(transport):
     with Broker(extra_args=["--max-connections", "6"]) as b:
