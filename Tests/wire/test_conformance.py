@@ -3,6 +3,7 @@ checks, and EventSource (section 3.6). Replies are compared exactly as parsed JS
 
 import hashlib
 import json
+import socket
 import time
 import urllib.parse
 
@@ -947,3 +948,27 @@ def test_identical_events_not_collapsed(broker):
     for _ in range(3):
         publish(broker, "/dup", 1)
     assert poll(broker, cid) == [{"channel": "/dup", "data": 1}] * 3
+
+
+@pytest.mark.pubsub_only
+def test_a_poll_whose_client_went_away_keeps_the_next_event_for_the_next_poll(broker):
+    """A long-polling client closes its connection while its /meta/connect is parked (a tab closed, a network
+    switch): the broker sees the close at once and detaches the poll, so an event published afterwards waits in
+    the session for the client's next poll instead of going into a socket nobody reads."""
+    cid = handshake(broker)
+    connect_now(broker, cid)
+    subscribe(broker, cid, "/gone")
+    body = json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling",
+                        "id": "parked"}]).encode()
+    host, port = broker.url.split("//", 1)[1].split("/", 1)[0].split(":")
+    s = socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT)
+    s.sendall(f"POST /faye HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(0.5)  # parked
+    s.close()
+    time.sleep(0.5)  # the broker reads the close
+    publish(broker, "/gone", "after the close")
+    reply, elapsed = timed_post(broker, [connect_msg(cid, "next")])
+    assert reply[0]["successful"] is True, reply
+    assert [m["data"] for m in reply[1:]] == ["after the close"], reply
+    assert elapsed < 3, elapsed
