@@ -12,8 +12,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
 
     let shared: ServerShared
     private var context: ChannelHandlerContext?
+    /// The head and body of the request being read, let go once it is routed: a parked connect keeps neither
+    /// (the body is a slice of a whole receive buffer, the head carries every header and the URI).
     private var head: HTTPRequestHead?
     private var body: ByteBuffer?
+    /// What the response to the current request needs from its head, kept until it is answered.
+    private var target: ResponseTarget?
     private var rejected = false
     /// The Bayeux delivery of this connection: a parked connect, or an EventSource stream once one is opened.
     private var machine: ConnectionStateMachine
@@ -96,6 +100,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         switch unwrapInboundIn(data) {
         case .head(let head):
             self.head = head
+            target = ResponseTarget(head)
             body = nil
             rejected = false
             if let length = head.headers.first(name: "content-length").flatMap(Int.init),
@@ -113,6 +118,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         case .end:
             guard !rejected, let head else { return }
             route(head, context: context)
+            self.head = nil
+            body = nil
         }
     }
 
@@ -516,20 +523,20 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         cors: Bool = true,
         close: Bool = false
     ) {
-        guard let context, let head else { return }
+        guard let context, let target else { return }
         var headers = headers
-        if cors, let origin = head.headers.first(name: "origin") {
+        if cors, let origin = target.origin {
             headers.add(name: "Access-Control-Allow-Origin", value: origin)
             headers.add(name: "Access-Control-Allow-Credentials", value: "true")
         }
         // The length a GET would have, on a HEAD too, whose body is not sent.
         headers.add(name: "Content-Length", value: String(body.readableBytes))
         if !headers.contains(name: "x-content-type-options") { headers.add(name: "X-Content-Type-Options", value: "nosniff") }
-        let keepAlive = head.isKeepAlive && !close && !shared.operations.isDraining
-        let sendsBody = body.readableBytes > 0 && head.method != .HEAD
+        let keepAlive = target.keepAlive && !close && !shared.operations.isDraining
+        let sendsBody = body.readableBytes > 0 && !target.isHEAD
         if sendsBody { counters?.bytesOut &+= UInt64(body.readableBytes) }
         if !keepAlive { headers.add(name: "Connection", value: "close") }
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: target.version, status: status, headers: headers))),
             promise: nil)
         if sendsBody { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         guard !keepAlive else {
@@ -541,6 +548,24 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         // status instead of a reset.
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
             context.close(promise: nil)
+        }
+    }
+}
+
+extension HTTPHandler {
+    /// What a response needs from its request's head: a few fields instead of the head's headers and URI.
+    struct ResponseTarget {
+        var version: HTTPVersion
+        var keepAlive: Bool
+        var isHEAD: Bool
+        /// The request's `Origin`, echoed on CORS responses.
+        var origin: String?
+
+        init(_ head: HTTPRequestHead) {
+            version = head.version
+            keepAlive = head.isKeepAlive
+            isHEAD = head.method == .HEAD
+            origin = head.headers.first(name: "origin")
         }
     }
 }
