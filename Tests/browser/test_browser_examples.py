@@ -1,7 +1,6 @@
 """Runs each folder of Examples/ with its own run.sh, drives its page in Chromium, and takes a screenshot."""
 
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -13,6 +12,7 @@ import requests
 
 from pubsubtest.broker import REPO, pubsub_bin
 from pubsubtest.ports import free_port
+from pubsubtest.process import stop_group
 
 EXAMPLES = os.path.join(REPO, "Examples")
 START_TIMEOUT = 60
@@ -58,15 +58,7 @@ class Example:
                 time.sleep(0.1)
 
     def stop(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-            except ProcessLookupError:
-                pass
+        stop_group(self.proc, timeout=20)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ JSON-P callback-polling, with messages in order both ways and a broker restart i
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -18,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+
+from pubsubtest.process import stop_group
 
 FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
 
@@ -148,15 +149,7 @@ class Firefox:
         return self.log.read().decode("utf-8", "replace")[-3000:]
 
     def close(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        stop_group(self.proc)
         self.log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 

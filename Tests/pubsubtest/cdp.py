@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -17,6 +16,8 @@ import time
 import urllib.request
 
 import websocket
+
+from .process import stop_group
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
@@ -95,16 +96,7 @@ class Browser:
     def close(self):
         for page in list(self.pages):
             page.close()
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=5)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    pass
+        stop_group(self.proc, timeout=5)
         shutil.rmtree(self.profile, ignore_errors=True)
 
 

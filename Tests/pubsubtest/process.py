@@ -8,6 +8,22 @@ import threading
 import time
 
 
+def stop_group(proc, timeout=10):
+    """SIGTERM to `proc`'s process group (started with `start_new_session=True`), SIGKILL if it is still there after
+    `timeout` seconds; a group already gone is fine."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
 class Lines:
     """A process whose stdout (and stderr) lines are collected by threads."""
 
