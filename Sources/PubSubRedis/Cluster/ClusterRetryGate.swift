@@ -11,7 +11,8 @@ import NIOCore
 /// closed join the queue at their ticket's place should they be refused too.
 ///
 /// The queue is bounded: past `capacity` a script is refused at once. When the head has used all its attempts
-/// (the slot has been unavailable for about 3 s), everything queued fails with it rather than wait its own 3 s.
+/// (the slot has been unavailable for about 3 s), everything queued fails with it, unsent, rather than wait its
+/// own 3 s.
 ///
 /// Events in (`admit`, `finished`, `drain`), actions out; the engine sends, schedules and fails.
 struct ClusterRetryGate<Job> {
@@ -46,7 +47,7 @@ struct ClusterRetryGate<Job> {
         case send(Entry)
         /// Send this refused script again after the delay.
         case schedule(Entry, after: TimeAmount)
-        /// These queued scripts fail with the head's error.
+        /// These queued scripts fail, never sent.
         case fail([Job])
     }
 

@@ -292,7 +292,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
         case .held:
             break
         case .refused:
-            job.promise.fail(RedisError(.server, "CLUSTERDOWN too many scripts waiting for the engine's slot"))
+            let waiting = state.withLockedValue { $0.gate.capacity }
+            job.promise.fail(RedisError(.notConnected, "\(waiting) scripts already wait for the engine's slot to settle"))
         }
         return job.promise.futureResult
     }
@@ -325,7 +326,15 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                 if case .retry = outcome { s.redis.clusterRetries += 1 }
                 return s.gate.finished(ticket: ticket, job: job, attempt: attempt, outcome: outcome)
             }
-            if case .retry = outcome {} else { job.promise.completeWith(result) }
+            switch (outcome, result) {
+            case (.retry, _):
+                break
+            case (.gaveUp, .failure(let error)):
+                // Every refusal said the script did not run: as during an outage.
+                job.promise.fail(RedisError(.notConnected, "refused \(attempt + 1) times by the cluster: \(error)"))
+            default:
+                job.promise.completeWith(result)
+            }
             for action in actions {
                 switch action {
                 case .send(let entry):
@@ -335,7 +344,8 @@ public final class RedisEngine: Engine, @unchecked Sendable {
                         self.run(entry.job, ticket: entry.ticket, attempt: entry.attempt)
                     }.futureResult.whenFailure { entry.job.promise.fail($0) }
                 case .fail(let jobs):
-                    guard case .failure(let error) = result else { continue }
+                    // Never sent: as during an outage (a publish reaches this node's subscribers only).
+                    let error = RedisError(.notConnected, "not sent: the engine's slot stayed unavailable")
                     for queued in jobs { queued.promise.fail(error) }
                 }
             }
