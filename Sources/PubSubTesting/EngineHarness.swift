@@ -13,6 +13,8 @@ public enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConverti
     case sentinel
     /// The Redis engine on a Redis Cluster of three masters (shared by the tests, each in a slot of its own).
     case redisCluster
+    /// One service spread over three shards of that cluster, one per master (`RedisShardedEngine`).
+    case redisShards
     public var testDescription: String { rawValue }
     /// Several nodes can share it.
     public var isRedis: Bool { self != .memory }
@@ -23,12 +25,15 @@ public enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConverti
 public final class Node: @unchecked Sendable {
     public let loop: any EventLoop
     public let broker: Broker
+    /// The Redis engine of the kinds with one; nil for the memory engine and for shards (`sharded`).
     public let redis: RedisEngine?
+    public let sharded: RedisShardedEngine?
     public var now = NIODeadline.uptimeNanoseconds(1_000_000_000_000)
 
-    public init(broker: Broker, redis: RedisEngine?, loop: any EventLoop) {
+    public init(broker: Broker, redis: RedisEngine?, sharded: RedisShardedEngine? = nil, loop: any EventLoop) {
         self.broker = broker
         self.redis = redis
+        self.sharded = sharded
         self.loop = loop
     }
 
@@ -91,12 +96,19 @@ public final class Node: @unchecked Sendable {
     }
 
     public func sweep(at time: NIODeadline) async throws {
-        if let redis { try await redis.sweepNow(now: time).get() } else { engine.sweep(now: time) }
+        if let redis {
+            try await redis.sweepNow(now: time).get()
+        } else if let sharded {
+            try await sharded.sweepNow(now: time).get()
+        } else {
+            engine.sweep(now: time)
+        }
     }
 
     /// Waits until every notification this node was sent has been handled and its deliveries have run.
     public func settle() async throws {
         if let redis { try await redis.settle().get() }
+        if let sharded { try await sharded.settle().get() }
         try await loop.submit {}.get()
     }
 }
@@ -128,7 +140,7 @@ public final class Cluster: @unchecked Sendable {
         async throws -> Cluster
     {
         let server = kind == .redis || kind == .sentinel ? try await RedisServer.start() : nil
-        let redisCluster = kind == .redisCluster ? try await RedisClusterServer.shared() : nil
+        let redisCluster = kind == .redisCluster || kind == .redisShards ? try await RedisClusterServer.shared() : nil
         var sentinel: RedisSentinelServer?
         if kind == .sentinel, let server {
             do {
@@ -153,7 +165,7 @@ public final class Cluster: @unchecked Sendable {
             let node = Node(broker: broker, redis: nil, loop: loop)
             nodes.append(node)
             return node
-        case .redis, .sentinel, .redisCluster:
+        case .redis, .sentinel, .redisCluster, .redisShards:
             var settings = RedisEngineConfiguration(
                 redis: try RedisConfiguration(url: server?.url ?? "redis://127.0.0.1:1/0"), sweepPeriod: sweepPeriod,
                 handoffTimeout: handoffTimeout)
@@ -166,6 +178,16 @@ public final class Cluster: @unchecked Sendable {
                 settings.redis.port = 1
                 settings.sentinel = RedisSentinelConfiguration(sentinels: [sentinel.endpoint], masterName: sentinel.masterName)
             }
+            if kind == .redisShards {
+                let engine = RedisShardedEngine(
+                    configuration: configuration, settings: settings,
+                    map: try ShardMap(prefix: keyPrefix, count: 3))
+                try await engine.start(timeout: .seconds(10)).get()
+                let broker = Broker(configuration: configuration, engine: engine)
+                let node = Node(broker: broker, redis: nil, sharded: engine, loop: loop)
+                nodes.append(node)
+                return node
+            }
             let engine = RedisEngine(configuration: configuration, settings: settings)
             try await engine.start(timeout: .seconds(10)).get()
             let node = Node(broker: Broker(configuration: configuration, engine: engine), redis: engine, loop: loop)
@@ -177,7 +199,10 @@ public final class Cluster: @unchecked Sendable {
     public var first: Node { nodes[0] }
 
     public func close() async {
-        for node in nodes { await node.redis?.close() }
+        for node in nodes {
+            await node.redis?.close()
+            await node.sharded?.close()
+        }
         sentinel?.stop()
         server?.stop()
         try? await group.shutdownGracefully()

@@ -25,6 +25,14 @@ struct EngineOptions: ParsableArguments {
         "Redis Cluster instead of --redis-url: host:port,host:port of any of its nodes (or redis[s]://[[user]:password@]host:port each) (PUBSUB_REDIS_CLUSTER).",
         valueName: "nodes"))
     var redisCluster: String?
+    @Option(help: ArgumentHelp(
+        "With --redis-cluster: spread the channels over this many shards, each on a slot of its own (PUBSUB_REDIS_SHARDS; default 1).",
+        valueName: "n"))
+    var redisShards: Int?
+    @Option(help: ArgumentHelp(
+        "With --redis-shards: how many leading segments of a channel pick its shard (PUBSUB_REDIS_SHARD_SEGMENTS; default 1).",
+        valueName: "k"))
+    var redisShardSegments: Int?
     @Option(help: "PEM file of the CAs to trust for rediss:// instead of the system's (PUBSUB_REDIS_CA_FILE).")
     var redisCaFile: String?
 
@@ -34,6 +42,23 @@ struct EngineOptions: ParsableArguments {
         if name != "redis", redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
         if name != "redis", redisCluster != nil { throw ValidationError("--redis-cluster needs --engine redis") }
         _ = try resolvedRedis()
+        _ = try resolvedShards()
+    }
+
+    /// `--redis-shards` and `--redis-shard-segments` as a shard map; nil without shards.
+    func resolvedShards() throws -> ShardMap? {
+        let count = try redisShards ?? Environment.value("PUBSUB_REDIS_SHARDS", as: Int.self)
+        let segments = try redisShardSegments ?? Environment.value("PUBSUB_REDIS_SHARD_SEGMENTS", as: Int.self)
+        guard count != nil || segments != nil else { return nil }
+        guard try resolvedEngine() == "redis", redisCluster ?? Environment.string("PUBSUB_REDIS_CLUSTER") != nil else {
+            throw ValidationError("--redis-shards and --redis-shard-segments need --redis-cluster")
+        }
+        let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") ?? RedisEngineConfiguration().keyPrefix
+        do {
+            return try ShardMap(prefix: prefix, count: count ?? 1, segments: segments ?? 1)
+        } catch {
+            throw ValidationError("--redis-shards: \(error)")
+        }
     }
 
     /// Where Redis is: one server (a URL) or the sentinels and the master's name.
@@ -118,15 +143,25 @@ struct EngineOptions: ParsableArguments {
             settings = RedisEngineConfiguration(redis: cluster.connection, cluster: cluster)
         }
         if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
-        let engine = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)
+        let engine: any Engine
+        let started: EventLoopFuture<Void>
+        let description: String
+        if let map = try resolvedShards(), map.count > 1 {
+            let sharded = RedisShardedEngine(
+                configuration: configuration, settings: settings, map: map, logger: logger, events: events)
+            (engine, started, description) = (sharded, sharded.start(timeout: .seconds(5)), sharded.redisDescription)
+        } else {
+            let single = RedisEngine(configuration: configuration, settings: settings, logger: logger, events: events)
+            (engine, started, description) = (single, single.start(timeout: .seconds(5)), single.redisDescription)
+        }
         do {
-            try await engine.start(timeout: .seconds(5)).get()
+            try await started.get()
             logger.info(
-                "redis engine: node \(settings.nodeID) on \(engine.redisDescription)",
+                "redis engine: node \(settings.nodeID) on \(description)",
                 metadata: ["pubsub.redis.node": "\(settings.nodeID)"])
         } catch {
             // Serving this node's clients goes on; /readyz says not ready until Redis answers.
-            logger.error("redis engine: \(engine.redisDescription) not reachable yet, retrying: \(error)")
+            logger.error("redis engine: \(description) not reachable yet, retrying: \(error)")
         }
         return engine
     }

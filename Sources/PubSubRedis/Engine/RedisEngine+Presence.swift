@@ -84,7 +84,8 @@ extension RedisEngine {
         let ttl = configuration.historyTTL.map { $0.nanoseconds / 1_000_000 } ?? 0
         let nowMilliseconds = milliseconds(now)
         let arguments: [RESPArgument] = [
-            .integer(Int64(readFrom)), .string(String(epochCandidate)), .string(epochText),
+            // A token made with another key (another shard's, a forged one) unpermutes to any 64-bit number.
+            .integer(Int64(clamping: readFrom)), .string(String(epochCandidate)), .string(epochText),
             .string(positionKeyCandidate),
         ]
         return eval(RedisScripts.history, arguments).map { [parsed, epochText] reply -> HistoryPage in

@@ -41,6 +41,22 @@ extension RedisEngine {
         }.recover { _ in id }.hop(to: loop)
     }
 
+    /// Holds here a session made in another engine (shard 0 of a `RedisShardedEngine`), under the same id.
+    func createSession(_ id: String, now: NIODeadline) -> EventLoopFuture<Void> {
+        local.adopt(id, subscriptions: [], connectedOnce: false, now: now)
+        // Without Redis, it is registered when Redis is back (`resynchronise`).
+        guard isConnected else { return commands.eventLoop.makeSucceededVoidFuture() }
+        return eval(RedisScripts.create, [.string(id), .string(node), expiry(now)]).map { reply in
+            // As at a handshake: the latest position of this shard, for the handshake's position.
+            let values = reply.array ?? []
+            if values.count > 3 {
+                self.learn(
+                    sequence: values[1].string.flatMap { UInt64($0) }, epoch: values[2].string.flatMap { UInt64($0) },
+                    key: values[3].string.flatMap { PositionKey(text: $0) })
+            }
+        }.recover { _ in }
+    }
+
     public func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         if local.hasSession(clientId) { return loop.makeSucceededFuture(true) }
         return commands.send(RESPCommand("ZSCORE", .string(keyPrefix + "clients"), .string(clientId)))

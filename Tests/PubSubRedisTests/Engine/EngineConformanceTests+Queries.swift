@@ -84,8 +84,22 @@ import PubSubTesting
             #expect(!old.recovered && old.events.count == 3)
             let garbage = try await h.engine.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop).get()
             #expect(!garbage.recovered && garbage.events.isEmpty)
+            // Well-formed tokens this broker never made (of its epoch): each names some 64-bit sequence, about
+            // half of them beyond what a signed integer holds. Answered, never a crash.
+            let epoch = positions[0].split(separator: ".")[1]
+            for n in 1...16 {
+                let forged = "2.\(epoch).\(String(UInt64.max / 17 * UInt64(n), radix: 36))"
+                let page = try await h.engine.history(of: "/h", since: forged, limit: 10, now: h.now, on: h.loop).get()
+                #expect(!page.recovered)
+            }
             let wildcard = try await h.engine.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop).get()
-            #expect(wildcard.recovered && wildcard.events.map(\.channel) == ["/h"])
+            // Over shards, an event's position speaks for its own shard only: `/*` spans them all.
+            #expect(wildcard.recovered == (kind != .redisShards) && wildcard.events.map(\.channel) == ["/h"])
+            // The engine's position (the handshake's) speaks for every shard.
+            let now = try #require(h.engine.position)
+            _ = try await h.broker.publishFromAPI(channel: "/h", data: JSONValue(5), ext: nil, now: h.now, on: h.loop).get()
+            let since = try await h.engine.history(of: "/*", since: now, limit: 10, now: h.now, on: h.loop).get()
+            #expect(since.recovered && since.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [5])
         }
     }
 

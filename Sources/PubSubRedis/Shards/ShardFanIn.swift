@@ -1,0 +1,152 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import PubSubCore
+
+/// One connection of a session spread over shards: the sink it offered (a parked long poll, a WebSocket, an
+/// EventSource stream) is attached to every shard through a proxy of its own, and this gathers what they do.
+///
+/// - A persistent sink gets every shard's deliveries as they come (in order per shard).
+/// - A one-shot sink is answered once: the first delivery takes whatever the other shards hold for the session
+///   (detaching their proxies), and a delivery another shard had already sent is put back at the front of that
+///   shard's queue, for the next connect.
+/// - Deliveries before the connect is answered wait here and go with its answer.
+/// - The first detach (superseded, disconnected, expired, overflow, kicked, shutdown) is passed on once; the
+///   other shards' proxies are detached.
+final class ShardFanIn: @unchecked Sendable {
+    let clientId: String
+    let sink: any DeliverySink
+    /// The proxies, created once; `State.proxies` lets go of them when the fan-in is done (each proxy holds the
+    /// fan-in for as long as a shard holds the proxy, so that a late delivery still finds its way back).
+    let all: [Proxy]
+    private unowned let engine: RedisShardedEngine
+
+    enum Phase {
+        /// The shards are being connected: deliveries wait in `pending`.
+        case connecting
+        /// Attached everywhere: deliveries go to the sink.
+        case armed
+        /// Answered (one-shot) or detached: nothing more reaches the sink.
+        case done
+    }
+
+    private struct State {
+        var phase = Phase.connecting
+        var pending: [(shard: Int, events: CircularBuffer<ByteBuffer>)] = []
+        var proxies: [Proxy]
+    }
+    private let state: NIOLockedValueBox<State>
+
+    init(engine: RedisShardedEngine, clientId: String, sink: any DeliverySink, shards: Int) {
+        self.engine = engine
+        self.clientId = clientId
+        self.sink = sink
+        let proxies = (0..<shards).map { Proxy(shard: $0, sink: sink) }
+        self.all = proxies
+        self.state = NIOLockedValueBox(State(proxies: proxies))
+        for proxy in proxies { proxy.fanIn = self }
+    }
+
+    /// The proxies still to detach, once: the fan-in is done with them.
+    func takeProxies() -> [Proxy] {
+        state.withLockedValue { s in
+            defer { s.proxies = [] }
+            return s.proxies
+        }
+    }
+
+    /// The sink each shard is given.
+    final class Proxy: DeliverySink, @unchecked Sendable {
+        let shard: Int
+        let eventLoop: any EventLoop
+        let isPersistent: Bool
+        var fanIn: ShardFanIn?
+
+        init(shard: Int, sink: any DeliverySink) {
+            self.shard = shard
+            self.eventLoop = sink.eventLoop
+            self.isPersistent = sink.isPersistent
+        }
+
+        func deliver(_ events: CircularBuffer<ByteBuffer>) {
+            guard let fanIn else { return }
+            fanIn.delivered(events, from: shard)
+        }
+
+        func detached(_ reason: DetachReason) {
+            fanIn?.detached(reason, from: shard)
+        }
+    }
+
+    private func delivered(_ events: CircularBuffer<ByteBuffer>, from shard: Int) {
+        enum Then {
+            case forward
+            case answer
+            case putBack
+            case wait
+        }
+        let then = state.withLockedValue { s -> Then in
+            switch s.phase {
+            case .connecting:
+                s.pending.append((shard, events))
+                return .wait
+            case .armed:
+                if sink.isPersistent { return .forward }
+                s.phase = .done
+                return .answer
+            case .done:
+                return .putBack
+            }
+        }
+        switch then {
+        case .forward:
+            sink.deliver(events)
+        case .answer:
+            // One answer: this shard's events, then what the others hold.
+            var all = events
+            all.append(contentsOf: engine.detachProxies(of: self, except: shard, takeEvents: true))
+            engine.forget(self)
+            sink.deliver(all)
+        case .putBack:
+            engine.putBack(events, for: clientId, shard: shard)
+        case .wait:
+            break
+        }
+    }
+
+    private func detached(_ reason: DetachReason, from shard: Int) {
+        let first = state.withLockedValue { s -> Bool in
+            guard s.phase != .done else { return false }
+            s.phase = .done
+            return true
+        }
+        guard first else { return }
+        _ = engine.detachProxies(of: self, except: shard, takeEvents: false)
+        engine.forget(self)
+        engine.detachedEverywhere(clientId, reason: reason, from: shard)
+        sink.detached(reason)
+    }
+
+    /// The connect is answered: what arrived meanwhile, and whether the fan-in now forwards (attached) or is done.
+    func settle(attached: Bool) -> CircularBuffer<ByteBuffer> {
+        state.withLockedValue { s in
+            var events = CircularBuffer<ByteBuffer>()
+            for entry in s.pending { events.append(contentsOf: entry.events) }
+            s.pending = []
+            if s.phase == .connecting { s.phase = attached ? .armed : .done }
+            return events
+        }
+    }
+
+    /// Detached by the engine (a held poll that ended, a closed connection): no more deliveries.
+    func close() -> CircularBuffer<ByteBuffer> {
+        state.withLockedValue { s in
+            s.phase = .done
+            var events = CircularBuffer<ByteBuffer>()
+            for entry in s.pending { events.append(contentsOf: entry.events) }
+            s.pending = []
+            return events
+        }
+    }
+
+    var isDone: Bool { state.withLockedValue { $0.phase == .done } }
+}
