@@ -71,3 +71,29 @@ import Testing
         #expect(!elsewhere)
     }
 }
+
+/// A subscription's position after each message: replaced, or (from a broker spread over shards) the part of the
+/// message's shard replaced in the handshake's vector.
+@Suite struct SubscriptionPositionsTests {
+    func message(_ channel: String, _ position: String) throws -> Message {
+        Message(try JSONParser().parse(#"{"channel":"\#(channel)","data":1,"ext":{"position":"\#(position)"}}"#).objectValue!)
+    }
+
+    @Test func aPositionReplacesTheOneBefore() throws {
+        var positions = SubscriptionPositions(["/jobs/*": "2.e1.a", "/chat": "2.e1.b"])
+        #expect(positions.record(try message("/jobs/1", "2.e1.c")))
+        #expect(positions.byChannel == ["/jobs/*": "2.e1.c", "/chat": "2.e1.b"])
+        #expect(!positions.record(try message("/other", "2.e1.d")))
+    }
+
+    @Test func aVectorKeepsOnePartPerShard() throws {
+        var positions = SubscriptionPositions(["/**": "2.e1.a~2.e2.b~2.e3.c"])
+        positions.record(try message("/x", "2.e2.z"))
+        #expect(positions[channel: "/**"] == "2.e1.a~2.e2.z~2.e3.c")
+        positions.record(try message("/y", "2.e1.q"))
+        #expect(positions[channel: "/**"] == "2.e1.q~2.e2.z~2.e3.c")
+        // A position of no shard the vector knows (the broker lost its data: a new epoch) starts over from it.
+        positions.record(try message("/y", "2.e9.r"))
+        #expect(positions[channel: "/**"] == "2.e9.r")
+    }
+}

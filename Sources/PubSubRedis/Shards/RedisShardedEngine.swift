@@ -120,11 +120,27 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
         guard let sink else {
             let connects = shards.map { $0.connect(clientId, now: now, sink: nil, on: loop) }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
-                self.merged(clientId, results, on: loop) { result in
+                self.merged(clientId, results, fanIn: nil, on: loop) { result in
                     var events = CircularBuffer<ByteBuffer>()
                     for r in results { events.append(contentsOf: r.events) }
                     result.events = events
                     result.answerNow = true
+                }
+            }
+        }
+        if let fanIn = attached(clientId, sink: sink) {
+            // The connection's next connect (a WebSocket's, every timeout): the same proxies again, so that no
+            // shard takes it for another connection superseding this one.
+            let connects = shards.enumerated().map { k, shard in
+                shard.connect(clientId, now: now, sink: fanIn.all[k], on: loop)
+            }
+            return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
+                self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
+                    var events = CircularBuffer<ByteBuffer>()
+                    for r in results { events.append(contentsOf: r.events) }
+                    result.events = events
+                    result.attached = results.allSatisfy(\.attached)
+                    result.answerNow = results.contains { $0.answerNow }
                 }
             }
         }
@@ -143,19 +159,20 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
                     return loop.makeFailedFuture(error)
                 }
             }
-            return self.merged(clientId, results, on: loop) { result in
+            return self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
                 var events = CircularBuffer<ByteBuffer>()
                 for r in results { events.append(contentsOf: r.events) }
                 let attachedEverywhere = results.allSatisfy(\.attached)
                 let answerNow = results.contains { $0.answerNow } || !attachedEverywhere
                 if sink.isPersistent {
-                    events.append(contentsOf: fanIn.settle(attached: attachedEverywhere))
-                    result.attached = attachedEverywhere
+                    let (early, armed) = fanIn.settle(attach: attachedEverywhere)
+                    events.append(contentsOf: early)
+                    result.attached = armed
                     result.answerNow = answerNow
-                    if !attachedEverywhere { self.abandon(fanIn) }
+                    if !armed { self.abandon(fanIn) }
                 } else {
-                    let early = fanIn.settle(attached: !answerNow)
-                    if answerNow || !early.isEmpty {
+                    let (early, armed) = fanIn.settle(attach: !answerNow)
+                    if !armed {
                         // Answered now: what every shard holds goes with it.
                         events.append(contentsOf: early)
                         events.append(contentsOf: self.detachProxies(of: fanIn, except: nil, takeEvents: true))
@@ -175,17 +192,18 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
     /// The shards' answers as one: shard 0's refusal, or a refusal of another shard (a session that shard lost:
     /// it ends everywhere), or `fill` on shard 0's answer.
     private func merged(
-        _ clientId: String, _ results: [ConnectResult], on loop: any EventLoop, fill: (inout ConnectResult) -> Void
+        _ clientId: String, _ results: [ConnectResult], fanIn: ShardFanIn?, on loop: any EventLoop,
+        fill: (inout ConnectResult) -> Void
     ) -> EventLoopFuture<ConnectResult> {
         if results[0].status != .ok {
-            if let fanIn = fanIns.withLockedValue({ $0[clientId] }) { abandon(fanIn) }
+            if let fanIn { abandon(fanIn) }
             // Gone from shard 0: gone from the others too (quietly: shard 0 reported it).
             let reason: DetachReason = results[0].status == .kicked ? .kicked : .expired
             for shard in shards.dropFirst() { _ = shard.destroyClient(clientId, reason: reason, on: loop) }
             return loop.makeSucceededFuture(ConnectResult(status: results[0].status))
         }
         if let refused = results.first(where: { $0.status != .ok }) {
-            if let fanIn = fanIns.withLockedValue({ $0[clientId] }) { abandon(fanIn) }
+            if let fanIn { abandon(fanIn) }
             let reason: DetachReason =
                 switch refused.status {
                 case .overflowed: .overflow
@@ -204,7 +222,17 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
         return loop.makeSucceededFuture(result)
     }
 
+    /// The fan-in that already carries `sink` (persistent, attached everywhere), if any.
+    private func attached(_ clientId: String, sink: any DeliverySink) -> ShardFanIn? {
+        guard sink.isPersistent else { return nil }
+        return fanIns.withLockedValue { map in
+            guard let fanIn = map[clientId], fanIn.sink === sink, fanIn.isArmed else { return nil }
+            return fanIn
+        }
+    }
+
     public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        if attached(clientId, sink: sink) != nil { return loop.makeSucceededFuture(true) }
         let fanIn = ShardFanIn(engine: self, clientId: clientId, sink: sink, shards: shards.count)
         fanIns.withLockedValue { $0[clientId] = fanIn }
         let attaches = shards.enumerated().map { k, shard in shard.attach(clientId, sink: fanIn.all[k], on: loop) }
@@ -214,7 +242,12 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
                 self.abandon(fanIn)
                 return false
             }
-            let early = fanIn.settle(attached: true)
+            let (early, armed) = fanIn.settle(attach: true)
+            guard armed else {
+                // Detached while attaching (superseded, ended): the sink has been told.
+                self.abandon(fanIn)
+                return false
+            }
             if !early.isEmpty { sink.deliver(early) }
             return true
         }

@@ -126,14 +126,18 @@ final class ShardFanIn: @unchecked Sendable {
         sink.detached(reason)
     }
 
-    /// The connect is answered: what arrived meanwhile, and whether the fan-in now forwards (attached) or is done.
-    func settle(attached: Bool) -> CircularBuffer<ByteBuffer> {
+    /// The connect is answered: what arrived meanwhile, and whether the fan-in now forwards (`armed`) or is done.
+    /// A persistent sink is armed when `attach`; a one-shot one only when nothing arrived meanwhile either (else
+    /// those events answer it now).
+    func settle(attach: Bool) -> (events: CircularBuffer<ByteBuffer>, armed: Bool) {
         state.withLockedValue { s in
             var events = CircularBuffer<ByteBuffer>()
             for entry in s.pending { events.append(contentsOf: entry.events) }
             s.pending = []
-            if s.phase == .connecting { s.phase = attached ? .armed : .done }
-            return events
+            guard s.phase == .connecting else { return (events, false) }
+            let armed = attach && (sink.isPersistent || events.isEmpty)
+            s.phase = armed ? .armed : .done
+            return (events, armed)
         }
     }
 
@@ -148,5 +152,5 @@ final class ShardFanIn: @unchecked Sendable {
         }
     }
 
-    var isDone: Bool { state.withLockedValue { $0.phase == .done } }
+    var isArmed: Bool { state.withLockedValue { $0.phase == .armed } }
 }
