@@ -217,3 +217,25 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
     long_poll(b, fresh)
     reply = resume(b, fresh, "/res/*", tokens[2])
     assert reply["successful"] and reply["ext"] == {"resume": {"recovered": False, "missed": 0}}, reply
+
+
+def test_pipelined_frames_of_one_publisher_arrive_in_order(nodes):
+    """A WebSocket publisher that sends frame after frame of several publishes each, without waiting for
+    replies: every publish waits for a Redis round trip, and a later frame's must not overtake an earlier
+    frame's. A subscriber on another node gets them all in the order sent."""
+    a, b, _ = nodes
+    sub = WSClient(b, handshake(b))
+    subscribe(b, sub.cid, "/ordered")
+    sub.connect()
+    sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
+    pub = WSClient(a, handshake(a))
+    n = 0
+    for _ in range(40):
+        pub.send([{"channel": "/ordered", "clientId": pub.cid, "data": n + i, "id": str(n + i)} for i in range(10)])
+        n += 10
+    acks = pub.read(lambda ms: sum(1 for m in ms if m.get("channel") == "/ordered" and "successful" in m) >= n)
+    assert all(m["successful"] for m in acks if m.get("channel") == "/ordered"), acks[:3]
+    sub.read(lambda ms: len(data_of(sub.events(), "/ordered")) >= n)
+    assert data_of(sub.events(), "/ordered") == list(range(n))
+    sub.close()
+    pub.close()

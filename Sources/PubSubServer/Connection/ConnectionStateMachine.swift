@@ -119,6 +119,10 @@ struct ConnectionStateMachine {
     private(set) var backlog = CircularBuffer<ByteBuffer>.noEvents
     private(set) var isWritable = true
     private var readPending = false
+    /// WebSocket: the messages of a frame are with the broker. The next frame waits for them, and so does
+    /// reading: a client's publishes reach the engine in the order it sent them, whatever the engine's latency
+    /// (a Redis round trip), and what waits is at most one read's worth of bytes in the frame parser.
+    private(set) var isHandlingFrame = false
     /// Draining: a polling connect is answered as soon as it parks.
     private var quiescing = false
 
@@ -306,18 +310,34 @@ struct ConnectionStateMachine {
             backlog = .noEvents
             actions.append(.write(replies: [], events: events))
         }
-        if readPending {
+        if readPending, !isHandlingFrame {
             readPending = false
             actions.append(.resumeReading)
         }
         return actions
     }
 
-    /// The pipeline asks to read more: withheld while writes drain, as NIO's `BackPressureHandler` does.
+    /// The pipeline asks to read more: withheld while writes drain, as NIO's `BackPressureHandler` does, and
+    /// while a frame is handled.
     mutating func readRequested() -> ReadAction {
-        if isWritable || phase != .open { return .read }
+        if (isWritable && !isHandlingFrame) || phase != .open { return .read }
         readPending = true
         return .withhold
+    }
+
+    // MARK: Frames in order
+
+    /// A frame's messages go to the broker: no other frame is taken until `frameFinished`.
+    mutating func frameStarted() {
+        isHandlingFrame = true
+    }
+
+    /// The broker handled the frame: the next one may be taken, and a read withheld meanwhile is asked for.
+    mutating func frameFinished() -> [Action] {
+        isHandlingFrame = false
+        guard readPending, isWritable || phase != .open else { return [] }
+        readPending = false
+        return [.resumeReading]
     }
 
     // MARK: Ending

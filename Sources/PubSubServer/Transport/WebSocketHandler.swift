@@ -36,6 +36,8 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
     private var guardState: ConnectionGuardState?
     var timerQueueIndex = -1
     private var closing = false
+    /// Inside `parseFrames` (a frame handled at once finishes within it: the loop goes on by itself).
+    private var parsing = false
     private var parser: WebSocketFrameParser
     private let requestContext: RequestContext
     /// This loop's counters (bytes out, open WebSockets).
@@ -149,8 +151,17 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
         _ = guardState?.bytesReceived(bytes.readableBytes, now: context.eventLoop.now)
         guard !closing else { return }
         parser.append(bytes)
+        parseFrames(context: context)
+    }
+
+    /// Takes the parsed frames in order, one at a time: a frame whose messages are with the broker holds the
+    /// next ones in the parser until it is handled (`ConnectionStateMachine.frameStarted`).
+    private func parseFrames(context: ChannelHandlerContext) {
+        guard !parsing else { return }
+        parsing = true
+        defer { parsing = false }
         do {
-            while !closing, let frame = try parser.next() { handleFrame(frame, context: context) }
+            while !closing, !machine.isHandlingFrame, let frame = try parser.next() { handleFrame(frame, context: context) }
         } catch {
             frameError(error, context: context)
         }
@@ -249,15 +260,18 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionSinkOwner, TimerQu
             break
         }
         let broker = shared.broker
+        machine.frameStarted()
         broker.handle(elements, context: requestContext, sink: sink, now: .now(), on: context.eventLoop)
             .assumeIsolated().whenComplete { result in
-                guard case .success(let outcomes) = result else {
+                if case .success(let outcomes) = result {
+                    let (replies, events, pending) = broker.split(outcomes, context: self.requestContext)
+                    self.perform(
+                        self.machine.messagesHandled(replies: replies, events: events, pending: pending), context: context)
+                } else {
                     self.write(replies: [Self.serverErrorReply], events: .noEvents, context: context)
-                    return
                 }
-                let (replies, events, pending) = broker.split(outcomes, context: self.requestContext)
-                self.perform(
-                    self.machine.messagesHandled(replies: replies, events: events, pending: pending), context: context)
+                self.perform(self.machine.frameFinished(), context: context)
+                self.parseFrames(context: context)
             }
     }
 

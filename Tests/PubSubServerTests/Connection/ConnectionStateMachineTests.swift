@@ -126,6 +126,33 @@ import Testing
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
     }
 
+    /// A frame waits for the one before it (its publishes may wait for a Redis round trip), and reading waits
+    /// with it; the read withheld is asked for when the frame is handled, unless writes still drain.
+    @Test func aFrameBeingHandledHoldsReadingUntilItIsDone() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        m.frameStarted()
+        #expect(m.isHandlingFrame)
+        #expect(m.readRequested() == .withhold)
+        #expect(Self.describe(m.frameFinished()) == ["resumeReading"])
+        #expect(!m.isHandlingFrame && m.readRequested() == .read)
+        // Handled at once (no read asked meanwhile): nothing to resume.
+        m.frameStarted()
+        #expect(Self.describe(m.frameFinished()) == [])
+        // Not writable when the frame is done: the read waits for the writes to drain, and only then.
+        m.frameStarted()
+        #expect(m.readRequested() == .withhold)
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.frameFinished()) == [])
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["resumeReading"])
+        // Writable again while a frame is still handled: the read waits for the frame.
+        m.frameStarted()
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(m.readRequested() == .withhold)
+        #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
+        #expect(Self.describe(m.frameFinished()) == ["resumeReading"])
+    }
+
     @Test func eventsOnlyFrameWhileUnwritableWaitsInTheBacklog() {
         var m = Machine(transport: .webSocket, maxQueue: 10)
         _ = m.bind(clientId: "a")
