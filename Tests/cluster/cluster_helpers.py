@@ -9,6 +9,8 @@ import requests
 import websocket
 
 from pubsubtest.bayeux import bayeux
+from pubsubtest.broker import Broker
+from pubsubtest.redis import wait_ready
 
 HTTP_TIMEOUT = 10
 
@@ -198,3 +200,20 @@ def stop_after_publishing_resumed(publishers, readers, count=20, timeout=10):
         r.stop.set()
     for r in readers:
         r.join(timeout=5)
+
+
+def start_brokers(count, args):
+    """`count` brokers with `args(i)` each, every one ready (its Redis engine connected); all stopped on failure."""
+    nodes = []
+    try:
+        for i in range(count):
+            b = Broker(timeout=10, extra_args=args(i))
+            b.start()
+            nodes.append(b)
+        for b in nodes:
+            wait_ready(b)
+        return nodes
+    except BaseException:
+        for b in nodes:
+            b.stop()
+        raise

@@ -13,40 +13,19 @@ import pytest
 import requests
 
 from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, post,
-                             publish, received, redis_metrics, stop_after_publishing_resumed, subscribe,
-                             wait_failover_followed)
+                             publish, received, redis_metrics, start_brokers, stop_after_publishing_resumed,
+                             subscribe, wait_failover_followed)
 from pubsubtest.broker import Broker
-from pubsubtest.redis import RedisCluster, wait_ready
 
 API_KEY = "k-redis-cluster-test-0123456789ab"
 TAG = "{pubsub:}"
 
 
-@pytest.fixture
-def redis_cluster():
-    cluster = RedisCluster(masters=3, replicas=1)
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
 def start_nodes(cluster, count, seeds):
     """`count` brokers, each told of other nodes of the cluster (`seeds(i)`): they find the slot's master."""
-    nodes = []
-    try:
-        for i in range(count):
-            b = Broker(timeout=10, extra_args=[
-                "--engine", "redis", "--redis-cluster", seeds(i), "--history-size", "20000",
-                "--api-key", API_KEY, "--log-level", "info"])
-            b.start()
-            nodes.append(b)
-        for b in nodes:
-            wait_ready(b)
-        return nodes
-    except BaseException:
-        for b in nodes:
-            b.stop()
-        raise
+    return start_brokers(count, lambda i: [
+        "--engine", "redis", "--redis-cluster", seeds(i), "--history-size", "20000",
+        "--api-key", API_KEY, "--log-level", "info"])
 
 
 def api_publish(node, channel, data):

@@ -11,41 +11,18 @@ import re
 import subprocess
 import time
 
-import pytest
-
-from cluster_helpers import (WSClient, api, handshake, long_poll, post, publish, redis_metrics, subscribe,
-                             wait_failover_followed)
-from pubsubtest.broker import Broker, pubsub_bin
-from pubsubtest.redis import RedisCluster, wait_ready
+from cluster_helpers import (WSClient, api, handshake, long_poll, post, publish, redis_metrics, start_brokers,
+                             subscribe, wait_failover_followed)
+from pubsubtest.broker import pubsub_bin
 
 API_KEY = "k-redis-shards-test-0123456789abc"
 CHANNELS = [f"/c{i}/x" for i in range(12)]
 
 
-@pytest.fixture
-def redis_cluster():
-    cluster = RedisCluster(masters=3, replicas=1)
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
 def start_nodes(cluster, count):
-    nodes = []
-    try:
-        for _ in range(count):
-            b = Broker(timeout=10, extra_args=[
-                "--engine", "redis", "--redis-cluster", cluster.seeds, "--redis-shards", "3",
-                "--history-size", "1000", "--api-key", API_KEY, "--log-level", "info"])
-            b.start()
-            nodes.append(b)
-        for b in nodes:
-            wait_ready(b)
-        return nodes
-    except BaseException:
-        for b in nodes:
-            b.stop()
-        raise
+    return start_brokers(count, lambda i: [
+        "--engine", "redis", "--redis-cluster", cluster.seeds, "--redis-shards", "3",
+        "--history-size", "1000", "--api-key", API_KEY, "--log-level", "info"])
 
 
 def shard_tags(node):

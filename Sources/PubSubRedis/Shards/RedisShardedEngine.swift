@@ -297,8 +297,16 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
     /// Events a shard sent to a fan-in that had already answered: back at the front of that shard's queue.
     func putBack(_ events: CircularBuffer<ByteBuffer>, for clientId: String, shard: Int) {
         guard !events.isEmpty else { return }
-        if shards[shard].local.insert(events, into: clientId, atFront: true) == false {
+        switch shards[shard].local.insert(events, into: clientId, atFront: true) {
+        case true?:
+            break
+        case false?:
             shards[shard].dropOverflowed([clientId])
+        case nil:
+            // The session left this node meanwhile (moved, ended): said, not silently dropped.
+            logger.warning(
+                "events for a session that left this node were not delivered",
+                metadata: ["pubsub.client.id": "\(clientId)", "pubsub.redis.events": "\(events.count)"])
         }
     }
 
