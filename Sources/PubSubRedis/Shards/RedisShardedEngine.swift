@@ -321,13 +321,13 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
         }
     }
 
-    /// A shard other than 0 dropped sessions for overflow (no connection attached to them then): they end in
-    /// every shard, and shard 0 reports it.
-    func overflowed(_ ids: [String], in shard: Int) {
+    /// Sessions dropped for overflow by a shard other than 0 (no connection attached to them then), or by a
+    /// fan-in (`shard` nil): they end in every shard, and shard 0 reports it.
+    func overflowed(_ ids: [String], in shard: Int?) {
         for id in ids { endElsewhere(id, reason: .overflow, except: shard) }
     }
 
-    private func endElsewhere(_ clientId: String, reason: DetachReason, except: Int) {
+    private func endElsewhere(_ clientId: String, reason: DetachReason, except: Int?) {
         let loop = control.commands.eventLoop
         for (k, engine) in shards.enumerated() where k != except {
             _ = engine.destroyClient(clientId, reason: reason, on: loop)

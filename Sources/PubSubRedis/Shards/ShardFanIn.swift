@@ -32,12 +32,18 @@ final class ShardFanIn: @unchecked Sendable {
     private struct State {
         var phase = Phase.connecting
         var pending: [(shard: Int, events: CircularBuffer<ByteBuffer>)] = []
+        /// Events in `pending`: past `limit` the client is dropped as a slow consumer, as a connection's backlog.
+        var pendingCount = 0
         var proxies: [Proxy]
     }
     private let state: NIOLockedValueBox<State>
 
+    /// The most events that may wait while the shards connect (`--max-queue` per shard).
+    let limit: Int
+
     init(engine: RedisShardedEngine, clientId: String, sink: any DeliverySink, shards: Int) {
         self.engine = engine
+        self.limit = engine.configuration.maxQueue * shards
         self.clientId = clientId
         self.sink = sink
         let proxies = (0..<shards).map { Proxy(shard: $0, sink: sink) }
@@ -83,10 +89,17 @@ final class ShardFanIn: @unchecked Sendable {
             case answer
             case putBack
             case wait
+            case overflow
         }
         let then = state.withLockedValue { s -> Then in
             switch s.phase {
             case .connecting:
+                s.pendingCount += events.count
+                guard s.pendingCount <= limit else {
+                    s.phase = .done
+                    s.pending = []
+                    return .overflow
+                }
                 s.pending.append((shard, events))
                 return .wait
             case .armed:
@@ -110,6 +123,12 @@ final class ShardFanIn: @unchecked Sendable {
             engine.putBack(events, for: clientId, shard: shard)
         case .wait:
             break
+        case .overflow:
+            // Too much arrived while the shards connected: the session ends everywhere, as an overflow.
+            _ = engine.detachProxies(of: self, except: nil, takeEvents: false)
+            engine.forget(self)
+            engine.overflowed([clientId], in: nil)
+            sink.detached(.overflow)
         }
     }
 
