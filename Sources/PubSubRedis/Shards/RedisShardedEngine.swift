@@ -121,9 +121,7 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
             let connects = shards.map { $0.connect(clientId, now: now, sink: nil, on: loop) }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
                 self.merged(clientId, results, fanIn: nil, on: loop) { result in
-                    var events = CircularBuffer<ByteBuffer>()
-                    for r in results { events.append(contentsOf: r.events) }
-                    result.events = events
+                    result.events = Self.events(of: results)
                     result.answerNow = true
                 }
             }
@@ -136,9 +134,7 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
             }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
                 self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
-                    var events = CircularBuffer<ByteBuffer>()
-                    for r in results { events.append(contentsOf: r.events) }
-                    result.events = events
+                    result.events = Self.events(of: results)
                     result.attached = results.allSatisfy(\.attached)
                     result.answerNow = results.contains { $0.answerNow }
                 }
@@ -160,8 +156,7 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
                 }
             }
             return self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
-                var events = CircularBuffer<ByteBuffer>()
-                for r in results { events.append(contentsOf: r.events) }
+                var events = Self.events(of: results)
                 let attachedEverywhere = results.allSatisfy(\.attached)
                 let answerNow = results.contains { $0.answerNow } || !attachedEverywhere
                 if sink.isPersistent {
@@ -187,6 +182,13 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
                 result.events = events
             }
         }
+    }
+
+    /// Every shard's waiting events, shard after shard (in order within each).
+    private static func events(of results: [ConnectResult]) -> CircularBuffer<ByteBuffer> {
+        var events = CircularBuffer<ByteBuffer>()
+        for r in results where !r.events.isEmpty { events.append(contentsOf: r.events) }
+        return events.isEmpty ? .noEvents : events
     }
 
     /// The shards' answers as one: shard 0's refusal, or a refusal of another shard (a session that shard lost:
