@@ -22,7 +22,7 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
     public let map: ShardMap
     public let shards: [RedisEngine]
     let logger: Logger
-    private let fanIns = NIOLockedValueBox<[String: ShardFanIn]>([:])
+    let fanIns = NIOLockedValueBox<[String: ShardFanIn]>([:])
 
     var control: RedisEngine { shards[0] }
 
@@ -126,11 +126,11 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
                 }
             }
         }
-        if let fanIn = attached(clientId, sink: sink) {
+        if let fanIn = attached(clientId, sink: sink), case let proxies = fanIn.all, proxies.count == shards.count {
             // The connection's next connect (a WebSocket's, every timeout): the same proxies again, so that no
             // shard takes it for another connection superseding this one.
             let connects = shards.enumerated().map { k, shard in
-                shard.connect(clientId, now: now, sink: fanIn.all[k], on: loop)
+                shard.connect(clientId, now: now, sink: proxies[k], on: loop)
             }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
                 self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
@@ -142,8 +142,9 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
         }
         let fanIn = ShardFanIn(engine: self, clientId: clientId, sink: sink, shards: shards.count)
         fanIns.withLockedValue { $0[clientId] = fanIn }
+        let proxies = fanIn.all
         let connects = shards.enumerated().map { k, shard in
-            shard.connect(clientId, now: now, sink: fanIn.all[k], on: loop)
+            shard.connect(clientId, now: now, sink: proxies[k], on: loop)
         }
         return EventLoopFuture.whenAllComplete(connects, on: loop).flatMap { outcomes in
             var results: [ConnectResult] = []
@@ -237,7 +238,8 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
         if attached(clientId, sink: sink) != nil { return loop.makeSucceededFuture(true) }
         let fanIn = ShardFanIn(engine: self, clientId: clientId, sink: sink, shards: shards.count)
         fanIns.withLockedValue { $0[clientId] = fanIn }
-        let attaches = shards.enumerated().map { k, shard in shard.attach(clientId, sink: fanIn.all[k], on: loop) }
+        let proxies = fanIn.all
+        let attaches = shards.enumerated().map { k, shard in shard.attach(clientId, sink: proxies[k], on: loop) }
         return EventLoopFuture.whenAllComplete(attaches, on: loop).map { outcomes in
             let ok = outcomes.allSatisfy { if case .success(true) = $0 { return true } else { return false } }
             guard ok else {
@@ -289,7 +291,7 @@ public final class RedisShardedEngine: Engine, @unchecked Sendable {
     }
 
     /// A connect that could not attach everywhere: nothing of it stays attached.
-    private func abandon(_ fanIn: ShardFanIn) {
+    func abandon(_ fanIn: ShardFanIn) {
         var events = fanIn.close()
         events.append(contentsOf: detachProxies(of: fanIn, except: nil, takeEvents: false))
         forget(fanIn)

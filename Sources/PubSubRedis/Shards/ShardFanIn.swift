@@ -15,9 +15,11 @@ import PubSubCore
 final class ShardFanIn: @unchecked Sendable {
     let clientId: String
     let sink: any DeliverySink
-    /// The proxies, created once; `State.proxies` lets go of them when the fan-in is done (each proxy holds the
-    /// fan-in for as long as a shard holds the proxy, so that a late delivery still finds its way back).
-    let all: [Proxy]
+    /// The proxies while the fan-in stands for the connection (empty once it is done). Each proxy holds the
+    /// fan-in for as long as a shard holds the proxy, so that a late delivery still finds its way back; the fan-in
+    /// holds its proxies only in its state, which lets go of them when it is done (`takeProxies`). A second,
+    /// constant strong list here would make a cycle that keeps every long-poll connect's fan-in, proxies and sink.
+    var all: [Proxy] { state.withLockedValue { $0.proxies } }
     private unowned let engine: RedisShardedEngine
 
     enum Phase {
@@ -47,7 +49,6 @@ final class ShardFanIn: @unchecked Sendable {
         self.clientId = clientId
         self.sink = sink
         let proxies = (0..<shards).map { Proxy(shard: $0, sink: sink) }
-        self.all = proxies
         self.state = NIOLockedValueBox(State(proxies: proxies))
         for proxy in proxies { proxy.fanIn = self }
     }
