@@ -23,15 +23,23 @@ public struct Change: Sendable, Hashable {
     public var document: JSONObject?
     /// Extra fields the source adds to `data` (for PostgreSQL `txn` and `ts`).
     public var extra: JSONObject
+    /// The values the row or document had before this change (update, delete), when the source gives them
+    /// (PostgreSQL's old row with `REPLICA IDENTITY FULL`); nil when it does not. Routes read it to tell the old
+    /// audience of a row that moved or went.
+    public var previous: JSONObject?
+    /// Values of the source that routes may name as `{name}` (Simperium: `user`, the token's user).
+    public var variables: [String: String]
 
     public init(collection: [String], id: String?, operation: Operation, seq: String, document: JSONObject? = nil,
-                extra: JSONObject = [:]) {
+                extra: JSONObject = [:], previous: JSONObject? = nil, variables: [String: String] = [:]) {
         self.collection = collection
         self.id = id
         self.operation = operation
         self.seq = seq
         self.document = document
         self.extra = extra
+        self.previous = previous
+        self.variables = variables
     }
 }
 
@@ -100,9 +108,13 @@ public protocol ChangeSource: Sendable {
     /// `error` (from this source, the publisher or the checkpoint file) in one line, for the relay's last words.
     /// Default: its text, with what to do about a refused certificate (`FeedTLS.describe`).
     func describe(_ error: any Error) -> String
+    /// Whether every update and delete carries its old values (`Change.previous`), as PostgreSQL's replica
+    /// identity gives them; else routes use what the relay remembers (`AudienceMemory`). Default: no.
+    var givesPreviousValues: Bool { get }
 }
 
 extension ChangeSource {
     public var readsAhead: Bool { false }
+    public var givesPreviousValues: Bool { false }
     public func describe(_ error: any Error) -> String { FeedTLS.describe(error) }
 }

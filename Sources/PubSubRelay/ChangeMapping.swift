@@ -15,18 +15,31 @@ public struct RelayMessage: Sendable, Equatable {
     }
 }
 
-/// Turns a change into the channel and `data` subscribers see:
-/// `<prefix>/<collection…>/<escaped id>` with `{"id", "op", "seq", "key", "collection", "source", …, "doc"?}`.
+/// Turns a change into the channels and `data` subscribers see:
+/// `<prefix>/<collection…>/<escaped id>` with `{"id", "op", "seq", "key", "collection", "source", …, "doc"?}`,
+/// or, for a collection with routes, the channels of its audience (`ChangeMapping+Routes.swift`).
 /// A truncate goes to the collection's channel `<prefix>/<collection…>`.
 public struct ChangeMapping: Sendable {
     public var prefix: String
     public var includeDocument: Bool
+    /// Routes by collection (`public.notes`), each collection's in the order given; a collection without routes
+    /// keeps the layout above.
+    public private(set) var routes: [String: [Route]]
+    /// Every route, in the order given.
+    public private(set) var routeList: [Route]
+    /// The most channels one route may give one change (an array field with `[]`); past it the route gives none
+    /// for that change, counted and logged as `fan_out`.
+    public var maxChannelsPerRoute: Int
 
-    public init(prefix: String = "/changes", includeDocument: Bool = false) {
+    public init(prefix: String = "/changes", includeDocument: Bool = false, routes: [Route] = [],
+                maxChannelsPerRoute: Int = 1000) {
         var prefix = prefix
         while prefix.count > 1 && prefix.hasSuffix("/") { prefix.removeLast() }
         self.prefix = prefix
         self.includeDocument = includeDocument
+        self.routes = Dictionary(grouping: routes, by: \.collection)
+        self.routeList = routes
+        self.maxChannelsPerRoute = maxChannelsPerRoute
     }
 
     /// Whether `prefix` gives valid, publishable channels (not `/meta`, no wildcard).
@@ -42,8 +55,20 @@ public struct ChangeMapping: Sendable {
         return channel
     }
 
+    /// The collection's own channel, `<prefix>/<collection…>`: a truncate's, for operators.
+    public func collectionChannel(for change: Change) -> String {
+        var channel = prefix
+        for segment in change.collection { channel += "/" + ChannelSegment.escape(segment) }
+        return channel
+    }
+
     public func message(for change: Change, sourceID: String) -> RelayMessage {
         let key = Self.key(sourceID: sourceID, change: change)
+        return RelayMessage(channel: channel(for: change), data: .object(data(for: change, sourceID: sourceID, key: key)),
+                            key: key)
+    }
+
+    func data(for change: Change, sourceID: String, key: String) -> JSONObject {
         var data: JSONObject = [
             "id": change.id.map(JSONValue.string) ?? .null,
             "op": .string(change.operation.rawValue),
@@ -54,15 +79,18 @@ public struct ChangeMapping: Sendable {
         ]
         for (name, value) in change.extra.entries where data[name] == nil { data[name] = value }
         if includeDocument, let document = change.document { data["doc"] = .object(document) }
-        return RelayMessage(channel: channel(for: change), data: .object(data), key: key)
+        return data
     }
 
     /// `sha256(source | collection | id | seq | op)`, the first 128 bits in hex: the same change always gets the
-    /// same key, also when the source replays it after a crash.
-    public static func key(sourceID: String, change: Change) -> String {
+    /// same key, also when the source replays it after a crash. A routed change's message on each channel adds
+    /// the channel (`| channel`), so that the messages of one change on several channels have keys of their own.
+    public static func key(sourceID: String, change: Change, channel: String? = nil) -> String {
         var hasher = SHA256()
-        for part in [sourceID, change.collection.joined(separator: "."), change.id ?? "", change.seq,
-                     change.operation.rawValue] {
+        var parts = [sourceID, change.collection.joined(separator: "."), change.id ?? "", change.seq,
+                     change.operation.rawValue]
+        if let channel { parts.append(channel) }
+        for part in parts {
             hasher.update(data: Array(part.utf8))
             hasher.update(data: [0])
         }

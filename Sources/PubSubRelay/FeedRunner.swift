@@ -74,11 +74,20 @@ public struct FeedRunner: Sendable {
             }
             let relay = Relay(
                 source: source, publisher: publisher, store: FileCheckpointStore(path: feed.checkpoint),
-                configuration: .init(mapping: feed.mapping), logger: logger)
+                configuration: .init(
+                    mapping: feed.mapping, audiencePath: feed.checkpoint + ".audience",
+                    rememberedDocuments: feed.rememberedDocuments),
+                logger: logger)
             let began = ContinuousClock.now
             do {
                 try await relay.run(idle: feed.pollInterval)
             } catch is CancellationError {
+            } catch let error as RelayError where error.code == .configuration {
+                // The database refuses the feed as configured (a routed table's replica identity): no restart
+                // can mend that.
+                logger.critical("relay feed stopped: \(error.message)", metadata: ["pubsub.relay.source": "\(source.sourceID)"])
+                await source.close()
+                return
             } catch {
                 if !Task.isCancelled {
                     Counter(label: "pubsub_relay_restarts_total", dimensions: [("source", source.sourceID)]).increment()

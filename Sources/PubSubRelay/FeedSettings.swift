@@ -14,6 +14,11 @@ public struct FeedSettings: Sendable {
         self.context = context
     }
 
+    /// Whether the source must read documents: for `data.doc` (`include_doc`), or because routes read them.
+    public var needsDocuments: Bool {
+        get throws { try bool("include_doc", default: false) || !(try strings("route")).isEmpty }
+    }
+
     func error(_ key: String, _ problem: String) -> RelayError {
         RelayError(.configuration, "\(context).\(key): \(problem)")
     }
@@ -76,14 +81,22 @@ public enum FeedKind: String, Sendable, CaseIterable {
 
     /// Settings every feed takes whatever its source: where it starts, what it publishes.
     public static let commonKeys: Set<String> = [
-        "name", "source", "checkpoint", "prefix", "include_doc", "batch_size", "poll_interval",
+        "name", "source", "checkpoint", "prefix", "include_doc", "batch_size", "poll_interval", "route", "route_memory",
     ]
 
-    public func makeSource(_ settings: FeedSettings, logger: Logger) throws -> any ChangeSource {
+    /// A source from its settings; `routes` are the feed's (a PostgreSQL source checks its tables' replica
+    /// identity against the columns they read).
+    public func makeSource(_ settings: FeedSettings, routes: [Route] = [], logger: Logger) throws -> any ChangeSource {
         switch self {
         case .postgres:
             try settings.rejectUnknown(Self.commonKeys.union(PostgresChangeSource.Configuration.settingKeys))
-            return PostgresChangeSource(configuration: try .init(settings: settings), logger: logger)
+            var configuration = try PostgresChangeSource.Configuration(settings: settings)
+            do {
+                try configuration.route(routes)
+            } catch {
+                throw settings.error("route", error.message)
+            }
+            return PostgresChangeSource(configuration: configuration, logger: logger)
         case .simperium:
             try settings.rejectUnknown(Self.commonKeys.union(SimperiumChangeSource.Configuration.settingKeys))
             return SimperiumChangeSource(configuration: try .init(settings: settings), logger: logger)
@@ -121,6 +134,19 @@ extension PostgresChangeSource.Configuration {
         let maxChanges = try settings.int("max_changes", default: 5000)
         guard maxChanges > 0 else { throw settings.error("max_changes", "must be positive") }
         self.init(dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges)
+    }
+}
+
+extension PostgresChangeSource.Configuration {
+    /// Takes the columns `routes` read, each route's collection being one of the relayed tables.
+    public mutating func route(_ routes: [Route]) throws(RelayError) {
+        for route in routes {
+            guard tables.contains(route.collection) else {
+                throw RelayError(.configuration,
+                    "\(route): \(route.collection) is not a relayed table (\(tables.joined(separator: ", ")))")
+            }
+            routedColumns[route.collection, default: []].formUnion(route.fields.map { $0.path[0] })
+        }
     }
 }
 

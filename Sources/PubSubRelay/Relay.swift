@@ -1,5 +1,6 @@
 import CoreMetrics
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 
 /// The relay loop for one source: read a batch → publish it and wait for the broker's acknowledgement → persist
@@ -13,9 +14,16 @@ public struct Relay: Sendable {
         public var maxRetryDelay: TimeAmount
         /// How often progress (changes/s, lag) is logged while there is a backlog.
         public var progressInterval: TimeAmount
+        /// With routes, over a source that does not give old values: where the routed values of the documents
+        /// last seen are kept (`AudienceMemory`; nil keeps them in memory only), and how many at most.
+        public var audiencePath: String?
+        public var rememberedDocuments: Int
 
         public init(mapping: ChangeMapping = ChangeMapping(), retryDelay: TimeAmount = .milliseconds(200),
-                    maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2)) {
+                    maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2),
+                    audiencePath: String? = nil, rememberedDocuments: Int = 100_000) {
+            self.audiencePath = audiencePath
+            self.rememberedDocuments = rememberedDocuments
             self.mapping = mapping
             self.retryDelay = retryDelay
             self.maxRetryDelay = maxRetryDelay
@@ -29,6 +37,8 @@ public struct Relay: Sendable {
     public var configuration: Configuration
     public var logger: Logger
     let metrics: RelayMetrics
+    /// The routed values of documents last seen, for a source whose changes lack their old values.
+    let memory: AudienceMemory?
 
     public init(source: any ChangeSource, publisher: any Publisher, store: any CheckpointStore,
                 configuration: Configuration = Configuration(), logger: Logger) {
@@ -38,6 +48,9 @@ public struct Relay: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.metrics = RelayMetrics(sourceID: source.sourceID)
+        let needsMemory = !configuration.mapping.routeList.isEmpty && !source.givesPreviousValues
+        self.memory = needsMemory
+            ? AudienceMemory(limit: configuration.rememberedDocuments, path: configuration.audiencePath) : nil
     }
 
     /// Loads the checkpoint and starts the source after it.
@@ -51,6 +64,11 @@ public struct Relay: Sendable {
             "pubsub.relay.source": "\(source.sourceID)",
             "pubsub.relay.checkpoint": "\(checkpoint?.position ?? "none")",
         ])
+        if let memory {
+            try memory.load()
+            logger.info("relay remembers the routed values of \(memory.count) documents", metadata: [
+                "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.limit": "\(memory.limit)"])
+        }
         try await source.start(after: checkpoint?.position)
     }
 
@@ -71,7 +89,19 @@ public struct Relay: Sendable {
                 "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.reason": "\(resync.reason)",
             ])
         }
-        let messages = batch.changes.map { configuration.mapping.message(for: $0, sourceID: source.sourceID) }
+        var messages: [RelayMessage] = []
+        messages.reserveCapacity(batch.changes.count)
+        for var change in batch.changes {
+            if let memory, let routes = configuration.mapping.routes[change.collection.joined(separator: ".")] {
+                if change.previous == nil, change.operation == .update || change.operation == .delete {
+                    change.previous = memory.previous(of: change)
+                }
+                memory.remember(change, routes: routes)
+            }
+            let mapped = configuration.mapping.messages(for: change, sourceID: source.sourceID)
+            messages.append(contentsOf: mapped.messages)
+            for unrouted in mapped.unrouted { report(unrouted, change: change) }
+        }
         if !messages.isEmpty {
             var delay = configuration.retryDelay
             while true {
@@ -91,10 +121,30 @@ public struct Relay: Sendable {
                 }
             }
         }
+        try memory?.save()
         try store.save(Checkpoint(sourceID: source.sourceID, position: batch.position))
         try await source.confirm(batch.position)
-        metrics.changes.increment(by: messages.count)
+        metrics.changes.increment(by: batch.changes.count)
+        metrics.messages.increment(by: messages.count)
         return messages.count
+    }
+
+    /// A route that gave a change no channel: counted every time, logged once per collection, route and reason.
+    private func report(_ unrouted: ChangeMapping.Unrouted, change: Change) {
+        metrics.unrouted(unrouted).increment()
+        guard metrics.firstTime(unrouted) else { return }
+        let what: String =
+            switch unrouted.reason {
+            case .null: "a routed field is NULL or missing: the change goes to no channel of this route"
+            case .type: "a routed field is an object or an array (write {field[]} to fan out over an array)"
+            case .empty: "a routed array field is empty: the change has no audience on this route"
+            case .fanOut: "a routed array names more than \(configuration.mapping.maxChannelsPerRoute) channels: none is sent"
+            case .noPrevious: "the previous values of an update or delete are unknown: its old audience is not told"
+            }
+        logger.warning("relay: \(what) (logged once per route and reason; counted in pubsub_relay_unrouted_total)", metadata: [
+            "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.route": "\(unrouted.route)",
+            "pubsub.relay.reason": "\(unrouted.reason.rawValue)", "pubsub.relay.id": "\(change.id ?? "")",
+        ])
     }
 
     /// Runs until cancelled or a non-retryable error; logs progress while catching up. With a source that
@@ -158,6 +208,10 @@ struct RelayMetrics: Sendable {
     let resyncs: Counter
     /// Publish attempts that failed and were retried.
     let publishFailures: Counter
+    /// Messages published and acknowledged (a routed change gives one per channel of its audience).
+    let messages: Counter
+    /// The routes already logged as unroutable, by reason: each is logged once.
+    private let logged = NIOLockedValueBox(Set<ChangeMapping.Unrouted>())
 
     init(sourceID: String) {
         self.sourceID = sourceID
@@ -165,6 +219,20 @@ struct RelayMetrics: Sendable {
         changes = Counter(label: "pubsub_relay_changes_total", dimensions: dimensions)
         resyncs = Counter(label: "pubsub_relay_resyncs_total", dimensions: dimensions)
         publishFailures = Counter(label: "pubsub_relay_publish_failures_total", dimensions: dimensions)
+        messages = Counter(label: "pubsub_relay_messages_total", dimensions: dimensions)
+    }
+
+    /// Changes a route gave no channel, by collection, route and reason.
+    func unrouted(_ unrouted: ChangeMapping.Unrouted) -> Counter {
+        Counter(label: "pubsub_relay_unrouted_total", dimensions: [
+            ("source", sourceID), ("collection", unrouted.route.collection), ("route", unrouted.route.template),
+            ("reason", unrouted.reason.rawValue),
+        ])
+    }
+
+    /// Whether `unrouted` is seen for the first time (then it is logged).
+    func firstTime(_ unrouted: ChangeMapping.Unrouted) -> Bool {
+        logged.withLockedValue { $0.insert(unrouted).inserted }
     }
 
     /// How far behind the feed's head the source was at the last progress line, in the source's unit.

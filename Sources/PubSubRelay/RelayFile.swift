@@ -23,8 +23,10 @@ import NIOCore
 /// }
 /// ```
 ///
-/// `url` and `secret` are for the standalone relay only (flags and `PUBSUB_URL`/`PUBSUB_SECRET` override them).
-/// Every feed takes `name`, `source`, `checkpoint` (required, one file per feed), `prefix` (default `/changes`),
+/// `url`, `secret` and `token` (a JWT) are for the standalone relay only (flags and `PUBSUB_URL`/`PUBSUB_SECRET`/
+/// `PUBSUB_TOKEN` override them). Every feed takes `name`, `source`, `checkpoint` (required, one file per feed),
+/// `route` (routes to the audience, `"public.notes=/users/{owner_id}/notes"`, one or an array), `prefix` (default
+/// `/changes`),
 /// `include_doc`, `batch_size` (messages per publish, default 100), `poll_interval` (seconds between polls of an
 /// idle source, default 0.1), and the settings of its source: the long options of `pubsub relay <source>` in
 /// snake_case. Unknown settings are refused.
@@ -37,20 +39,24 @@ public struct RelayFile: Sendable {
         public var mapping: ChangeMapping
         public var batchSize: Int
         public var pollInterval: TimeAmount
+        /// `route_memory`: documents whose routed values are remembered (document sources with routes).
+        public var rememberedDocuments: Int = 100_000
 
         /// A new source for this feed (not connected yet); called again when the feed is restarted after an error.
         public func makeSource(logger: Logger) throws -> any ChangeSource {
-            try kind.makeSource(settings, logger: logger)
+            try kind.makeSource(settings, routes: mapping.routeList, logger: logger)
         }
     }
 
     public var url: String?
     public var secret: String?
+    /// A JWT the standalone relay publishes with (`ext.token`), for a broker that takes JWTs only.
+    public var token: String?
     public var feeds: [Feed]
 
     /// Reads and checks the file; every source is built once, so a bad setting is reported before anything runs.
     public init(path: String, logger: Logger) throws {
-        let bytes = try Self.contents(of: path)
+        let bytes = try Self.contents(of: path) ?? []
         let value: JSONValue
         do {
             value = try JSONParser().parse(bytes)
@@ -67,9 +73,10 @@ public struct RelayFile: Sendable {
     public init(json value: JSONValue, logger: Logger) throws {
         guard let object = value.objectValue else { throw RelayError(.configuration, "expected a JSON object") }
         let top = FeedSettings(object, context: "relay")
-        try top.rejectUnknown(["url", "secret", "feeds"])
+        try top.rejectUnknown(["url", "secret", "token", "feeds"])
         url = try top.optionalString("url")
         secret = try top.optionalString("secret")
+        token = try top.optionalString("token")
         guard let list = object["feeds"]?.arrayValue, !list.isEmpty else {
             throw RelayError(.configuration, "feeds: expected a non-empty array of feeds")
         }
@@ -102,18 +109,31 @@ public struct RelayFile: Sendable {
             guard batchSize > 0 else { throw settings.error("batch_size", "must be positive") }
             let poll = try settings.double("poll_interval", default: 0.1)
             guard poll > 0 && poll <= 3600 else { throw settings.error("poll_interval", "must be above 0 seconds") }
-            let feed = Feed(
+            var routes: [Route] = []
+            for text in try settings.strings("route") {
+                do {
+                    routes.append(try Route(parsing: text))
+                } catch {
+                    throw settings.error("route", error.message)
+                }
+            }
+            let remembered = try settings.int("route_memory", default: 100_000)
+            guard remembered > 0 else { throw settings.error("route_memory", "must be positive") }
+            var feed = Feed(
                 name: name, kind: kind, settings: settings, checkpoint: checkpoint,
-                mapping: ChangeMapping(prefix: prefix, includeDocument: try settings.bool("include_doc", default: false)),
+                mapping: ChangeMapping(
+                    prefix: prefix, includeDocument: try settings.bool("include_doc", default: false), routes: routes),
                 batchSize: batchSize, pollInterval: .nanoseconds(Int64(poll * 1e9)))
+            feed.rememberedDocuments = remembered
             _ = try feed.makeSource(logger: logger)  // checks the source's settings; nothing connects yet
             feeds.append(feed)
         }
         self.feeds = feeds
     }
 
-    static func contents(of path: String) throws -> [UInt8] {
+    static func contents(of path: String, limit: Int = 4 << 20, missingIsNil: Bool = false) throws -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 && errno == ENOENT && missingIsNil { return nil }
         if fd < 0 { throw RelayError(.configuration, "cannot read \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         var bytes: [UInt8] = []
@@ -126,7 +146,7 @@ public struct RelayFile: Sendable {
             }
             if n == 0 { return bytes }
             bytes += chunk[0..<n]
-            if bytes.count > 4 << 20 { throw RelayError(.configuration, "\(path) is larger than 4 MiB") }
+            if bytes.count > limit { throw RelayError(.configuration, "\(path) is larger than \(limit >> 20) MiB") }
         }
     }
 }

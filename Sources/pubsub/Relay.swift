@@ -28,6 +28,20 @@ struct RelayOptions: ParsableArguments {
     @Flag(help: "Put the row or document in data.doc.")
     var includeDoc = false
 
+    @Option(help: ArgumentHelp(
+        "Send a collection's changes to the channels of their audience instead: COLLECTION=/channel/{field}, e.g. 'public.notes=/users/{owner_id}/notes'; repeat for several (docs/RELAY.md, routing).",
+        valueName: "route"))
+    var route: [String] = []
+
+    @Option(help: "With --route over CouchDB, Sync Gateway or Simperium: how many documents' routed values are remembered (in <checkpoint>.audience) to route their deletes and moves.")
+    var routeMemory: Int = 100_000
+
+    /// Whether the source must read documents: for data.doc, or because routes read them.
+    var needsDocuments: Bool { includeDoc || !route.isEmpty }
+
+    @Option(help: "A JWT the relay publishes with, sent as ext.token on each publish, for a broker with --jwt-key or --jwt-public-key (PUBSUB_TOKEN; pubsub relay postgres, couchdb and blip also take it as --token).")
+    var brokerToken: String?
+
     @Option(help: "Messages per publish request.")
     var batchSize: Int = 100
 
@@ -40,33 +54,53 @@ struct RelayOptions: ParsableArguments {
         }
         guard !checkpoint.isEmpty else { throw ValidationError("--checkpoint must name a file") }
         guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
+        guard routeMemory > 0 else { throw ValidationError("--route-memory must be positive") }
+        _ = try routes()
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
+    }
+
+    /// The `--route` options, parsed; a bad one is a usage error naming it.
+    func routes() throws -> [Route] {
+        do {
+            return try route.map { text throws(RelayError) in try Route(parsing: text) }
+        } catch {
+            throw ValidationError("--" + error.message)
+        }
+    }
+
+    var mapping: ChangeMapping {
+        get throws { ChangeMapping(prefix: prefix, includeDocument: includeDoc, routes: try routes()) }
     }
 
     func makeLogger() -> Logger {
         RelayLogging.bootstrap(RelayLogging.level(logLevel) ?? .info)
     }
 
-    func makePublisher() throws -> BayeuxPublisher {
+    func makePublisher(token: String?) throws -> BayeuxPublisher {
         let (url, secret) = try client.resolve()
         var configuration = BayeuxClient.Configuration(transport: .longPolling, batchSize: batchSize)
         configuration.trustRoots = client.trustRoots
         do {
-            return BayeuxPublisher(client: try BayeuxClient(url: url, configuration: configuration), secret: secret)
+            return BayeuxPublisher(
+                client: try BayeuxClient(url: url, configuration: configuration), secret: secret,
+                token: token ?? brokerToken ?? Environment.string("PUBSUB_TOKEN"))
         } catch let error as BayeuxClientError {
             throw failure(error)
         }
     }
 
-    /// Runs the relay until SIGINT/SIGTERM; a fatal error prints one line and exits non-zero.
-    func run(source: any ChangeSource, logger: Logger, idle: TimeAmount) async throws {
+    /// Runs the relay until SIGINT/SIGTERM; a fatal error prints one line and exits non-zero (64 for a
+    /// configuration the database refuses, such as a routed table whose replica identity lacks a routed column).
+    func run(source: any ChangeSource, logger: Logger, idle: TimeAmount, token: String? = nil) async throws {
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        let publisher = try makePublisher()
+        let publisher = try makePublisher(token: token)
         let relay = Relay(
             source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
-            configuration: .init(mapping: ChangeMapping(prefix: prefix, includeDocument: includeDoc)), logger: logger)
+            configuration: .init(
+                mapping: try mapping, audiencePath: checkpoint + ".audience", rememberedDocuments: routeMemory),
+            logger: logger)
         let task = Task { try await relay.run(idle: idle) }
         let signals = Task {
             for await _ in signalSequence {
@@ -83,6 +117,8 @@ struct RelayOptions: ParsableArguments {
             return
         case .failure(is CancellationError):
             return
+        case .failure(let error as RelayError) where error.code == .configuration:
+            throw failure("relay stopped: \(error.message)", ExitStatus.usage)
         case .failure(let error):
             throw failure("relay stopped: \(source.describe(error))", ExitStatus.unavailable)
         }
@@ -105,9 +141,16 @@ struct RelayPostgres: AsyncParsableCommand {
             data holds id (the primary key as text), op (insert, update, delete, truncate), seq (the source \
             position), key (the idempotency key), collection, source, txn, and doc with --include-doc.
 
+            With --route 'public.notes=/users/{owner_id}/notes' a table's changes go to the channels of their \
+            audience instead, each value escaped into one segment: an insert to the new row's, a delete to the old \
+            row's, an update to the new row's, and when it moved a row, to the old row's with audience "left" (no \
+            doc) and the new one's with audience "joined". A truncate goes to <prefix>/<schema>/<table>, for \
+            operators. Routed tables need a replica identity that holds the routed columns (REPLICA IDENTITY \
+            FULL): checked at start.
+
             Exit status:
               0   stopped by SIGINT or SIGTERM
-              64  bad arguments
+              64  bad arguments, or a routed table whose replica identity lacks a routed column
               69  the database cannot be reached or refused, or the relay stopped on an error
             """
     )
@@ -129,6 +172,8 @@ struct RelayPostgres: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var jwt: JWTOptions
+
     func validate() throws {
         guard PostgresChangeSource.isValidSlotName(slot) else {
             throw ValidationError("--slot must be lower-case letters, digits and underscores (at most 63)")
@@ -144,15 +189,25 @@ struct RelayPostgres: AsyncParsableCommand {
         } catch {
             throw ValidationError(error.message)
         }
+        _ = try configuration()
+    }
+
+    func configuration() throws -> PostgresChangeSource.Configuration {
+        var configuration = PostgresChangeSource.Configuration(
+            dsn: try PostgresDSN(dsn), slot: slot, tables: table, maxChangesPerPeek: maxChanges)
+        do {
+            try configuration.route(try relay.routes())
+        } catch let error as RelayError {
+            throw ValidationError("--route " + error.message)
+        }
+        return configuration
     }
 
     func run() async throws {
         let logger = relay.makeLogger()
-        let dsn = try PostgresDSN(dsn)
-        let source = PostgresChangeSource(
-            configuration: .init(dsn: dsn, slot: slot, tables: table, maxChangesPerPeek: maxChanges),
-            logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .nanoseconds(Int64(pollInterval * 1e9)))
+        let source = PostgresChangeSource(configuration: try configuration(), logger: logger)
+        try await relay.run(
+            source: source, logger: logger, idle: .nanoseconds(Int64(pollInterval * 1e9)), token: jwt.token)
     }
 }
 
@@ -161,9 +216,16 @@ struct RelayPostgres: AsyncParsableCommand {
 struct BayeuxPublisher: Publisher {
     let client: BayeuxClient
     let secret: String?
+    /// A JWT sent as `ext.token` with every publish.
+    var token: String? = nil
 
     func publish(_ messages: [RelayMessage]) async throws {
-        let ext: JSONObject? = secret.map { ["private_pub_token": .string($0)] }
+        var ext: JSONObject? = secret.map { ["private_pub_token": .string($0)] }
+        if let token {
+            var withToken = ext ?? [:]
+            withToken["token"] = .string(token)
+            ext = withToken
+        }
         let results = try await client.publish(messages.map {
             BayeuxClient.Publication(channel: $0.channel, data: $0.data, ext: ext)
         })

@@ -47,6 +47,8 @@ struct RelayBLIP: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var jwt: JWTOptions
+
     @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
@@ -66,9 +68,9 @@ struct RelayBLIP: AsyncParsableCommand {
         let logger = relay.makeLogger()
         let url = try BLIPURL(sgUrl, username: user, password: password)
         var configuration = BLIPChangeSource.Configuration(url: url, channels: channel, batch: batch,
-                                                           activeOnly: activeOnly, includeDocuments: relay.includeDoc)
+                                                           activeOnly: activeOnly, includeDocuments: relay.needsDocuments)
         configuration.tls = tls
         let source = BLIPChangeSource(configuration: configuration, logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .milliseconds(5))
+        try await relay.run(source: source, logger: logger, idle: .milliseconds(5), token: jwt.token)
     }
 }

@@ -53,6 +53,8 @@ struct RelayCouchDB: AsyncParsableCommand {
 
     @OptionGroup var relay: RelayOptions
 
+    @OptionGroup var jwt: JWTOptions
+
     @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
@@ -79,9 +81,9 @@ struct RelayCouchDB: AsyncParsableCommand {
         var configuration = CouchDBChangeSource.Configuration(
             url: try CouchDBURL(dbURL), feed: CouchDBChangeSource.Feed(rawValue: feed) ?? .continuous,
             heartbeat: .milliseconds(Int64(heartbeat)), filter: filter, channels: channel,
-            includeDocs: relay.includeDoc, initialSince: since, maxBatch: maxBatch)
+            includeDocs: relay.needsDocuments, initialSince: since, maxBatch: maxBatch)
         configuration.tls = tls
         let source = CouchDBChangeSource(configuration: configuration, logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .milliseconds(10))
+        try await relay.run(source: source, logger: logger, idle: .milliseconds(10), token: jwt.token)
     }
 }

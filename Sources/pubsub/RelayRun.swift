@@ -10,9 +10,9 @@ struct RelayRun: AsyncParsableCommand {
         commandName: "run",
         abstract: "Relay several change feeds described in a JSON configuration file.",
         discussion: """
-            The file: {"url": BROKER, "secret": S, "feeds": [{"name", "source", "checkpoint", …}, …]}. Each feed \
-            takes name, source (\(FeedKind.allCases.map(\.rawValue).joined(separator: ", "))), checkpoint (its own \
-            file), prefix, include_doc, batch_size, poll_interval, and its source's settings: the long options of \
+            The file: {"url": BROKER, "secret": S, "token": JWT, "feeds": [{"name", "source", "checkpoint", …}, …]}. \
+            Each feed takes name, source (\(FeedKind.allCases.map(\.rawValue).joined(separator: ", "))), checkpoint \
+            (its own file), route (one or an array of COLLECTION=/channel/{field}), prefix, include_doc, batch_size, poll_interval, and its source's settings: the long options of \
             `pubsub relay <source>` in snake_case (e.g. "dsn", "slot", "table": ["public.notes"]). Unknown settings \
             are refused. --url/--secret and PUBSUB_URL/PUBSUB_SECRET win over the file's url and secret.
 
@@ -35,6 +35,9 @@ struct RelayRun: AsyncParsableCommand {
 
     @Option(help: "The broker's secret token (wins over the file's secret, then PUBSUB_SECRET).")
     var secret: String?
+
+    @Option(help: "A JWT to publish with, sent as ext.token (wins over the file's token, then PUBSUB_TOKEN).")
+    var token: String?
 
     @Option(help: "A PEM file of certificate authorities to trust for an https:// broker instead of the system's (PUBSUB_CA_FILE).")
     var caFile: String?
@@ -66,6 +69,7 @@ struct RelayRun: AsyncParsableCommand {
         }
         let url = self.url ?? relayFile.url ?? Environment.string("PUBSUB_URL") ?? ClientOptions.defaultURL
         let secret = self.secret ?? relayFile.secret ?? Environment.string("PUBSUB_SECRET")
+        let token = self.token ?? relayFile.token ?? Environment.string("PUBSUB_TOKEN")
         var clients: [BayeuxClient] = []
         var runners: [FeedRunner] = []
         for feed in relayFile.feeds {
@@ -78,7 +82,7 @@ struct RelayRun: AsyncParsableCommand {
                 throw failure(error)
             }
             clients.append(client)
-            runners.append(FeedRunner(feed: feed, publisher: BayeuxPublisher(client: client, secret: secret), logger: logger))
+            runners.append(FeedRunner(feed: feed, publisher: BayeuxPublisher(client: client, secret: secret, token: token), logger: logger))
         }
         logger.info("relaying \(runners.count) feed(s) to \(url)")
         let task = Task { await FeedRunner.runAll(runners) }

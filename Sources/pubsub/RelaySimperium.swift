@@ -71,7 +71,7 @@ struct RelaySimperium: AsyncParsableCommand {
         var configuration = SimperiumChangeSource.Configuration(
             url: SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL, appID: appID),
             appID: appID, token: resolvedToken ?? "", bucket: bucket, indexPageSize: indexPage,
-            batchSize: relay.batchSize, includeDocuments: relay.includeDoc, heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
+            batchSize: relay.batchSize, includeDocuments: relay.needsDocuments, heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
             heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         configuration.tls = tls
         let source = SimperiumChangeSource(configuration: configuration, logger: logger)

@@ -19,7 +19,7 @@ extension BLIPChangeSource.Configuration {
         let batch = try settings.int("batch", default: 200)
         guard batch > 0 else { throw settings.error("batch", "must be positive") }
         self.init(url: url, channels: channels, batch: batch, activeOnly: try settings.bool("active_only", default: false),
-                  includeDocuments: try settings.bool("include_doc", default: false))
+                  includeDocuments: try settings.needsDocuments)
         tls = try FeedTLS(settings: settings)
     }
 }

@@ -26,7 +26,7 @@ extension CouchDBChangeSource.Configuration {
         guard maxBatch > 0 else { throw settings.error("max_batch", "must be positive") }
         self.init(url: url, feed: feed, heartbeat: .milliseconds(Int64(heartbeat)),
                   filter: try settings.optionalString("filter"), channels: try settings.strings("channel"),
-                  includeDocs: try settings.bool("include_doc", default: false), initialSince: since,
+                  includeDocs: try settings.needsDocuments, initialSince: since,
                   maxBatch: maxBatch)
         tls = try FeedTLS(settings: settings)
     }

@@ -21,8 +21,14 @@ public actor PostgresChangeSource: ChangeSource {
         /// The longest wait for one query's answer before the connection is taken as lost.
         public var queryTimeout: TimeAmount
 
+        /// The columns each table's routes read (`public.notes` → `owner_id`): checked at start against the
+        /// table's replica identity, so that an update that moves a row and a delete can name their old audience.
+        public var routedColumns: [String: Set<String>]
+
         public init(dsn: PostgresDSN, slot: String, tables: [String], maxChangesPerPeek: Int = 5000,
-                    connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30)) {
+                    connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30),
+                    routedColumns: [String: Set<String>] = [:]) {
+            self.routedColumns = routedColumns
             self.dsn = dsn
             self.slot = slot
             self.tables = tables
@@ -34,7 +40,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     public nonisolated let sourceID: String
     public let configuration: Configuration
-    private let logger: Logger
+    let logger: Logger
     private let eventLoopGroup: any EventLoopGroup
     private var connection: PostgresConnection?
     private var assembler = Wal2JSONAssembler(after: LSN(0))
@@ -84,6 +90,10 @@ public actor PostgresChangeSource: ChangeSource {
     /// p50 15.3 ms without.
     public nonisolated var readsAhead: Bool { false }
 
+    /// Updates and deletes carry the old row as far as the replica identity holds it (checked at start for the
+    /// routed columns).
+    public nonisolated var givesPreviousValues: Bool { true }
+
     public func start(after position: String?) async throws {
         if let position {
             guard let lsn = LSN(position) else {
@@ -100,6 +110,7 @@ public actor PostgresChangeSource: ChangeSource {
         let checkpoint = relayed
         let connection = try await connect()
         self.connection = connection
+        let identities = try await replicaIdentities(connection)
 
         var slot = try await readSlot(connection)
         var lostReason: String?
@@ -146,6 +157,7 @@ public actor PostgresChangeSource: ChangeSource {
             startResync(reason: lostReason, checkpoint: slot.confirmed, end: slot.confirmed)
         }
         assembler = Wal2JSONAssembler(after: max(checkpoint ?? LSN(0), confirmed))
+        assembler.identityColumns = identities
     }
 
     private func startResync(reason: String, checkpoint: LSN, end: LSN) {
@@ -188,9 +200,11 @@ public actor PostgresChangeSource: ChangeSource {
                     operation: .update, schema: parts[0], table: parts[1],
                     columns: object.entries.map { Wal2JSONRecord.Column(name: $0.key, value: $0.value) },
                     identity: [], primaryKey: primaryKey)
+                // A resync tells each row's audience of today only (`previous` is the row itself): whoever lost a
+                // row during the gap learns it from its own full sync.
                 changes.append(Change(
                     collection: parts, id: row.id, operation: .update, seq: state.end.description + ":resync",
-                    document: row.document, extra: ["resync": .bool(true)]))
+                    document: row.document, extra: ["resync": .bool(true)], previous: row.document))
             }
             if rows.count < pageSize {
                 state.tables.removeFirst()

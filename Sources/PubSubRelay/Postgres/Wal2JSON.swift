@@ -113,6 +113,15 @@ extension Wal2JSONRecord.RowChange {
         return JSONValue.array(values).jsonString
     }
 
+    /// The old row's values as far as its replica identity holds them (update, delete): every column with
+    /// `REPLICA IDENTITY FULL`, the key's otherwise; nil for an insert or when wal2json gave none.
+    public var previous: JSONObject? {
+        guard operation != .insert, !identity.isEmpty else { return nil }
+        var object = JSONObject()
+        for column in identity { object[column.name] = column.value }
+        return object
+    }
+
     /// The row as an object: the new row for insert/update, the old identity for delete.
     public var document: JSONObject {
         var object = JSONObject()
@@ -129,6 +138,10 @@ public struct Wal2JSONAssembler: Sendable {
     private var xid: String?
     private var inTransaction = false
     private var index = 0
+    /// Each table's replica identity columns (`public.notes` → `["id"]`), or nil for `REPLICA IDENTITY FULL`.
+    /// wal2json gives an update's old identity only when it changed; when it did not, those columns' old values
+    /// are the new ones, and `previous` is made of them.
+    public var identityColumns: [String: [String]?] = [:]
 
     public init(after: LSN) { self.after = after }
 
@@ -158,9 +171,15 @@ public struct Wal2JSONAssembler: Sendable {
             return ChangeBatch(changes: changes, position: end.description)
         case .row(let row):
             index += 1
+            var previous = row.previous
+            if previous == nil, row.operation == .update, case let columns?? = identityColumns[row.schema + "." + row.table] {
+                var unchanged = JSONObject()
+                for column in row.columns where columns.contains(column.name) { unchanged[column.name] = column.value }
+                previous = unchanged
+            }
             pending.append(Change(
                 collection: [row.schema, row.table], id: row.id, operation: row.operation, seq: String(index),
-                document: row.document))
+                document: row.document, previous: previous))
             return nil
         case .truncate(let schema, let table):
             index += 1

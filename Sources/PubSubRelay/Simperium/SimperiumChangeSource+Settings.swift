@@ -30,7 +30,7 @@ extension SimperiumChangeSource.Configuration {
         }
         let batchSize = try settings.int("batch_size", default: 100)
         self.init(url: url, appID: appID, token: token, bucket: bucket, indexPageSize: indexPage,
-                  batchSize: max(1, batchSize), includeDocuments: try settings.bool("include_doc", default: false),
+                  batchSize: max(1, batchSize), includeDocuments: try settings.needsDocuments,
                   heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
                   heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         tls = try FeedTLS(settings: settings)

@@ -321,6 +321,8 @@ final class SimperiumSession: Sendable {
         var resync: Resync?
         /// The version asked for with `cv`.
         var requested: String?
+        /// `{user}` in routes: the user the server authenticated the token as.
+        var variables: [String: String] = [:]
         let startPosition = resumeFrom ?? ""
         /// Entries waiting, in feed order, for the document (`e:<id>.<v>` asked, key `<id>.<v>`) of themselves or
         /// of an entry before them.
@@ -383,6 +385,7 @@ final class SimperiumSession: Sendable {
             case .authenticated(let user):
                 guard phase == .authenticating else { throw RelayError(.simperiumProtocol, "unexpected auth reply") }
                 activity.withLockedValue { $0.authenticated = true }
+                variables = ["user": user]
                 logger.debug("simperium: authenticated", metadata: ["pubsub.relay.user": "\(user)"])
                 onAuthenticated()
                 if let cv = resumeFrom, !cv.isEmpty {
@@ -415,7 +418,7 @@ final class SimperiumSession: Sendable {
                 for (offset, entry) in page.entries.enumerated() {
                     let change = Change(
                         collection: [bucket], id: entry.id, operation: .update, seq: "ev:\(entry.version)",
-                        extra: ["rev": .number(String(entry.version)), "resync": true])
+                        extra: ["rev": .number(String(entry.version)), "resync": true], variables: variables)
                     let position = last && offset == page.entries.count - 1 ? current : startPosition
                     try await enqueue(SimperiumEntry(change: change, position: position, resync: resync),
                                       version: entry.version)
@@ -443,7 +446,7 @@ final class SimperiumSession: Sendable {
                     if let version = change.endVersion { extra["rev"] = .number(String(version)) }
                     try await enqueue(SimperiumEntry(
                         change: Change(collection: [bucket], id: change.id, operation: change.changeOperation,
-                                       seq: change.cv, extra: extra),
+                                       seq: change.cv, extra: extra, variables: variables),
                         position: change.cv), version: change.endVersion)
                 }
 

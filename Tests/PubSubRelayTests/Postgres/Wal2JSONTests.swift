@@ -97,6 +97,53 @@ import Testing
         #expect(batch.changes[1].id == nil)
     }
 
+    /// An update's and a delete's old values, for routes: the identity wal2json gave; when it gave none (the key
+    /// did not change), the identity columns' new values, which are then the old ones too.
+    @Test func previousValuesOfUpdatesAndDeletes() throws {
+        guard case .row(let update) = try Wal2JSONRecord.parse(Self.update),
+              case .row(let delete) = try Wal2JSONRecord.parse(Self.delete),
+              case .row(let insert) = try Wal2JSONRecord.parse(Self.insertN1)
+        else { Issue.record("not rows"); return }
+        #expect(update.previous == ["id": "n1"])
+        #expect(delete.previous == ["id": "n2", "body": "world"])
+        #expect(insert.previous == nil)
+
+        let noIdentity = #"{"action":"U","schema":"public","table":"notes","columns":[{"name":"id","type":"text","value":"n1"},{"name":"owner","type":"text","value":"a"}]}"#
+        var assembler = Wal2JSONAssembler(after: LSN(0))
+        assembler.identityColumns = ["public.notes": ["id", "owner"]]
+        _ = try assembler.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1}"#)
+        _ = try assembler.feed(lsn: LSN("0/1")!, data: noIdentity)
+        let batch = try #require(try assembler.feed(lsn: LSN("0/2")!, data: #"{"action":"C","xid":1,"nextlsn":"0/2"}"#))
+        #expect(batch.changes[0].previous == ["id": "n1", "owner": "a"])
+
+        var full = Wal2JSONAssembler(after: LSN(0))
+        let everyColumn: [String]? = nil  // REPLICA IDENTITY FULL
+        full.identityColumns = ["public.notes": everyColumn]
+        _ = try full.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1}"#)
+        _ = try full.feed(lsn: LSN("0/1")!, data: noIdentity)
+        let unknown = try #require(try full.feed(lsn: LSN("0/2")!, data: #"{"action":"C","xid":1,"nextlsn":"0/2"}"#))
+        #expect(unknown.changes[0].previous == nil)
+    }
+
+    /// The start check: routed columns must be in the table and in its replica identity, else one line that names
+    /// the table, the columns and the SQL that fixes it.
+    @Test func replicaIdentityProblems() {
+        typealias Identity = PostgresChangeSource.ReplicaIdentity
+        let byKey = Identity(kind: "d", columns: ["id", "owner_id", "body"], identity: ["id"])
+        let problem = byKey.problem(table: "public.notes", routed: ["owner_id"])
+        #expect(problem?.contains("public.notes") == true && problem?.contains("owner_id") == true)
+        #expect(problem?.contains("ALTER TABLE public.notes REPLICA IDENTITY FULL") == true)
+        #expect(problem?.contains("the primary key (id)") == true)
+        #expect(byKey.problem(table: "public.notes", routed: ["id"]) == nil)
+        #expect(Identity(kind: "f", columns: ["id", "owner_id"], identity: ["id", "owner_id"])
+            .problem(table: "public.notes", routed: ["owner_id"]) == nil)
+        #expect(Identity(kind: "n", columns: ["id", "owner_id"], identity: [])
+            .problem(table: "public.notes", routed: ["owner_id"])?.contains("NOTHING") == true)
+        #expect(Identity(kind: "i", columns: ["id", "owner_id"], identity: ["owner_id"])
+            .problem(table: "public.notes", routed: ["owner_id"]) == nil)
+        #expect(byKey.problem(table: "public.notes", routed: ["ownr"])?.contains("has no column ownr") == true)
+    }
+
     @Test func dsn() throws {
         let tcp = try PostgresDSN("postgres://relay:p%40ss@127.0.0.1:55432/app")
         #expect(tcp.user == "relay" && tcp.password == "p@ss" && tcp.host == "127.0.0.1" && tcp.port == 55432)
