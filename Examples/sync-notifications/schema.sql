@@ -1,30 +1,17 @@
--- The table the page mirrors, and a trigger that announces every change with NOTIFY.
-CREATE TABLE IF NOT EXISTS orders (
+-- The notes of several users, one table. The relay reads its changes from the WAL: no trigger, no NOTIFY.
+CREATE TABLE IF NOT EXISTS public.notes (
   id         serial PRIMARY KEY,
-  customer   text NOT NULL,
-  item       text NOT NULL,
-  status     text NOT NULL DEFAULT 'new',
+  owner_id   text NOT NULL,
+  body       text NOT NULL,
   updated_at timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE OR REPLACE FUNCTION orders_notify() RETURNS trigger AS $$
-DECLARE
-  changed orders;
-BEGIN
-  IF TG_OP = 'DELETE' THEN changed := OLD; ELSE changed := NEW; END IF;
-  PERFORM pg_notify('orders_changes', json_build_object(
-    'op', lower(TG_OP),
-    'id', changed.id,
-    'row', CASE WHEN TG_OP = 'DELETE' THEN NULL ELSE row_to_json(changed) END
-  )::text);
-  RETURN NULL;
-END;
-$$ LANGUAGE plpgsql;
+-- The WAL record of an update or a delete then carries the whole old row, owner_id included: the relay needs the
+-- old owner to tell the user a row left (a moving update) or was deleted. It refuses a routed table without it.
+ALTER TABLE public.notes REPLICA IDENTITY FULL;
 
-DROP TRIGGER IF EXISTS orders_notify ON orders;
-CREATE TRIGGER orders_notify AFTER INSERT OR UPDATE OR DELETE ON orders
-  FOR EACH ROW EXECUTE FUNCTION orders_notify();
-
-INSERT INTO orders (customer, item, status)
-SELECT * FROM (VALUES ('Ada', 'Keyboard', 'shipped'), ('Grace', 'Monitor', 'packing'), ('Linus', 'Laptop', 'new')) AS v
-WHERE NOT EXISTS (SELECT 1 FROM orders);
+INSERT INTO public.notes (owner_id, body)
+SELECT * FROM (VALUES ('alice', 'Book the train to Lyon'), ('alice', 'Draft the quarterly plan'),
+                      ('bob', 'Call the plumber'), ('bob', 'Return the library books'),
+                      ('carol', 'Water the plants')) AS v
+WHERE NOT EXISTS (SELECT 1 FROM public.notes);

@@ -1,4 +1,6 @@
-"""Changes rows now and then, as the rest of an application would: new orders, status updates, deletions.
+"""Changes notes now and then, as the rest of an application would: new notes, edits, deletions, and notes handed
+over to another user (an UPDATE of owner_id, which the relay sends as "left" to the old owner and "joined" to the
+new one).
 
   python3 simulate.py [--every SECONDS] [--count N]
 """
@@ -10,23 +12,32 @@ import time
 
 import psycopg
 
-CUSTOMERS = ["Ada", "Grace", "Linus", "Barbara", "Ken", "Margaret", "Dennis", "Frances"]
-ITEMS = ["Keyboard", "Monitor", "Laptop", "Mouse", "Dock", "Headset", "Webcam", "Chair"]
-NEXT = {"new": "packing", "packing": "shipped", "shipped": "delivered"}
+USERS = ["alice", "bob", "carol"]
+BODIES = ["Book the dentist", "Renew the passport", "Buy oat milk", "Fix the bike light", "Send the invoice",
+          "Plan the offsite", "Reply to Grace", "Back up the laptop", "Order a new chair", "Read the RFC"]
+EDITS = ["(done)", "(tomorrow)", "(urgent)", "(waiting)", "(half done)"]
 
 
 def step(conn):
-    rows = conn.execute("SELECT id, status FROM orders ORDER BY id").fetchall()
-    movable = [(i, s) for i, s in rows if s in NEXT]
+    """One change, in its own transaction; returns a line saying what it did."""
+    rows = conn.execute("SELECT id, owner_id, body FROM public.notes ORDER BY id").fetchall()
     roll = random.random()
-    if not rows or roll < 0.4:
-        conn.execute("INSERT INTO orders (customer, item) VALUES (%s, %s)",
-                     (random.choice(CUSTOMERS), random.choice(ITEMS)))
-    elif movable and roll < 0.9:
-        order, status = random.choice(movable)
-        conn.execute("UPDATE orders SET status = %s, updated_at = now() WHERE id = %s", (NEXT[status], order))
-    else:
-        conn.execute("DELETE FROM orders WHERE id = %s", (random.choice(rows)[0],))
+    if len(rows) < 3 or roll < 0.35:
+        owner, body = random.choice(USERS), random.choice(BODIES)
+        (note,) = conn.execute("INSERT INTO public.notes (owner_id, body) VALUES (%s, %s) RETURNING id",
+                               (owner, body)).fetchone()
+        return f"insert #{note} for {owner}"
+    note, owner, body = random.choice(rows)
+    if roll < 0.65:
+        body = body.split(" (")[0] + " " + random.choice(EDITS)
+        conn.execute("UPDATE public.notes SET body = %s, updated_at = now() WHERE id = %s", (body, note))
+        return f"update #{note} of {owner}"
+    if roll < 0.85:
+        new_owner = random.choice([u for u in USERS if u != owner])
+        conn.execute("UPDATE public.notes SET owner_id = %s, updated_at = now() WHERE id = %s", (new_owner, note))
+        return f"move #{note} from {owner} to {new_owner}"
+    conn.execute("DELETE FROM public.notes WHERE id = %s", (note,))
+    return f"delete #{note} of {owner}"
 
 
 def main():
@@ -38,8 +49,9 @@ def main():
         done = 0
         while args.count == 0 or done < args.count:
             time.sleep(args.every)
-            step(conn)
+            print(f"simulate: {step(conn)}", flush=True)
             done += 1
+    print(f"simulate: done, {done} changes", flush=True)
 
 
 if __name__ == "__main__":
