@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Memory per long-poll connect over Redis Cluster shards, for several broker binaries in one session: one real
+3-master Redis Cluster, then for each run a broker (`--engine redis --redis-cluster … --redis-shards N`) with
+`--clients` long-polling clients, each on a channel of its own first segment (so spread over every shard), each
+`/meta/connect` parked and woken by a publish; the broker's VmRSS after `--warmup` connects and after
+`--connects` more, and its descriptors before the clients and after they disconnected. Prints a Markdown table.
+
+    python3 Tests/soak/measure_shards.py --run before=/tmp/pubsub-before-leakfix:3 \\
+        --run after=/tmp/pubsub-after-leakfix:3 --run after=/tmp/pubsub-after-leakfix:1
+
+Not collected by pytest (no test_ prefix). The figures are in docs/BENCHMARKS-cluster.md.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+# soakkit and the test support package (Tests/pubsubtest) are found on PYTHONPATH, as pytest.ini's `pythonpath`
+# gives Tests/ to pytest: run again with both folders on it.
+if not {TESTS, HERE} <= set(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, HERE, os.environ.get("PYTHONPATH")]))
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+
+from soakkit import Backends, soak  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="append", required=True, metavar="LABEL=BINARY:SHARDS",
+                        help="a broker binary and its --redis-shards (1 or 3); repeatable, run in this order")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--connects", type=int, default=10000)
+    parser.add_argument("--transport", default="long-polling")
+    a = parser.parse_args()
+    rows = []
+    started = time.monotonic()
+    with Backends() as backends:
+        for run in a.run:
+            label, _, rest = run.partition("=")
+            binary, _, shards = rest.rpartition(":")
+            r = soak(backends, f"cluster-{shards}", a.transport, clients=a.clients, warmup=a.warmup,
+                     connects=a.connects, binary=binary, progress=lambda m: print(m, file=sys.stderr, flush=True))
+            print(r.describe(), file=sys.stderr, flush=True)
+            print("  RSS after warm-up +KiB by connects:", r.curve(), file=sys.stderr, flush=True)
+            rows.append((label, binary, shards, r))
+    print(f"\n{a.clients} {a.transport} clients, {a.warmup} warm-up connects, then {a.connects} measured; "
+          f"{time.monotonic() - started:.0f} s in all\n")
+    print("| broker | --redis-shards | RSS after warm-up → end (MiB) | bytes per connect (end − warm-up; slope) "
+          "| connects/s | fds before clients → with them → after they left |")
+    print("|---|---|---|---|---|---|")
+    for label, binary, shards, r in rows:
+        print(f"| {label} (`{binary}`) | {shards} | {r.rss_warm / 2**20:.1f} → {r.rss_end / 2**20:.1f} "
+              f"| **{r.bytes_per_connect:,.0f}**; {r.slope:,.0f} | {r.measured / r.seconds:.0f} "
+              f"| {r.fds_baseline} → {r.fds_busy} → {r.fds_after} |")
+
+
+if __name__ == "__main__":
+    main()
