@@ -35,6 +35,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--connects", type=int, default=10000)
     parser.add_argument("--transport", default="long-polling")
+    parser.add_argument("--session-connects", type=int, default=10**9,
+                        help="connects per session before a client starts a new one (default: one session each)")
     a = parser.parse_args()
     rows = []
     started = time.monotonic()
@@ -43,12 +45,14 @@ def main():
             label, _, rest = run.partition("=")
             binary, _, shards = rest.rpartition(":")
             r = soak(backends, f"cluster-{shards}", a.transport, clients=a.clients, warmup=a.warmup,
-                     connects=a.connects, binary=binary, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     connects=a.connects, session_connects=a.session_connects, binary=binary,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
             print(r.describe(), file=sys.stderr, flush=True)
             print("  RSS after warm-up +KiB by connects:", r.curve(), file=sys.stderr, flush=True)
             rows.append((label, binary, shards, r))
-    print(f"\n{a.clients} {a.transport} clients, {a.warmup} warm-up connects, then {a.connects} measured; "
-          f"{time.monotonic() - started:.0f} s in all\n")
+    sessions = "one session each" if a.session_connects >= 10**9 else f"a new session every {a.session_connects}"
+    print(f"\n{a.clients} {a.transport} clients ({sessions}), {a.warmup} warm-up connects, then {a.connects} "
+          f"measured; {time.monotonic() - started:.0f} s in all\n")
     print("| broker | --redis-shards | RSS after warm-up → end (MiB) | bytes per connect (end − warm-up; slope) "
           "| connects/s | fds before clients → with them → after they left |")
     print("|---|---|---|---|---|---|")
