@@ -33,7 +33,8 @@ final class ServerShared: Sendable {
         self.operations = operations
         self.api = ServerAPI(
             key: configuration.apiKey, broker: broker, rates: APIRates(), nodeID: ServerAPI.makeNodeID(),
-            startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors)
+            startedAt: .now(), maxJSONDepth: configuration.maxJSONDepth, errors: operations.metrics.recentErrors,
+            metrics: operations.metrics)
         self.guardSettings = ConnectionGuardSettings(
             timeouts: configuration.timeouts, pingInterval: configuration.pingInterval, logger: logger, loops: loops)
     }

@@ -20,7 +20,7 @@ struct OperationsOptions: ParsableArguments {
     @Option(help: "Seconds of the publish limit window; the budget refills over it (PUBSUB_PUBLISH_LIMIT_WINDOW).")
     var publishLimitWindow: Double?
     @Flag(
-        help: "Behind a reverse proxy: the per-IP limit uses the last X-Forwarded-For address (PUBSUB_TRUST_FORWARDED_FOR=1).")
+        help: "Behind a reverse proxy: the per-IP limits (publishes, failed /api keys) use the last X-Forwarded-For address (PUBSUB_TRUST_FORWARDED_FOR=1).")
     var trustForwardedFor = false
     @Option(help: "Serve /metrics, /healthz and /readyz on this port instead of the main one (PUBSUB_METRICS_PORT).")
     var metricsPort: Int?

@@ -62,6 +62,25 @@ def test_missing_or_wrong_key_is_401_and_never_echoed(api_broker):
     assert "Access-Control-Allow-Origin" not in r.headers and "Access-Control-Allow-Headers" not in r.headers
 
 
+def test_repeated_wrong_keys_from_one_address_get_429_until_the_minute_ends():
+    """A key cannot be guessed at wire speed: the 11th try from one address within a minute is answered 429 with
+    Retry-After, right key or not; another address (behind a trusted proxy) is unaffected; both are counted."""
+    with APIBroker(extra_args=("--trust-forwarded-for",), timeout=5) as b:
+        guesser = {"X-Forwarded-For": "203.0.113.7"}
+        for k in range(10):
+            r = b.api("GET", "info", key=f"guess-{k:032d}", headers=guesser)
+            assert r.status_code == 401, (k, r.status_code)
+        for key in ("guess-next-000000000000000000000", b.key):
+            r = b.api("GET", "info", key=key, headers=guesser)
+            assert r.status_code == 429, (key, r.status_code, r.text)
+            assert r.json()["error"] and b.key not in r.text
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+        assert b.api("GET", "info", headers={"X-Forwarded-For": "198.51.100.1"}).status_code == 200
+        metrics = requests.get(f"{b.base}/metrics", timeout=5).text
+        assert 'pubsub_api_auth_refused_total{reason="wrong_key"} 10' in metrics, metrics
+        assert 'pubsub_api_auth_refused_total{reason="throttled"} 2' in metrics
+
+
 def test_short_key_is_refused_on_the_command_line():
     from pubsubtest.broker import pubsub_bin
     import subprocess

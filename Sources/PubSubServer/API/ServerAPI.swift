@@ -2,6 +2,7 @@ import Bayeux
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import Prometheus
 import PubSubCore
 
 /// The server API (`/api/*`) and the dashboard page (`/admin`): another transport of the same server, served on
@@ -21,13 +22,43 @@ struct ServerAPI: Sendable {
     let startedAt: NIODeadline
     let maxJSONDepth: Int
     let errors: RecentErrors
+    /// Failed authentications by address (`APIAuthFailures`), and what they are counted in.
+    let authFailures: NIOLockedValueBox<APIAuthFailures>
+    let metrics: ServerMetrics?
 
-    /// Answers `/api/<call>`; the body has been read (and bounded) by the transport.
-    func respond(call: String, head: HTTPRequestHead, body: ByteBuffer?, on loop: any EventLoop)
+    init(
+        key: String?, broker: Broker, rates: APIRates, nodeID: String, startedAt: NIODeadline, maxJSONDepth: Int,
+        errors: RecentErrors, authFailures: APIAuthFailures.Settings = .init(), metrics: ServerMetrics? = nil
+    ) {
+        self.key = key
+        self.broker = broker
+        self.rates = rates
+        self.nodeID = nodeID
+        self.startedAt = startedAt
+        self.maxJSONDepth = maxJSONDepth
+        self.errors = errors
+        self.authFailures = NIOLockedValueBox(APIAuthFailures(settings: authFailures))
+        self.metrics = metrics
+    }
+
+    /// Answers `/api/<call>`; the body has been read (and bounded) by the transport. `address` is the client's
+    /// (the last `X-Forwarded-For` hop behind a trusted proxy), for the bound on failed authentications.
+    func respond(call: String, head: HTTPRequestHead, body: ByteBuffer?, address: String?, on loop: any EventLoop)
         -> EventLoopFuture<Response>
     {
         guard let key else { return loop.makeSucceededFuture(Self.notFound) }
+        let now = NIODeadline.now()
+        let address = address ?? "?"
+        if case .throttled(let retryAfter) = authFailures.withLockedValue({ $0.check(address, now: now) }) {
+            metrics?.apiAuthThrottled.increment()
+            var response = Self.error(
+                .tooManyRequests, "too many failed API authentications from this address: retry in \(retryAfter) s")
+            response.headers.add(name: "Retry-After", value: String(retryAfter))
+            return loop.makeSucceededFuture(response)
+        }
         guard Self.authorized(head.headers, key: key) else {
+            authFailures.withLockedValue { $0.failed(address, now: now) }
+            metrics?.apiAuthFailures.increment()
             var response = Self.error(.unauthorized, "missing or wrong API key (Authorization: apikey KEY)")
             response.headers.add(name: "WWW-Authenticate", value: "apikey")
             return loop.makeSucceededFuture(response)

@@ -225,7 +225,12 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
                 let r = ServerAPI.error(.payloadTooLarge, "request body too large")
                 response = context.eventLoop.makeSucceededFuture((r.status, r.headers, r.body))
             } else if case .api(let call) = route {
-                response = shared.api.respond(call: call, head: head, body: body, on: context.eventLoop).map {
+                let address = HTTPHandler.clientAddress(
+                    head, remoteAddress: context.channel.remoteAddress?.ipAddress,
+                    trustForwardedFor: shared.operations.configuration.trustForwardedFor)
+                response = shared.api.respond(
+                    call: call, head: head, body: body, address: address, on: context.eventLoop
+                ).map {
                     ($0.status, $0.headers, $0.body)
                 }
             } else if case .admin = route {

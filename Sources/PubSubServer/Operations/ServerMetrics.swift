@@ -116,6 +116,9 @@ final class ServerMetrics: Sendable {
     let tlsNotAfter: Gauge
     let tlsReloads: Counter
     let tlsReloadFailures: Counter
+    /// `/api` requests without the right key, and those answered 429 for too many of them from one address.
+    let apiAuthFailures: Counter
+    let apiAuthThrottled: Counter
 
     /// The engine's own metrics, made at their first scrape; counters with the total already added.
     private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Gauge?, seen: UInt64)]>([:])
@@ -191,6 +194,9 @@ final class ServerMetrics: Sendable {
             name: "pubsub_tls_reloads_total", labels: [("result", "ok")], help: "Certificate reloads (SIGHUP).")
         tlsReloadFailures = r.counter(
             name: "pubsub_tls_reloads_total", labels: [("result", "failed")], help: "Certificate reloads (SIGHUP).")
+        let apiAuthHelp = "Server API requests refused for their key: wrong or missing (401), or too many failures from one address (429)."
+        apiAuthFailures = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "wrong_key")], help: apiAuthHelp)
+        apiAuthThrottled = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "throttled")], help: apiAuthHelp)
     }
 
     func acceptFailed(_ failure: AcceptBackoffState.Failure, errno code: CInt) {

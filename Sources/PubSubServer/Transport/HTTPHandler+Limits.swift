@@ -34,6 +34,21 @@ extension HTTPHandler {
 
     /// Checks the publish limits for a request; the headers go on its response whatever the verdict, and a
     /// refusal is answered with 429 instead of the request being handled.
+    /// The client's address: the connection's peer, or behind a trusted proxy (`--trust-forwarded-for`) the last
+    /// hop of `X-Forwarded-For`.
+    static func clientAddress(_ head: HTTPRequestHead, remoteAddress: String?, trustForwardedFor: Bool) -> String? {
+        if trustForwardedFor, let forwarded = head.headers["x-forwarded-for"].last?.split(separator: ",").last {
+            return forwarded.trimmed(of: " \t")
+        }
+        return remoteAddress
+    }
+
+    func clientAddress(_ head: HTTPRequestHead, context: ChannelHandlerContext) -> String? {
+        Self.clientAddress(
+            head, remoteAddress: context.channel.remoteAddress?.ipAddress,
+            trustForwardedFor: shared.operations.configuration.trustForwardedFor)
+    }
+
     func checkPublishLimits(_ elements: [MessageBatch.Element], head: HTTPRequestHead, remoteAddress: String?)
         -> (headers: HTTPHeaders, refusal: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)?)?
     {
@@ -41,12 +56,7 @@ extension HTTPHandler {
         guard let limiter = operations.limiter else { return nil }
         let cost = Self.publishCount(elements)
         guard cost > 0 else { return nil }
-        var ip = remoteAddress
-        if operations.configuration.trustForwardedFor,
-            let forwarded = head.headers["x-forwarded-for"].last?.split(separator: ",").last
-        {
-            ip = forwarded.trimmed(of: " \t")
-        }
+        let ip = Self.clientAddress(head, remoteAddress: remoteAddress, trustForwardedFor: operations.configuration.trustForwardedFor)
         guard
             let (verdict, scope) = limiter.check(
                 ip: ip, token: Self.publishToken(head, elements), cost: cost, now: .now())

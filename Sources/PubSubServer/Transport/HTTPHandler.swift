@@ -143,7 +143,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         case .health:
             respond(status: .ok, text: "ok\n")
         case .api(let call):
-            shared.api.respond(call: call, head: head, body: body, on: context.eventLoop).assumeIsolated()
+            shared.api.respond(
+                call: call, head: head, body: body, address: clientAddress(head, context: context), on: context.eventLoop
+            ).assumeIsolated()
                 .whenSuccess { self.respond(status: $0.status, headers: $0.headers, body: $0.body, cors: false) }
         case .admin:
             // Same origin only: no CORS headers, so no other site's page reads an answer.
