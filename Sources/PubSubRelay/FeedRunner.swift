@@ -10,12 +10,15 @@ public struct MessagePublisher: Publisher {
     public typealias Send = @Sendable ([Message]) async throws -> [Message]
 
     let token: String?
+    let jwt: String?
     let batchSize: Int
     let send: Send
 
-    /// `token` is the broker's secret, sent as `ext.private_pub_token` as every publisher does.
-    public init(token: String?, batchSize: Int, send: @escaping Send) {
+    /// `token` is the broker's secret, sent as `ext.private_pub_token` as every publisher does; `jwt` is sent as
+    /// `ext.token`, for a broker that takes JWTs only.
+    public init(token: String?, jwt: String? = nil, batchSize: Int, send: @escaping Send) {
         self.token = token
+        self.jwt = jwt
         self.batchSize = max(1, batchSize)
         self.send = send
     }
@@ -29,7 +32,10 @@ public struct MessagePublisher: Publisher {
                 var message = Message()
                 message.fields["channel"] = .string(relayed.channel)
                 message.fields["data"] = relayed.data
-                if let token { message.fields["ext"] = .object(["private_pub_token": .string(token)]) }
+                var ext = JSONObject()
+                if let token { ext["private_pub_token"] = .string(token) }
+                if let jwt { ext["token"] = .string(jwt) }
+                if !ext.isEmpty { message.fields["ext"] = .object(ext) }
                 return message
             }
             let replies = try await send(requests)

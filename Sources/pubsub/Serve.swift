@@ -236,7 +236,9 @@ struct Serve: AsyncParsableCommand {
             let runners = relayFile.feeds.map { feed in
                 FeedRunner(
                     feed: feed,
-                    publisher: MessagePublisher(token: token, batchSize: feed.batchSize) { messages in
+                    publisher: MessagePublisher(
+                        token: token, jwt: relayFile.token ?? Environment.string("PUBSUB_TOKEN"), batchSize: feed.batchSize
+                    ) { messages in
                         try await server.publishInProcess(messages)
                     },
                     logger: Logger(label: "pubsub.relay"))

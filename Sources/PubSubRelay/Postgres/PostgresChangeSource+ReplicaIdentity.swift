@@ -31,7 +31,17 @@ extension PostgresChangeSource {
             guard !missing.isEmpty else { return nil }
             return "\(table): its routes read \(missing.joined(separator: ", ")), which its replica identity, "
                 + "\(described), does not hold, so a delete or a moving update could not tell its old audience; "
-                + "run: ALTER TABLE \(table) REPLICA IDENTITY FULL"
+                + "run: ALTER TABLE \(Self.sqlName(table)) REPLICA IDENTITY FULL"
+        }
+
+        /// `schema.table` as SQL names it: each part as it is when it is a plain lower-case identifier, quoted
+        /// otherwise (`public."Odd Table"`).
+        static func sqlName(_ table: String) -> String {
+            table.split(separator: ".", maxSplits: 1).map { part in
+                let plain = part.first.map { $0 == "_" || ("a"..."z").contains($0) } == true
+                    && part.allSatisfy { $0 == "_" || $0 == "$" || ("a"..."z").contains($0) || ("0"..."9").contains($0) }
+                return plain ? String(part) : PostgresChangeSource.quoteIdentifier(String(part))
+            }.joined(separator: ".")
         }
     }
 

@@ -142,6 +142,10 @@ import Testing
         #expect(Identity(kind: "i", columns: ["id", "owner_id"], identity: ["owner_id"])
             .problem(table: "public.notes", routed: ["owner_id"]) == nil)
         #expect(byKey.problem(table: "public.notes", routed: ["ownr"])?.contains("has no column ownr") == true)
+        #expect(byKey.problem(table: "public.Odd Table", routed: ["owner_id"])?
+            .contains(#"ALTER TABLE public."Odd Table" REPLICA IDENTITY FULL"#) == true)
+        #expect(Identity.sqlName("app.notes_2") == "app.notes_2")
+        #expect(Identity.sqlName(#"public.Notes"#) == #"public."Notes""#)
     }
 
     @Test func dsn() throws {
