@@ -123,6 +123,9 @@ struct ConnectionStateMachine {
     /// reading: a client's publishes reach the engine in the order it sent them, whatever the engine's latency
     /// (a Redis round trip), and what waits is at most one read's worth of bytes in the frame parser.
     private(set) var isHandlingFrame = false
+    /// A WebSocket session ended (its own `/meta/disconnect`, a kick, an expiry) while a frame was handled: the
+    /// frame's replies go out first (the disconnect's own reply), then the socket closes (`frameFinished`).
+    private var closeAfterFrame: CloseReason?
     /// Draining: a polling connect is answered as soon as it parks.
     private var quiescing = false
 
@@ -270,8 +273,14 @@ struct ConnectionStateMachine {
             switch reason {
             case .superseded, .overflow: break
             case .disconnected, .kicked, .expired:
-                phase = .closing
-                actions.append(.close(.normal))
+                if isHandlingFrame {
+                    // An engine that answers later than it detaches (Redis) would otherwise close the socket
+                    // before the reply to the frame's `/meta/disconnect` is written.
+                    closeAfterFrame = .normal
+                } else {
+                    phase = .closing
+                    actions.append(.close(.normal))
+                }
             case .shutdown:
                 actions.append(contentsOf: closeFlushing(.goingAway))
             }
@@ -335,6 +344,10 @@ struct ConnectionStateMachine {
     /// The broker handled the frame: the next one may be taken, and a read withheld meanwhile is asked for.
     mutating func frameFinished() -> [Action] {
         isHandlingFrame = false
+        if let reason = closeAfterFrame {
+            closeAfterFrame = nil
+            if phase == .open { return closeFlushing(reason) }
+        }
         guard readPending, isWritable || phase != .open else { return [] }
         readPending = false
         return [.resumeReading]

@@ -153,6 +153,25 @@ import Testing
         #expect(Self.describe(m.frameFinished()) == ["resumeReading"])
     }
 
+    /// A session that ends while its frame is handled (a `/meta/disconnect` on an engine that answers after it
+    /// detaches, as Redis does): the frame's reply is written, then the socket closes; not before.
+    @Test func aSessionEndedDuringItsFrameClosesAfterTheFramesReplies() {
+        for reason in [DetachReason.disconnected, .kicked, .expired] {
+            var m = Machine(transport: .webSocket, maxQueue: 10)
+            _ = m.bind(clientId: "a")
+            m.frameStarted()
+            #expect(Self.describe(m.detached(reason)) == [], "\(reason)")
+            #expect(m.isOpen)
+            #expect(Self.describe(m.messagesHandled(replies: [Self.reply("d")], events: .noEvents, pending: nil)) == ["write(d|)"])
+            #expect(Self.describe(m.frameFinished()) == ["close(normal)"])
+            #expect(!m.isOpen)
+        }
+        // Outside a frame it closes at once, as before.
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        #expect(Self.describe(m.detached(.disconnected)) == ["close(normal)"])
+    }
+
     @Test func eventsOnlyFrameWhileUnwritableWaitsInTheBacklog() {
         var m = Machine(transport: .webSocket, maxQueue: 10)
         _ = m.bind(clientId: "a")
