@@ -15,8 +15,11 @@ import NIOWebSocket
 /// protocol description: it checks the client's checksums and reassembles its messages, answers `getCheckpoint`
 /// (404 until set) and `setCheckpoint`, and on `subChanges` streams `changes` messages (`[[seq, id, rev,
 /// deleted?], …]`) from `since` in batches, then `[]`, then live ones, keeping at most `maxUnanswered` unanswered.
-/// It can send frames compressed and split messages into several frames, and it fails on a script: dropped
-/// connections, forgotten history (an ERR `HTTP`/400 "Invalid sequence" on an old `since`).
+/// A reply to `changes` that asks for revisions (an array of known revisions per entry) gets one `rev` message per
+/// revision (properties `id`, `rev`, `sequence`, `deleted`; the revision's body), or `norev` for one whose body is
+/// gone (`put(…, bodyLost: true)`). It can send frames compressed and split messages into several frames, and it
+/// fails on a script: dropped connections, forgotten history (an ERR `HTTP`/400 "Invalid sequence" on an old
+/// `since`).
 public final class BLIPFake: Sendable {
     public struct Options: Sendable {
         public var database: String
@@ -43,6 +46,12 @@ public final class BLIPFake: Sendable {
         public var rev: String
         public var deleted: Bool
         public var channels: [String]
+        /// What the `rev` message carries (the document's properties, or a tombstone's); nil: a stand-in body
+        /// (`{"_id", "_rev", "seq"}`, or `{"_deleted": true}` for a tombstone).
+        public var body: JSONObject?
+        /// Its body is gone by the time it is asked for (on Sync Gateway: superseded, and no longer kept): the
+        /// reply to `changes` that asks for it gets `norev`.
+        public var bodyLost: Bool
     }
 
     struct State {
@@ -61,6 +70,7 @@ public final class BLIPFake: Sendable {
         var changesAnswered = 0
         var changesSent = 0
         var revsSent = 0
+        var norevsSent = 0
         var protocolErrors: [String] = []
         var subprotocols: [String] = []
         var authorizations: [String?] = []
@@ -77,14 +87,17 @@ public final class BLIPFake: Sendable {
 
     // MARK: - Script and inspection
 
-    /// Writes a new revision of `id` (generation + 1), or a tombstone; returns its sequence.
+    /// Writes a new revision of `id` (generation + 1), or a tombstone (which may keep fields, as a document
+    /// deleted with a body does); returns its sequence. `body` is what its `rev` message carries; with `bodyLost`
+    /// it is answered with `norev` instead, as Sync Gateway answers a revision it no longer has.
     @discardableResult
-    public func put(_ id: String, deleted: Bool = false, channels: [String] = []) -> Int {
+    public func put(_ id: String, deleted: Bool = false, channels: [String] = [], body: JSONObject? = nil,
+                    bodyLost: Bool = false) -> Int {
         state.withLockedValue { state in
             state.sequence += 1
             let generation = (state.documents[id].flatMap { Int($0.rev.prefix { $0 != "-" }) } ?? 0) + 1
             state.documents[id] = Revision(seq: state.sequence, id: id, rev: "\(generation)-\(fakeDigest(id, generation))",
-                                           deleted: deleted, channels: channels)
+                                           deleted: deleted, channels: channels, body: body, bodyLost: bodyLost)
             return state.sequence
         }
     }
@@ -132,6 +145,7 @@ public final class BLIPFake: Sendable {
     public var changesAnswered: Int { state.withLockedValue { $0.changesAnswered } }
     public var changesSent: Int { state.withLockedValue { $0.changesSent } }
     public var revsSent: Int { state.withLockedValue { $0.revsSent } }
+    public var norevsSent: Int { state.withLockedValue { $0.norevsSent } }
     public var protocolErrors: [String] { state.withLockedValue { $0.protocolErrors } }
     public var subprotocols: [String] { state.withLockedValue { $0.subprotocols } }
     public var authorizations: [String?] { state.withLockedValue { $0.authorizations } }
@@ -150,10 +164,20 @@ public final class BLIPFake: Sendable {
                 string: "{\"error\":\"Bad Request\",\"reason\":\"expected a WebSocket upgrade with subprotocol BLIP_3+CBMobile_3\"}")))
         }
         router.post("/_fake/docs") { request, _ -> String in
+            var request = request
             let query = request.uri.queryParameters
             guard let id = query["id"] else { throw HTTPError(.badRequest, message: "id is required") }
             let channels = query["channels"].map { $0.split(separator: ",").map(String.init) } ?? []
-            let seq = fake.put(String(id), deleted: query["deleted"] == "1", channels: channels)
+            let bytes = try await request.collectBody(upTo: 1 << 20)
+            var body: JSONObject?
+            if bytes.readableBytes > 0 {
+                guard let object = (try? JSONParser().parse(bytes))?.objectValue else {
+                    throw HTTPError(.badRequest, message: "the body must be a JSON object")
+                }
+                body = object
+            }
+            let seq = fake.put(String(id), deleted: query["deleted"] == "1", channels: channels, body: body,
+                               bodyLost: query["norev"] == "1")
             return "{\"seq\":\(seq)}"
         }
         router.post("/_fake/bulk") { request, _ -> String in
@@ -372,8 +396,16 @@ final class FakeBLIPConnection: Sendable {
             // An array aligned with the entries: null/0 = not wanted, an array of known revIDs = send the rev.
             let wanted = (try? JSONParser().parse(message.body))?.arrayValue ?? []
             for (index, entry) in entries.enumerated() where index < wanted.count && wanted[index].arrayValue != nil {
-                let body: JSONValue = entry.deleted ? .object(["_deleted": .bool(true)])
-                    : .object(["_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq))])
+                if entry.bodyLost {
+                    fake.state.withLockedValue { $0.norevsSent += 1 }
+                    try send(FakeBLIP.Message(
+                        type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
+                        properties: ["Profile": "norev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq),
+                                     "error": "404", "reason": "missing"]))
+                    continue
+                }
+                let body: JSONValue = entry.body.map(JSONValue.object) ?? (entry.deleted ? .object(["_deleted": .bool(true)])
+                    : .object(["_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq))]))
                 // Counted before it is sent: a client may have it, and a test read the count, before `send` returns.
                 fake.state.withLockedValue { $0.revsSent += 1 }
                 try send(FakeBLIP.Message(
@@ -512,8 +544,9 @@ extension BLIPFake: StandaloneFake {
     public static let name = "blip"
 
     /// `relay-fake blip [--port N] [--db NAME] [--docs N] [--frame-size N] [--compress] [--tls-cert PEM --tls-key
-    /// PEM]`: serves until SIGTERM; the control endpoints are `POST /_fake/docs?id=X[&deleted=1][&channels=a,b]`, `POST /_fake/bulk?count=N
-    /// [&prefix=P]`, `POST /_fake/drop`, `POST /_fake/forget` and `GET /_fake/stats`.
+    /// PEM]`: serves until SIGTERM; the control endpoints are `POST /_fake/docs?id=X[&deleted=1][&channels=a,b]
+    /// [&norev=1]` (an optional JSON object body is the revision's body; `norev=1`: answered with `norev`),
+    /// `POST /_fake/bulk?count=N[&prefix=P]`, `POST /_fake/drop`, `POST /_fake/forget` and `GET /_fake/stats`.
     public static func runStandalone(arguments: [String]) async throws {
         var arguments = arguments
         let tls = try FakeTLS.extract(from: &arguments)

@@ -16,7 +16,8 @@ import Synchronization
 ///   `filter` is `_doc_ids`, `_design`, `sync_gateway/bychannel` (with `channels=a,b`, Sync Gateway flavour) or the
 ///   design filter `app/important` (documents with `"important": true`); an unknown `since` is answered
 ///   `400 {"error":"bad_request","reason":"Malformed sequence supplied in 'since' parameter."}`.
-/// * `PUT /{db}/{id}` (JSON body, `_rev` or `?rev=` to update) → `201 {"ok":true,"id","rev"}` or 409;
+/// * `PUT /{db}/{id}` (JSON body, `_rev` or `?rev=` to update; `"_deleted": true` writes a tombstone that keeps the
+///   body's other fields) → `201 {"ok":true,"id","rev"}` or 409;
 ///   `DELETE /{db}/{id}?rev=` → `200 {"ok":true,"id","rev"}`; `GET /{db}` → `{"db_name","update_seq"}`.
 /// * Faults: `POST /_fake/faults` with `{"drop_after_rows":N,"drop_mid_line":true,"replay_rows":N,
 ///   "garbage_after_rows":N}` (the next feed served, not one refused with 400), `POST /_fake/mute` (open feeds fall silent), `POST /_fake/forget` (every `since` handed out becomes
@@ -174,11 +175,14 @@ struct CouchDBFakeHandler: Sendable {
             return error(.badRequest, "bad_request", "Request body must be a JSON object")
         }
         let rev = body["_rev"]?.stringValue ?? request.uri.queryParameters.get("rev")
+        let deleted = body["_deleted"] == .bool(true)
         var clean = JSONObject()
         for (key, value) in body.entries where !key.hasPrefix("_") { clean[key] = value }
         body = clean
         do {
-            let newRev = try store.put(id, body, rev: rev)
+            // `{"_deleted": true, …}` deletes and keeps the other fields in the tombstone, as CouchDB does.
+            guard !deleted || rev != nil else { throw CouchDBFakeStore.Conflict() }
+            let newRev = deleted ? try store.delete(id, rev: rev, body: body) : try store.put(id, body, rev: rev)
             return json(.created, ["ok": true, "id": .string(id), "rev": .string(newRev)])
         } catch {
             return self.error(.conflict, "conflict", "Document update conflict.")

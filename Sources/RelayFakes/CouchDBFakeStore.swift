@@ -85,11 +85,13 @@ public final class CouchDBFakeStore: Sendable {
         try write(id, body: body, rev: rev, deleted: false)
     }
 
-    /// Deletes as `DELETE /db/<id>?rev=` does; returns the tombstone's revision.
+    /// Deletes as `DELETE /db/<id>?rev=` does (a tombstone without fields); returns the tombstone's revision. With
+    /// `body`, as `PUT /db/<id>` of `{"_deleted": true, …}` does: CouchDB keeps the tombstone's fields, and
+    /// `include_docs` shows them beside `_deleted`.
     @discardableResult
-    public func delete(_ id: String, rev: String? = nil) throws -> String {
+    public func delete(_ id: String, rev: String? = nil, body: JSONObject = [:]) throws -> String {
         let current = state.withLock { state in state.entries.first { $0.id == id }?.rev }
-        return try write(id, body: [:], rev: rev ?? current, deleted: true)
+        return try write(id, body: body, rev: rev ?? current, deleted: true)
     }
 
     /// The current revision of a document, if any.
@@ -232,7 +234,7 @@ public final class CouchDBFakeStore: Sendable {
             } else {
                 var doc: JSONObject = ["_id": .string(entry.id), "_rev": .string(entry.rev)]
                 if entry.deleted { doc["_deleted"] = true }
-                for (key, value) in entry.body.entries where doc[key] == nil && !entry.deleted { doc[key] = value }
+                for (key, value) in entry.body.entries where doc[key] == nil { doc[key] = value }
                 row["doc"] = .object(doc)
             }
         }

@@ -17,13 +17,14 @@ import NIOCore
 /// * `0:i:<data>:<mark>::<limit>` → `0:i:{"current","index":[{"id","v"}],"mark"?}`, entities in id order.
 /// * `0:cv:<cv>` → `0:c:[…]` with the changes after it (possibly `[]`), after which the connection receives live
 ///   `0:c:[change]` pushes; an unknown cv → `0:cv:?` (or `0:c:?` with `unknownVersionReply`).
-/// * `0:e:<id>.<v>` → `0:e:<id>.<v>\n{"data":…}` or `…\n?`.
+/// * `0:e:<id>.<v>` → `0:e:<id>.<v>\n{"data":…}` (an older version too: the fake keeps every version, unless
+///   `forgetVersionHistory()`) or `…\n?`.
 /// * `h:<n>` → `h:<n+1>` (unless heartbeats are switched off).
 ///
 /// Faults: `dropConnections()`, `answerHeartbeats = false`, `forgetChangeLog(bucket:)` (every cv issued so far
 /// becomes unknown). Entities change through `put`/`delete`, in process or via `POST /_fake/<action>` with a JSON
 /// body (`put {"bucket","id","data"}`, `delete {"bucket","id"}`, `bulk {"bucket","prefix","count"}`, `drop {}`,
-/// `forget {"bucket"}`, `heartbeats {"answer"}`).
+/// `forget {"bucket"}`, `heartbeats {"answer"}`, `history {"keep": false}`).
 public final class SimperiumFake: Sendable {
     public struct Options: Sendable {
         public var appID: String
@@ -54,6 +55,8 @@ public final class SimperiumFake: Sendable {
         var version: Int64
         var data: JSONObject
         var deleted: Bool
+        /// Every version's data: Simperium keeps an entity's history, so `e:<id>.<v>` answers an older version too.
+        var history: [Int64: JSONObject] = [:]
     }
 
     struct Bucket {
@@ -91,6 +94,8 @@ public final class SimperiumFake: Sendable {
         var nextConnection = 0
         var counter: UInt64 = 0
         var answerHeartbeats = true
+        /// Off: only an entity's current version can be fetched (`e:` of an older one, or of a deleted entity, is `?`).
+        var keepsHistory = true
         var statistics = Statistics()
     }
 
@@ -133,7 +138,9 @@ public final class SimperiumFake: Sendable {
                 "ccids": [.string("\(cv)-ccid")],
             ]
             if let sourceVersion { change["sv"] = .number(String(sourceVersion)) }
-            current.entities[id] = Entity(version: version, data: data, deleted: false)
+            var history = old?.history ?? [:]
+            history[version] = data
+            current.entities[id] = Entity(version: version, data: data, deleted: false, history: history)
             _ = Self.append(&state, bucket: bucket, current, cv: cv, change: change)
             return cv
         }
@@ -150,7 +157,7 @@ public final class SimperiumFake: Sendable {
                 "clientid": "fake-writer", "cv": .string(cv), "ev": .number(String(old.version + 1)),
                 "sv": .number(String(old.version)), "id": .string(id), "o": "-", "ccids": [.string("\(cv)-ccid")],
             ]
-            current.entities[id] = Entity(version: old.version + 1, data: [:], deleted: true)
+            current.entities[id] = Entity(version: old.version + 1, data: [:], deleted: true, history: old.history)
             _ = Self.append(&state, bucket: bucket, current, cv: cv, change: change)
             return true
         }
@@ -165,6 +172,12 @@ public final class SimperiumFake: Sendable {
             current.head = current.base
             state.buckets[bucket] = current
         }
+    }
+
+    /// From now on only an entity's current version can be fetched: `e:` of an older version (or of a deleted
+    /// entity) is answered `?`, as for a version past the history the server keeps.
+    public func forgetVersionHistory() {
+        state.withLockedValue { $0.keepsHistory = false }
     }
 
     /// Closes every open connection.
@@ -326,8 +339,13 @@ public final class SimperiumFake: Sendable {
                 else { return }
                 let entityID = String(body[..<dot])
                 let version = Int64(body[body.index(after: dot)...])
-                if let entity = bucket.entities[entityID], !entity.deleted, entity.version == version {
-                    out.yield(.text(channel + "e:\(body)\n" + (["data": .object(entity.data)] as JSONObject).jsonString))
+                let data = bucket.entities[entityID].flatMap { entity -> JSONObject? in
+                    guard let version else { return nil }
+                    if !entity.deleted && entity.version == version { return entity.data }
+                    return state.keepsHistory ? entity.history[version] : nil
+                }
+                if let data {
+                    out.yield(.text(channel + "e:\(body)\n" + (["data": .object(data)] as JSONObject).jsonString))
                 } else {
                     out.yield(.text(channel + "e:\(body)\n?"))
                 }
@@ -472,6 +490,9 @@ public final class SimperiumFake: Sendable {
             return "{}"
         case "heartbeats":
             if case .bool(let answer)? = object["answer"] { answerHeartbeats = answer }
+            return "{}"
+        case "history":
+            if object["keep"] == .bool(false) { forgetVersionHistory() }
             return "{}"
         case "stats":
             let statistics = statistics

@@ -12,6 +12,13 @@ import WSClient
 /// bodies wanted): Sync Gateway limits how many it keeps unanswered, which gives natural backpressure. The feed is
 /// read in a background task into a bounded queue, so reading overlaps publishing.
 ///
+/// With `includeDocuments` (`--include-doc`, or routes, which read the documents) a `changes` message is answered at
+/// once with `[[], …]` (every revision wanted, no ancestors known, no `deltas`), so Sync Gateway sends each revision's
+/// full body in a `rev` message (a tombstone's with `deleted`); the changes are handed out with their bodies in
+/// `Change.document` once every `rev` (or `norev`) of the message arrived, and the `rev` messages that want a reply
+/// are answered in `confirm(_:)`. A `norev` (the revision is gone, a later one follows) skips its change unless it is
+/// a delete.
+///
 /// A dropped connection (or a BLIP protocol error: bad checksum, bad deflate data, a text message) reconnects with
 /// backoff from the last confirmed position; what was queued but not confirmed is read again (at least once). When
 /// Sync Gateway refuses the `since` (an ERR reply to `subChanges`), the source starts over from `since=0`: those
@@ -67,6 +74,9 @@ public actor BLIPChangeSource: ChangeSource {
         /// What to answer once the relay confirmed these changes: the `changes` message (`[]`), or with
         /// `includeDocuments` its `rev` messages (empty replies).
         var replies: [Reply]
+        /// With `includeDocuments`: the changes (indices) whose revision Sync Gateway no longer had (`norev`), which
+        /// are not handed out (their position still is).
+        var skipped: Set<Int> = []
     }
 
     struct Reply: Sendable {
@@ -135,10 +145,13 @@ public actor BLIPChangeSource: ChangeSource {
     public func next() async throws -> ChangeBatch? {
         var changes: [Change] = []
         var completes: [Reply] = []
-        while changes.count < configuration.batch {
+        /// Entries taken (skipped ones included), and the sequence of the last one: the batch's position.
+        var taken = 0
+        var position: String?
+        while taken < configuration.batch {
             if current == nil {
                 // Only the first wait suspends: every change of a batch comes from the current connection.
-                let delivery = changes.isEmpty ? await queue.pop(timeout: .milliseconds(200)) : queue.tryPop()
+                let delivery = taken == 0 ? await queue.pop(timeout: .milliseconds(200)) : queue.tryPop()
                 guard let delivery else { break }
                 current = (delivery, 0)
             }
@@ -148,8 +161,10 @@ public actor BLIPChangeSource: ChangeSource {
                 current = nil
                 continue
             }
-            let end = min(delivery.changes.count, index + configuration.batch - changes.count)
-            changes += delivery.changes[index..<end]
+            let end = min(delivery.changes.count, index + configuration.batch - taken)
+            for offset in index..<end where !delivery.skipped.contains(offset) { changes.append(delivery.changes[offset]) }
+            taken += end - index
+            position = delivery.changes[end - 1].seq
             if end == delivery.changes.count {
                 completes += delivery.replies
                 current = nil
@@ -157,14 +172,14 @@ public actor BLIPChangeSource: ChangeSource {
                 current = (delivery, end)
             }
         }
-        guard let last = changes.last else { return nil }
-        handedOut.append(HandedOut(position: last.seq, generation: generation, epoch: epoch, completes: completes))
+        guard let position else { return nil }
+        handedOut.append(HandedOut(position: position, generation: generation, epoch: epoch, completes: completes))
         var resync: Resync?
         if let pending = pendingResync, changes.contains(where: { $0.extra["resync"] == .bool(true) }) {
             resync = pending
             pendingResync = nil
         }
-        return ChangeBatch(changes: changes, position: last.seq, resync: resync)
+        return ChangeBatch(changes: changes, position: position, resync: resync)
     }
 
     public func confirm(_ position: String) async throws {
@@ -380,6 +395,15 @@ public actor BLIPChangeSource: ChangeSource {
                 throw RelayError(.blipProtocol, "the body of rev \(message["id"] ?? "?") is not JSON: \(error)")
             }
             awaitingRevisions[slot].delivery.changes[index].document = document.objectValue
+        } else if awaitingRevisions[slot].delivery.changes[index].operation != .delete {
+            // Sync Gateway no longer has this revision (superseded and its body gone): a later change of the document
+            // follows in the feed. Handed out without its body, it would be routed as a document without fields
+            // (its audience told `left`), so it is skipped; its position still counts. A tombstone needs no body.
+            awaitingRevisions[slot].delivery.skipped.insert(index)
+            logger.debug("Sync Gateway sent norev: the change is skipped, a later one of the document follows", metadata: metadata([
+                "pubsub.relay.id": "\(message["id"] ?? "?")", "pubsub.relay.rev": "\(message["rev"] ?? "?")",
+                "pubsub.relay.error": "\(message["error"] ?? "?") \(message["reason"] ?? "")",
+            ]))
         }
         if !message.flags.contains(.noReply) {
             awaitingRevisions[slot].delivery.replies.append(Reply(number: message.number, body: []))

@@ -11,9 +11,12 @@ import WSClient
 /// the changes after the checkpointed change version (`cv:<cv>` → `c:[…]`), then receives live `c` pushes.
 /// Without one, or when the server does not know the version (`cv:?`), it pages through the full index
 /// (`i::<mark>::<limit>`), publishing every entity as an `update` with `resync: true`, and checkpoints the index's
-/// `current` version only once the whole index is relayed; it then catches up from there. Sends `h:<n>` after a
-/// quiet period and reconnects (from the last confirmed position) when no `h` comes back in time, when the
-/// connection drops or when the server sends something malformed.
+/// `current` version only once the whole index is relayed; it then catches up from there. With `includeDocuments`
+/// (`--include-doc`, or routes, which read the documents) every change but a delete waits for its entity version
+/// (`e:<id>.<v>`, the `data` of the answer going into `Change.document`), in feed order; a version that no longer
+/// exists (`?`) skips its change, whose position still counts. Every change carries the token's user as the route
+/// variable `user`. Sends `h:<n>` after a quiet period and reconnects (from the last confirmed position) when no
+/// `h` comes back in time, when the connection drops or when the server sends something malformed.
 public final class SimperiumChangeSource: ChangeSource {
     public struct Configuration: Sendable {
         /// The full WebSocket URL (see `websocketURL(base:appID:)`).
@@ -338,7 +341,16 @@ final class SimperiumSession: Sendable {
                 var entry = entry
                 if let key {
                     guard let document = documents[key] else { return }
-                    entry.change?.document = document
+                    if let document {
+                        entry.change?.document = document
+                    } else {
+                        // The version no longer exists (`e:…\n?`): the entity changed again or was deleted since, and
+                        // that later change follows in the feed. Handed out without its document, it would be routed
+                        // as an entity without fields (its audience told `left`): only its position is kept.
+                        logger.debug("simperium: an entity version is gone; its change is skipped, a later one follows",
+                                     metadata: ["pubsub.relay.entity": "\(key)"])
+                        entry.change = nil
+                    }
                 }
                 held.removeFirst()
                 if let key, !held.contains(where: { $0.key == key }) { documents[key] = nil }
