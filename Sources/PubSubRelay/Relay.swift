@@ -1,3 +1,4 @@
+import Bayeux
 import CoreMetrics
 import Logging
 import NIOConcurrencyHelpers
@@ -95,6 +96,10 @@ public struct Relay: Sendable {
             if let memory, let routes = configuration.mapping.routes[change.collection.joined(separator: ".")] {
                 if change.previous == nil, change.operation == .update || change.operation == .delete {
                     change.previous = memory.previous(of: change)
+                    // A resync (or a first run from `since=0`) of a document never seen: it is its own audience's.
+                    if change.previous == nil, change.operation == .update, change.extra["resync"] == true {
+                        change.previous = change.document
+                    }
                 }
                 memory.remember(change, routes: routes)
             }

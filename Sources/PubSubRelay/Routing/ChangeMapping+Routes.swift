@@ -19,7 +19,8 @@ extension ChangeMapping {
         /// The row is no longer this channel's: drop it (`doc` is left out, so the old audience never reads the
         /// new values).
         case left
-        /// The row is this channel's from now on: the client did not have it before.
+        /// The row is this channel's from now on: the client did not have it before (or may not have had it: the
+        /// old values are unknown).
         case joined
     }
 
@@ -27,7 +28,8 @@ extension ChangeMapping {
     /// With routes:
     /// - insert: the channels of the new row; delete: of the old row (`previous`, else the deleted document);
     /// - update: the channels of the new row, and of the old one that the new one no longer has with
-    ///   `audience: "left"` (sent first), and those the old one did not have with `audience: "joined"`;
+    ///   `audience: "left"` (sent first), and those the old one did not have with `audience: "joined"` (all of
+    ///   them when the old values are unknown);
     /// - truncate: the collection's channel `<prefix>/<collection…>`, which only operators should read.
     /// A channel that several routes give gets one message.
     public func messages(for change: Change, sourceID: String) -> Mapped {
@@ -53,7 +55,12 @@ extension ChangeMapping {
             // The old row: what the source gave, else (a delete) the deleted document itself. A field it does not
             // hold at all (a PostgreSQL identity without the column, a tombstone, nothing remembered) is unknown,
             // not NULL: the old audience cannot be told, and that is counted.
-            guard let oldRow = change.previous ?? (change.operation == .delete ? change.document : nil),
+            // A route of source variables only (Simperium's `{user}`) needs no old row at all.
+            let variablesOnly = route.fields.allSatisfy { field in
+                !field.documentOnly && field.path.count == 1 && change.variables[field.path[0]] != nil
+            }
+            guard let oldRow = change.previous ?? (change.operation == .delete ? change.document : nil)
+                    ?? (variablesOnly ? [:] : nil),
                   route.fields.allSatisfy({ field in
                       oldRow.contains(field.path[0])
                           || (!field.documentOnly && field.path.count == 1 && change.variables[field.path[0]] != nil)
@@ -84,7 +91,8 @@ extension ChangeMapping {
                 messages.append(routed(change, to: channel, sourceID: sourceID, audience: .left))
             }
             for channel in new.list {
-                let audience: Audience? = knowsOld && !old.contains(channel) ? .joined : nil
+                // Old values unknown: the client may not have the row, so it is told to add it.
+                let audience: Audience? = !knowsOld || !old.contains(channel) ? .joined : nil
                 messages.append(routed(change, to: channel, sourceID: sourceID, audience: audience))
             }
         case .truncate:

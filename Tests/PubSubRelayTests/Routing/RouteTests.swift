@@ -154,8 +154,18 @@ import Testing
         #expect(tombstone.unrouted.map(\.reason) == [.noPrevious, .noPrevious])
         let keyOnly = Self.mapping.messages(
             for: Self.change(.update, #"{"id":1,"owner_id":"b","team_id":"t"}"#, previous: #"{"id":1}"#), sourceID: "s")
-        #expect(Self.summary(keyOnly) == ["/users/b/notes doc", "/teams/t/notes doc"], "no audience marker: it may have stayed")
+        #expect(Self.summary(keyOnly) == ["/users/b/notes joined doc", "/teams/t/notes joined doc"],
+                "the client may not have the row: it is told to add it")
         #expect(keyOnly.unrouted.map(\.reason) == [.noPrevious, .noPrevious])
+    }
+
+    /// A route of source variables only (Simperium's `{user}`) routes a delete without any old values.
+    @Test func aVariablesOnlyRouteNeedsNoOldValues() throws {
+        let mapping = ChangeMapping(routes: [try Route(parsing: "notes=/users/{user}/notes")])
+        let delete = Change(collection: ["notes"], id: "e1", operation: .delete, seq: "cv1", variables: ["user": "a@b.c"])
+        let mapped = mapping.messages(for: delete, sourceID: "s")
+        #expect(mapped.messages.map(\.channel) == ["/users/a@b$2Ec/notes"])
+        #expect(mapped.unrouted.isEmpty)
     }
 
     @Test func aTruncateGoesToTheCollectionChannelOnly() {
