@@ -17,6 +17,10 @@ import PubSubCore
 /// Each algorithm has its own key set and a token is checked only by the set of the algorithm its header names,
 /// among HS256, RS256 and ES256: `alg: none` and every other algorithm are refused, and an RS256 key never
 /// verifies an HS256 token (the public key used as an HMAC secret), because HS256 tokens only meet the HMAC key.
+///
+/// With a JWKS (`jwks`, `--jwt-jwks-url`) beside them or alone, an RS256 or ES256 token that the configured
+/// key of its algorithm does not verify (or that has none) is checked by the JWKS key its `kid` names; the
+/// claims are then read by the same rules whichever key verified the token.
 public struct JWTAuthorizer: Authorizer {
     public enum Algorithm: String, Sendable, CaseIterable {
         case hs256 = "HS256"
@@ -37,6 +41,8 @@ public struct JWTAuthorizer: Authorizer {
     }
 
     let keys: [Algorithm: JWTKeyCollection]
+    /// Keys fetched from a JWKS URL, for RS256 and ES256 tokens with a `kid`.
+    public var jwks: JWKSKeySource? = nil
     /// The `aud` and `iss` every token must carry, when configured.
     public var expecting = JWTExpectations()
     public var now: @Sendable () -> Double
@@ -46,13 +52,15 @@ public struct JWTAuthorizer: Authorizer {
     public var needsUser: Bool { true }
     public var grantsSessions: Bool { true }
 
-    /// The algorithms this authorizer accepts (one per configured key).
-    public var algorithms: [Algorithm] { Algorithm.allCases.filter { keys[$0] != nil } }
+    /// The algorithms this authorizer accepts (one per configured key; RS256 and ES256 with a JWKS).
+    public var algorithms: [Algorithm] {
+        Algorithm.allCases.filter { keys[$0] != nil || (jwks != nil && $0 != .hs256) }
+    }
 
     /// `hmacSecret` enables HS256; `publicKeyPEM` enables RS256 (an RSA key) or ES256 (a P-256 key).
     public static func make(
         hmacSecret: String?, publicKeyPEM: String?, publicKeyName: String = "public key",
-        expecting: JWTExpectations = .init(),
+        jwks: JWKSKeySource? = nil, expecting: JWTExpectations = .init(),
         now: @escaping @Sendable () -> Double = AuthorizationPipeline.wallClockSeconds
     ) async throws -> JWTAuthorizer {
         var keys: [Algorithm: JWTKeyCollection] = [:]
@@ -70,15 +78,21 @@ public struct JWTAuthorizer: Authorizer {
                 throw KeyError.notAPublicKey(publicKeyName)
             }
         }
-        return JWTAuthorizer(keys: keys, expecting: expecting, now: now)
+        return JWTAuthorizer(keys: keys, jwks: jwks, expecting: expecting, now: now)
     }
 
-    /// Verifies a token's signature with the key of the algorithm its header names; nil when anything is wrong.
+    /// Verifies a token's signature with the key of the algorithm its header names (the configured key first,
+    /// then the JWKS key its `kid` names); nil when anything is wrong.
     public func verify(_ token: String) async -> JWTClaims? {
         guard let header = try? DefaultJWTParser().parse(Array(token.utf8), as: JWTClaims.self).header,
-            let alg = header.alg.flatMap(Algorithm.init(rawValue:)), let collection = keys[alg]
+            let alg = header.alg.flatMap(Algorithm.init(rawValue:))
         else { return nil }
-        return try? await collection.verify(token, as: JWTClaims.self)
+        if let collection = keys[alg], let claims = try? await collection.verify(token, as: JWTClaims.self) {
+            return claims
+        }
+        // A JWKS holds public keys only: an HS256 token never meets it.
+        guard let jwks, alg != .hs256 else { return nil }
+        return await jwks.verify(token, algorithm: alg, kid: header.kid)
     }
 
     public func authorize(_ request: AuthorizationRequest, on loop: any EventLoop)
