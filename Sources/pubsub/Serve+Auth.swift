@@ -62,7 +62,7 @@ struct AuthOptions: ParsableArguments {
                 throw ValidationError("--signatures, --require-client-binding and --signature-expiration need a secret (--secret or PUBSUB_SECRET)")
             }
             if !publics.isEmpty, try modes.resolve().isEmpty {
-                throw ValidationError("--public needs an authorization mode (--secret, --jwt-key, --jwt-public-key or --auth-hook)")
+                throw ValidationError("--public needs an authorization mode (--secret, --jwt-key, --jwt-public-key, --jwt-jwks-url or --auth-hook)")
             }
             return (nil, nil)
         }

@@ -4,6 +4,7 @@ import NIOCore
 import PubSubAuth
 import PubSubCore
 import PubSubServer
+import ServiceLifecycle
 
 /// The authorization modes beyond PrivatePub (JWT, the HTTP hook) and the browser-access options of `pubsub serve`.
 struct AuthModeOptions: ParsableArguments {
@@ -15,6 +16,15 @@ struct AuthModeOptions: ParsableArguments {
         "PEM public key (RSA for RS256, P-256 for ES256) that verifies JWTs (PUBSUB_JWT_PUBLIC_KEY).",
         valueName: "file"))
     var jwtPublicKey: String?
+
+    @Option(help: ArgumentHelp(
+        "JWKS URL (an OIDC provider's jwks_uri) whose RS256 and ES256 keys verify JWTs by kid (PUBSUB_JWT_JWKS_URL).",
+        valueName: "url"))
+    var jwtJwksUrl: String?
+
+    @Option(help: ArgumentHelp(
+        "Seconds between fetches of the JWKS; default 300 (PUBSUB_JWT_JWKS_REFRESH).", valueName: "seconds"))
+    var jwtJwksRefresh: Double?
 
     @Option(help: ArgumentHelp(
         "Every JWT's aud must contain this audience (PUBSUB_JWT_AUDIENCE).", valueName: "audience"))
@@ -56,10 +66,12 @@ struct AuthModeOptions: ParsableArguments {
         var jwtPublicKeyPEM: String?
         var jwtPublicKeyFile: String?
         var jwtExpectations: JWTExpectations
+        var jwks: JWKSSettings?
         var hook: HookSettings?
         var origins: OriginPolicy
         var callbackPolling: Bool
-        var isEmpty: Bool { jwtKey == nil && jwtPublicKeyPEM == nil && hook == nil }
+        var hasJWT: Bool { jwtKey != nil || jwtPublicKeyPEM != nil || jwks != nil }
+        var isEmpty: Bool { !hasJWT && hook == nil }
     }
 
     func resolve() throws -> Resolved {
@@ -81,8 +93,9 @@ struct AuthModeOptions: ParsableArguments {
         let expectations = JWTExpectations(
             audience: jwtAudience ?? Environment.string("PUBSUB_JWT_AUDIENCE"),
             issuer: jwtIssuer ?? Environment.string("PUBSUB_JWT_ISSUER"))
-        if expectations != JWTExpectations(), jwtKey == nil, keyFile == nil {
-            throw ValidationError("--jwt-audience and --jwt-issuer need --jwt-key or --jwt-public-key")
+        let jwks = try resolveJWKS()
+        if expectations != JWTExpectations(), jwtKey == nil, keyFile == nil, jwks == nil {
+            throw ValidationError("--jwt-audience and --jwt-issuer need --jwt-key, --jwt-public-key or --jwt-jwks-url")
         }
         var hook: HookSettings?
         let actionsText = authHookActions ?? Environment.string("PUBSUB_AUTH_HOOK_ACTIONS")
@@ -125,19 +138,56 @@ struct AuthModeOptions: ParsableArguments {
         let noJSONP = disableCallbackPolling || Environment.string("PUBSUB_DISABLE_CALLBACK_POLLING") == "1"
         return Resolved(
             jwtKey: jwtKey, jwtPublicKeyPEM: pem, jwtPublicKeyFile: keyFile, jwtExpectations: expectations,
-            hook: hook, origins: origins,
+            jwks: jwks, hook: hook, origins: origins,
             callbackPolling: !noJSONP)
+    }
+
+    /// `--jwt-jwks-url` and `--jwt-jwks-refresh` (or their variables): an http(s) URL with a host, and a refresh
+    /// between 1 s and a day.
+    func resolveJWKS() throws -> JWKSSettings? {
+        let refresh = try jwtJwksRefresh ?? Environment.value("PUBSUB_JWT_JWKS_REFRESH", as: Double.self)
+        guard let url = jwtJwksUrl ?? Environment.string("PUBSUB_JWT_JWKS_URL") else {
+            if jwtJwksRefresh != nil { throw ValidationError("--jwt-jwks-refresh needs --jwt-jwks-url") }
+            return nil
+        }
+        guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),
+            let host = parsed.host, !host.isEmpty
+        else { throw ValidationError("--jwt-jwks-url \(url): not an http:// or https:// URL") }
+        let seconds = refresh ?? 300
+        guard seconds >= 1, seconds <= 86_400 else {
+            throw ValidationError("--jwt-jwks-refresh must be between 1 and 86400 seconds")
+        }
+        return JWKSSettings(url: url, refreshInterval: seconds)
+    }
+}
+
+/// The JWKS schedule (`--jwt-jwks-url`) as a service: keys refetched on time even while no token arrives, and
+/// the loop ended by the broker's graceful shutdown.
+struct JWKSRefreshService: Service {
+    let source: JWKSKeySource
+
+    func run() async {
+        await cancelWhenGracefulShutdown {
+            await source.run()
+        }
     }
 }
 
 extension AuthOptions {
     /// The authorization modes in the order they are asked (cheap ones first, the hook last), and the
     /// sentences the start log says about them.
-    func makeAuthorization() async throws -> (pipeline: AuthorizationPipeline, summary: [String], warnings: [String]) {
+    ///
+    /// `services` are to run in the broker's service group, before the server (so that they stop after it has
+    /// drained): the JWKS refresh.
+    func makeAuthorization() async throws -> (
+        pipeline: AuthorizationPipeline, summary: [String], warnings: [String], services: [any Service]
+    ) {
         let (privatePub, privatePubSummary) = try resolve()
         let modes = try self.modes.resolve()
         var authorizers: [any Authorizer] = []
         var summary: [String] = []
+        var warnings: [String] = []
+        var services: [any Service] = []
         if let privatePub {
             var withoutPublic = privatePub
             withoutPublic.publicChannels = []
@@ -149,12 +199,25 @@ extension AuthOptions {
             authorizers.append(PublicChannels(publics))
             if privatePub == nil { summary.append("anyone may subscribe to " + publics.joined(separator: ", ")) }
         }
-        if modes.jwtKey != nil || modes.jwtPublicKeyPEM != nil {
+        if modes.hasJWT {
+            var jwks: JWKSKeySource?
+            if let settings = modes.jwks {
+                let source = JWKSKeySource(settings: settings)
+                // The first fetch, before the broker listens (bounded by the fetch timeout): a provider that is down
+                // now does not stop the broker, whose JWKS tokens are refused until a fetch succeeds.
+                await source.refreshIfDue()
+                jwks = source
+                services.append(JWKSRefreshService(source: source))
+                if settings.url.lowercased().hasPrefix("http://"), !Self.isLoopback(settings.url) {
+                    warnings.append(
+                        "--jwt-jwks-url \(settings.url) is plain HTTP: whoever can change the answer on the way can sign tokens")
+                }
+            }
             let jwt: JWTAuthorizer
             do {
                 jwt = try await JWTAuthorizer.make(
                     hmacSecret: modes.jwtKey, publicKeyPEM: modes.jwtPublicKeyPEM,
-                    publicKeyName: modes.jwtPublicKeyFile ?? "public key", expecting: modes.jwtExpectations)
+                    publicKeyName: modes.jwtPublicKeyFile ?? "public key", jwks: jwks, expecting: modes.jwtExpectations)
             } catch let error as JWTAuthorizer.KeyError {
                 switch error {
                 case .notAPublicKey: throw ValidationError("--jwt-public-key \(error)")
@@ -164,6 +227,11 @@ extension AuthOptions {
             authorizers.append(jwt)
             summary.append(
                 "JWTs (\(jwt.algorithms.map(\.rawValue).joined(separator: ", "))) in ext.token set the session's user and grant channels")
+            if let jwks, let settings = modes.jwks {
+                let held = jwks.keys.map { "\($0.count) key(s) held" } ?? "no keys yet: JWKS tokens are refused"
+                summary.append(
+                    "JWKS \(settings.url), refetched every \(AuthOptions.number(settings.refreshInterval)) s and for an unknown kid (at most every \(AuthOptions.number(settings.unknownKidInterval)) s); \(held)")
+            }
         }
         if let hook = modes.hook {
             authorizers.append(HookAuthorizer(settings: hook))
@@ -171,7 +239,6 @@ extension AuthOptions {
             summary.append("the hook \(hook.url) decides \(actions.joined(separator: ", "))")
         }
         let pipeline = AuthorizationPipeline(authorizers)
-        var warnings: [String] = []
         if !authorizers.isEmpty {
             if pipeline.deciders(for: .subscribe).isEmpty {
                 warnings.append("no authorization mode decides subscribes: anyone may subscribe")
@@ -184,6 +251,12 @@ extension AuthOptions {
                     "authorization is configured but any web origin may use the broker with its users' cookies: set --allowed-origins")
             }
         }
-        return (pipeline, summary, warnings)
+        return (pipeline, summary, warnings, services)
+    }
+
+    /// Whether a URL names this machine (`127.0.0.0/8`, `::1`, `localhost`), where plain HTTP is not on a network.
+    static func isLoopback(_ url: String) -> Bool {
+        guard let host = URL(string: url)?.host?.lowercased() else { return false }
+        return host == "localhost" || host.hasPrefix("127.") || host == "::1" || host == "[::1]"
     }
 }
