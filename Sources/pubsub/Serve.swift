@@ -225,6 +225,8 @@ struct Serve: AsyncParsableCommand {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: CertificateReloader(server: server, logger: logger))
         ]
+        // Before the server: the JWKS refresh stops after the server has drained.
+        services.append(contentsOf: authorization.services.map { .init(service: $0) })
         if let webhooks {
             // Before the server: it stops after the server has drained, so the last sessions' events still go.
             services.append(.init(service: webhooks))
