@@ -12,6 +12,7 @@ import pytest
 
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.wait import wait_until
 from relaykit import SECRET, Lines, events, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
 
 pytestmark = needs_wal2json()
@@ -80,7 +81,11 @@ def test_relay_run_publishes_every_feed_of_the_file(pg, workdir):
             task = events(tasks)[0]
             assert task["channel"] == "/jobs/public/tasks/7" and "doc" not in task["data"]
             for name in ("notes", "tasks"):
-                with open(os.path.join(workdir, f"{name}.checkpoint")) as f:
+                # The checkpoint is written once the broker's acknowledgement is back, which can be after a
+                # subscriber already printed the event.
+                path = os.path.join(workdir, f"{name}.checkpoint")
+                wait_until(lambda: os.path.exists(path), 10, message=f"{name}.checkpoint written")
+                with open(path) as f:
                     assert json.load(f)["source"] == f"pg:relay_{name}"
         finally:
             relay.stop()
