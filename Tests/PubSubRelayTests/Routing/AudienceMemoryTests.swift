@@ -82,4 +82,28 @@ import Testing
         try memory.load()
         #expect(memory.count == 2, "n2 and n3 remain: n0 and n1 were forgotten, n4 deleted")
     }
+    /// A memory file that is not one (truncated, edited by hand) stops the relay at start with a checkpoint error
+    /// naming the file, rather than routing deletes by nothing.
+    @Test func aDamagedMemoryFileIsRefusedAtStart() async throws {
+        let directory = temporaryDirectory()
+        let path = directory + "/checkpoint.audience"
+        defer {
+            unlink(path)
+            removeDirectory(directory)
+        }
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        _ = "{\"entries\": [[\"notes".withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        let relay = Relay(
+            source: FakeSource(journal: Journal(), batches: []), publisher: FakePublisher(journal: Journal()),
+            store: FileCheckpointStore(path: directory + "/checkpoint"),
+            configuration: .init(mapping: ChangeMapping(routes: [Self.route]), audiencePath: path),
+            logger: Logger(label: "test"))
+        do {
+            try await relay.start()
+            Issue.record("a damaged memory file was accepted")
+        } catch let error as RelayError {
+            #expect(error.code == .checkpoint && error.message.contains(path))
+        }
+    }
 }
