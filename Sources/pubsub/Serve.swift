@@ -161,6 +161,9 @@ struct Serve: AsyncParsableCommand {
         // Trapped first: a SIGTERM that comes while the broker is still starting (systemd stopping it at once,
         // say) is kept and drains it as soon as it runs, instead of killing it with the default action.
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        // Likewise a SIGHUP (a renewal hook that runs as soon as the port answers) is kept for the reloader, not
+        // taken with the default action, which ends the process.
+        let reloads = await UnixSignalsSequence(trapping: .sighup)
         let (resolvedConfiguration, level) = try resolved()
         var configuration = resolvedConfiguration
         LoggingSystem.bootstrap { label in
@@ -223,7 +226,7 @@ struct Serve: AsyncParsableCommand {
             logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
         }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: CertificateReloader(server: server, logger: logger))
+            .init(service: CertificateReloader(server: server, signals: reloads, logger: logger))
         ]
         // Before the server: the JWKS refresh stops after the server has drained.
         services.append(contentsOf: authorization.services.map { .init(service: $0) })
