@@ -102,6 +102,11 @@ extension MemoryEngine {
         return result
     }
 
+    /// The subscriptions of `clientId` (nil when it is not here).
+    public func subscriptions(of clientId: String) -> Set<String>? {
+        lock.withLock { sessions[clientId].map { Set($0.subscriptions) } }
+    }
+
     /// Every session and its subscriptions.
     public func snapshot() -> [(id: String, subscriptions: [String])] {
         lock.withLock { sessions.values.map { ($0.id, Array($0.subscriptions)) } }

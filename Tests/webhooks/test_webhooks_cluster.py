@@ -58,7 +58,8 @@ def test_two_nodes_post_each_event_once(redis_server):
 
 def test_events_carry_the_user_on_every_node(redis_server):
     """With JWT, each event names the session's user, whichever node posts it: the node that handled a subscribe
-    for a session living on another node, the sweep's node for an expiry, the home node for an overflow."""
+    for a session living on another node, the sweep's node for an expiry, the home node for an overflow. A
+    repeated subscribe is reported once, and an unsubscribe only for the channels the session had."""
     import jwt
 
     key = "k" * 40
@@ -81,7 +82,11 @@ def test_events_carry_the_user_on_every_node(redis_server):
             wait_ready(b)
             alice, _ = handshake(a, "alice")
             hook_subscribe(b, alice, ["/room"])
-            hook_subscribe(b, alice, ["/room"], meta="/meta/unsubscribe")
+            # Subscribing again to a held channel is not reported again, on either node; an unsubscribe reports
+            # only the channels the session had.
+            hook_subscribe(a, alice, ["/room", "/room"])
+            hook_subscribe(b, alice, ["/room", "/never"], meta="/meta/unsubscribe")
+            hook_subscribe(a, alice, ["/room"], meta="/meta/unsubscribe")
             bob, bob_token = handshake(a, "bob")
             hook_subscribe(a, bob, "/fire")
             for i in range(3):
@@ -102,6 +107,10 @@ def test_events_carry_the_user_on_every_node(redis_server):
                 assert e["user"] == users[e["clientId"]], e
             seen = [(e["type"], e.get("reason"), e["user"]) for e in ours]
             assert ("subscribe", None, "alice") in seen and ("unsubscribe", None, "alice") in seen
+            alices = [(e["type"], e.get("channel")) for e in ours if e["clientId"] == alice]
+            assert alices.count(("subscribe", "/room")) == 1, alices
+            assert alices.count(("unsubscribe", "/room")) == 1, alices
+            assert ("unsubscribe", "/never") not in alices, alices
             assert ("disconnect", "expired", "alice") in seen
             assert ("disconnect", "overflow", "bob") in seen
             assert ("disconnect", "client", "carol") in seen

@@ -12,21 +12,21 @@ extension RedisEngine {
         observer.sessionEvents(events)
     }
 
-    /// The channels a subscribe applied: all of them, or those before the one that reached the limit.
-    func reportSubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult, user: String?) {
+    /// The channels a subscribe added: a channel the session already had is not reported again.
+    func reportSubscribed(_ clientId: String, added: [String], user: String?) {
         guard events != nil else { return }
-        let applied: ArraySlice<String>
-        switch result {
-        case .ok: applied = channels[...]
-        case .limitReached(let channel): applied = channels.prefix { $0 != channel }
-        case .unknownClient, .overflowed: return
-        }
-        report(applied.map { SessionEvent(kind: .subscribe, clientId: clientId, channel: $0, user: user) })
+        report(added.map { SessionEvent(kind: .subscribe, clientId: clientId, channel: $0, user: user) })
     }
 
-    func reportUnsubscribed(_ clientId: String, _ channels: [String], _ result: SubscriptionResult, user: String?) {
-        guard events != nil, result == .ok else { return }
-        report(channels.map { SessionEvent(kind: .unsubscribe, clientId: clientId, channel: $0, user: user) })
+    /// The channels an unsubscribe removed: only those the session had.
+    func reportUnsubscribed(_ clientId: String, removed: [String], user: String?) {
+        guard events != nil else { return }
+        report(removed.map { SessionEvent(kind: .unsubscribe, clientId: clientId, channel: $0, user: user) })
+    }
+
+    /// The channels of a script's reply array (`added` or `removed`).
+    static func channels(in reply: RESPValue?) -> [String] {
+        (reply?.array ?? []).compactMap(\.string)
     }
 
     func reportEnded(_ ended: [(id: String, user: String?)], _ reason: DetachReason) {

@@ -332,8 +332,11 @@ extension RedisEngine {
         let historyOn = configuration.historySize > 0
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
+            let had = local.subscriptions(of: clientId) ?? []
             return local.subscribe(clientId, to: channels, resume: nil, now: now, on: loop).map { result, _ in
-                self.reportSubscribed(clientId, channels, result, user: self.local.user(of: clientId))
+                var added = (self.local.subscriptions(of: clientId) ?? []).subtracting(had)
+                self.reportSubscribed(
+                    clientId, added: channels.filter { added.remove($0) != nil }, user: self.local.user(of: clientId))
                 return (result, resume.map { _ in ResumeResult(recovered: false, missed: 0) })
             }
         }
@@ -370,7 +373,9 @@ extension RedisEngine {
                         : ResumeResult(recovered: false, missed: 0)
                 }
                 let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
-                self.reportSubscribed(clientId, channels, result, user: Self.user(in: values.count > 4 ? values[4] : nil))
+                self.reportSubscribed(
+                    clientId, added: Self.channels(in: values.count > 5 ? values[5] : nil),
+                    user: Self.user(in: values.count > 4 ? values[4] : nil))
                 return (result, resumed)
             case 2?: return (.overflowed, nil)
             default: return (.unknownClient, nil)
@@ -383,8 +388,13 @@ extension RedisEngine {
     {
         guard isConnected else {
             guard local.hasSession(clientId) else { return loop.makeFailedFuture(RedisError(.notConnected)) }
+            let had = local.subscriptions(of: clientId) ?? []
             return local.unsubscribe(clientId, from: channels, on: loop).map { result in
-                self.reportUnsubscribed(clientId, channels, result, user: self.local.user(of: clientId))
+                if result == .ok {
+                    var held = had
+                    self.reportUnsubscribed(
+                        clientId, removed: channels.filter { held.remove($0) != nil }, user: self.local.user(of: clientId))
+                }
                 return result
             }
         }
@@ -393,7 +403,9 @@ extension RedisEngine {
             let values = reply.array ?? []
             switch values.first?.int {
             case 1?:
-                self.reportUnsubscribed(clientId, channels, .ok, user: Self.user(in: values.count > 1 ? values[1] : nil))
+                self.reportUnsubscribed(
+                    clientId, removed: Self.channels(in: values.count > 2 ? values[2] : nil),
+                    user: Self.user(in: values.count > 1 ? values[1] : nil))
                 return .ok
             case 2?: return .overflowed
             default: return .unknownClient

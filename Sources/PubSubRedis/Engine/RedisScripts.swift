@@ -172,7 +172,7 @@ enum RedisScripts {
     /// ARGV: id, maxSubscriptions, n, channel × n, then resume (1 or 0), the token's epoch and permuted sequence
     /// (as its 32-bit halves hi, lo: the key stays in Redis), maxQueue, ttl ms, now ms.
     /// The home node gets an `S` notification: the channels added, then the replayed events.
-    /// {1, limitChannel or '', recovered, missed} or {0} / {2}.
+    /// {1, limitChannel or '', recovered, missed, user or '', {channel added, ...}} or {0} / {2}.
     static let subscribe = Script(positionFunctions + """
         local function matches(p, name)
           if p == name or p == '/**' then return true end
@@ -266,25 +266,27 @@ enum RedisScripts {
         parts[#parts + 1] = f(#events)
         for _, e in ipairs(events) do parts[#parts + 1] = f(e) end
         if #added > 0 or #events > 0 then notify(home, table.concat(parts)) end
-        return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or ''}
+        return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or '', added}
         """)
 
-    /// ARGV: id, n, channel × n. The home node gets a `U` notification. {1} or {0} / {2}.
+    /// ARGV: id, n, channel × n. The home node gets a `U` notification of the channels the session had.
+    /// {1, user or '', {channel removed, ...}} or {0} / {2}.
     static let unsubscribe = Script("""
         local id = ARGV[3]
         if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
         local ck = P .. 'c:' .. id
         local home = redis.call('HGET', ck, 'home')
-        local parts = {}
+        local parts, removed = {}, {}
         for i = 1, tonumber(ARGV[4]) do
           local ch = ARGV[4 + i]
           if redis.call('SREM', ck .. ':s', ch) == 1 then
             interest(home, ch, -1)
             parts[#parts + 1] = f(ch)
+            removed[#removed + 1] = ch
           end
         end
         if #parts > 0 then notify(home, 'U' .. f(id) .. f(#parts) .. table.concat(parts)) end
-        return {1, redis.call('HGET', ck, 'user') or ''}
+        return {1, redis.call('HGET', ck, 'user') or '', removed}
         """)
 
     /// The body shared by destroy and the expiry sweep: removes every trace and tells the home node (`D`).
