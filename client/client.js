@@ -23,6 +23,31 @@ function bySeq(a, b) { return a.seq - b.seq; }
 
 function isMeta(channel) { return channel.indexOf('/meta/') === 0; }
 
+// The position of a subscription after a message at `position` (docs/PROTOCOL.md, "Brokers spread over shards").
+// A broker spread over shards (`--redis-shards`) gives at the handshake a position with one part per shard
+// (`2.<epoch>.<p>~2.<epoch>.<p>…`), and each message the position of its own shard, which that shard's epoch (the
+// second field) names: the part with the message's epoch is replaced, so a subscription over several shards
+// (`/**`) keeps a part for each and resumes exactly. Anything else (one broker's positions, a message of an epoch
+// the stored position has no part for) is replaced whole. The same rule as `pubsub subscribe`
+// (Sources/PubSubClient/SubscriptionPositions.swift).
+function advance(stored, position) {
+  if (!stored || stored.indexOf('~') < 0 || position.indexOf('~') >= 0) return position;
+  var shard = epochOf(position), parts = stored.split('~');
+  if (shard === null) return position;
+  for (var i = 0; i < parts.length; i++) {
+    if (epochOf(parts[i]) === shard) {
+      parts[i] = position;
+      return parts.join('~');
+    }
+  }
+  return position;
+}
+
+function epochOf(token) {
+  var fields = token.split('.');
+  return fields.length === 3 ? fields[1] : null;
+}
+
 // The names a message on `channel` is routed to: /a/b/c -> /**, /a/b/c, /a/b/*, /a/**, /a/b/**
 function expand(channel) {
   var segs = channel.split('/').slice(1), out = ['/**', channel], last = segs.slice();
@@ -516,8 +541,9 @@ api._connect = function () {
 };
 
 // A channel subscribed again after a new handshake asks for what it missed meanwhile: `ext.resume` with the
-// position of the last message it got (pubsub's extension; Faye ignores it). The broker answers whether all of
-// it is coming; `resume` is triggered with the channel and that answer, so a page can refetch when it is not.
+// position of the last message it got (pubsub's extension; Faye ignores it). On a broker spread over shards that
+// position has a part per shard, each from the last message of that shard (`advance`). The broker answers whether
+// all of it is coming; `resume` is triggered with the channel and that answer, so a page can refetch when it is not.
 api._subscribe = function (channel) {
   var self = this, ch0 = this._channels[channel];
   var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: channel };
@@ -657,7 +683,8 @@ api._handle = function (message) {
     each(expand(message.channel), function (name) {
       var ch = this._channels[name];
       if (!ch) return;
-      if (position) ch.position = position;
+      // Before the subscribe's answer the channel has no position yet: it starts from the handshake's.
+      if (position) ch.position = advance(ch.position || this._position, position);
       each(ch.subs.slice(), function (sub) { sub._call(message); });
     }, this);
   }

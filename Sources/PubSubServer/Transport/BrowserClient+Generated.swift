@@ -2,8 +2,8 @@
 
 /// The browser client served at `<mount>/client.js` and `<mount>.js`.
 enum BrowserClient {
-    static let etag = "\"4263fa474d9bc0e7de22fe5646c94672d97d14e5\""
-    static let lastModified = "Wed, 25 Nov 2026 09:53:55 GMT"
+    static let etag = "\"0346714c8c64fb1f955dabd734ca9220b11df8b9\""
+    static let lastModified = "Fri, 27 Nov 2026 21:36:49 GMT"
     static let source = #"""
 /* pubsub browser client: the Faye.Client API over WebSocket, CORS long-polling and JSON-P. MIT licence. */
 (function (global) {
@@ -19,6 +19,22 @@ function report(e) { later(function () { throw e; }, 0); }
 function each(list, fn, ctx) { for (var i = 0; i < list.length; i++) fn.call(ctx, list[i], i); }
 function bySeq(a, b) { return a.seq - b.seq; }
 function isMeta(channel) { return channel.indexOf('/meta/') === 0; }
+function advance(stored, position) {
+if (!stored || stored.indexOf('~') < 0 || position.indexOf('~') >= 0) return position;
+var shard = epochOf(position), parts = stored.split('~');
+if (shard === null) return position;
+for (var i = 0; i < parts.length; i++) {
+if (epochOf(parts[i]) === shard) {
+parts[i] = position;
+return parts.join('~');
+}
+}
+return position;
+}
+function epochOf(token) {
+var fields = token.split('.');
+return fields.length === 3 ? fields[1] : null;
+}
 function expand(channel) {
 var segs = channel.split('/').slice(1), out = ['/**', channel], last = segs.slice();
 last[last.length - 1] = '*';
@@ -557,7 +573,7 @@ var position = message.ext && typeof message.ext.position === 'string' ? message
 each(expand(message.channel), function (name) {
 var ch = this._channels[name];
 if (!ch) return;
-if (position) ch.position = position;
+if (position) ch.position = advance(ch.position || this._position, position);
 each(ch.subs.slice(), function (sub) { sub._call(message); });
 }, this);
 }
