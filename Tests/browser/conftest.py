@@ -1,7 +1,7 @@
 """Fixtures of the browser suite and its timeout."""
 
 from pubsubtest.browser import browser, page, page_server, screenshot  # noqa: F401  (fixtures)
-from pubsubtest.fixtures import make_broker  # noqa: F401  (fixtures)
+from pubsubtest.fixtures import make_broker, make_redis_cluster  # noqa: F401  (fixtures)
 from pubsubtest.suite import suite_timeout
 
 pytest_collection_modifyitems = suite_timeout(__file__, 90)

@@ -6,7 +6,7 @@ Tests/ on the path):
     wait      wait_until(predicate, timeout)
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
-    fixtures  make_broker, pool, redis_server
+    fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
     redis     RedisServer, Sentinel, RedisCluster (masters with replicas, redis-cli --cluster create), wait_ready()
     tls       make_authority(), make_self_signed(): throwaway certificates made with openssl

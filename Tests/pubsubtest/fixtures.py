@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from .broker import Broker
-from .redis import RedisServer
+from .redis import RedisCluster, RedisServer
 
 
 @pytest.fixture
@@ -44,3 +44,20 @@ def redis_server():
     r.start()
     yield r
     r.stop()
+
+
+@pytest.fixture
+def make_redis_cluster():
+    """Factory for Redis Clusters on loopback (`make_redis_cluster(masters=3, replicas=0)`, see RedisCluster); every
+    one is stopped (and its folders removed) after the test."""
+    started = []
+
+    def make(**kwargs):
+        cluster = RedisCluster(**kwargs)
+        cluster.start()
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
