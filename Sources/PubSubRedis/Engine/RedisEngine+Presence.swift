@@ -3,10 +3,10 @@ import NIOConcurrencyHelpers
 import NIOCore
 import PubSubCore
 
-/// The server API's questions, answered for the whole cluster from what Redis holds: the routing table
-/// (`i:<channel>`: node → sessions subscribed) for channel counts, the sessions' hashes and subscription sets
-/// for presence, the shared history, and each node's report (`node:<id>`, refreshed by every `nodes` call).
-/// Nothing here runs while publishing.
+/// The server API's questions, answered for the whole cluster from what Redis holds: the subscription index
+/// (`m:<channel>`: the sessions subscribed, `chans`: channel → how many) for channel counts and presence, with
+/// the sessions' hashes for `user`, `transport` and `since`; the shared history; and each node's report
+/// (`node:<id>`, refreshed by every `nodes` call). Nothing here runs while publishing.
 extension RedisEngine {
     /// A new session's handshake time, for presence on any node (not awaited: the handshake does not wait).
     func noteCreated(_ clientId: String, now: NIODeadline) {
@@ -145,39 +145,50 @@ extension RedisEngine {
     }
 }
 
-/// The server API's scripts (read-only but for a node's own report). Same calling convention as `RedisScripts`.
+/// The server API's scripts (read-only but for a node's own report and the index they build or prune). Same calling convention as `RedisScripts`.
 enum RedisPresenceScripts {
-    /// Every routed channel and its subscriber count (the sum over nodes). Returns {name, count, ...}.
-    static let channels = RedisScripts.Script("""
-        local out, cursor = {}, '0'
-        repeat
-          local r = redis.call('SCAN', cursor, 'MATCH', P .. 'i:*', 'COUNT', 1000)
-          cursor = r[1]
-          for _, key in ipairs(r[2]) do
-            local total = 0
-            for _, v in ipairs(redis.call('HVALS', key)) do total = total + tonumber(v) end
-            if total > 0 then
-              out[#out + 1] = string.sub(key, #P + 3)
-              out[#out + 1] = total
-            end
+    /// Builds the index (`m:<channel>`, `chans`) from every session when it is missing (`pidx`), as after an
+    /// upgrade from a version without it: once, O(sessions); every script keeps it after that.
+    static let indexFunction = """
+        local function indexed()
+          if redis.call('EXISTS', P .. 'pidx') == 1 then return end
+          for _, id in ipairs(redis.call('ZRANGE', P .. 'clients', 0, -1)) do
+            for _, ch in ipairs(redis.call('SMEMBERS', P .. 'c:' .. id .. ':s')) do member(ch, id, 1) end
           end
-        until cursor == '0'
+          redis.call('SET', P .. 'pidx', '1')
+        end
+
+        """
+
+    /// Every subscribed name and how many sessions hold it, from the index: O(channels). Returns {name, count, ...}.
+    static let channels = RedisScripts.Script(indexFunction + """
+        indexed()
+        local out, all = {}, redis.call('HGETALL', P .. 'chans')
+        for i = 1, #all, 2 do
+          if tonumber(all[i + 1]) > 0 then
+            out[#out + 1] = all[i]
+            out[#out + 1] = tonumber(all[i + 1])
+          end
+        end
         return out
         """)
 
-    /// The sessions subscribed to exactly ARGV[3]: {id, user or false, transport or false, since or false, ...}.
-    /// Reads every session's subscription set: O(sessions), for an operator's question, never per publish.
-    static let presence = RedisScripts.Script("""
+    /// The sessions subscribed to exactly ARGV[3]: {id, user or false, transport or false, since or false, ...},
+    /// from the index: O(its subscribers). An entry whose session is gone or no longer holds the channel (left by
+    /// a node of an older version) is dropped from the index here.
+    static let presence = RedisScripts.Script(indexFunction + """
+        indexed()
         local channel, out = ARGV[3], {}
-        if redis.call('EXISTS', P .. 'i:' .. channel) == 0 then return out end
-        for _, id in ipairs(redis.call('ZRANGE', P .. 'clients', 0, -1)) do
+        for _, id in ipairs(redis.call('SMEMBERS', P .. 'm:' .. channel)) do
           local ck = P .. 'c:' .. id
-          if redis.call('SISMEMBER', ck .. ':s', channel) == 1 then
+          if redis.call('SISMEMBER', ck .. ':s', channel) == 1 and redis.call('ZSCORE', P .. 'clients', id) then
             local h = redis.call('HMGET', ck, 'user', 'transport', 'since')
             out[#out + 1] = id
             out[#out + 1] = h[1]
             out[#out + 1] = h[2]
             out[#out + 1] = h[3]
+          else
+            member(channel, id, -1)
           end
         end
         return out

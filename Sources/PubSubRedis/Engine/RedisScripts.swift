@@ -12,6 +12,9 @@ import PubSubCore
 /// - `P c:<id>:s` set: its subscriptions (names and patterns)
 /// - `P i:<channel>` hash: node → how many of its sessions subscribe to `<channel>` (the routing table)
 /// - `P ni:<node>` set: the channels a node has interest in (to repair the routing table after an outage)
+/// - `P m:<channel>` set: the sessions subscribed to exactly `<channel>`; `P chans` hash: channel → how many
+///   (the server API's index: presence and channel counts without reading every session; built from the sessions
+///   by the first question when `P pidx` is missing, as after an upgrade, and kept by every script after that)
 /// - `P d:<id>`: the client was dropped for overflow (expires with the session lifetime)
 /// - `P seq`, `P epoch`, `P pkey`: the position counter, the history's epoch and the key of the position
 ///   permutation (`PositionCipher`; made with the epoch); `P history`: capped list of events,
@@ -64,6 +67,14 @@ enum RedisScripts {
             redis.call('SREM', P .. 'ni:' .. node, channel)
           elseif n == delta then
             redis.call('SADD', P .. 'ni:' .. node, channel)
+          end
+        end
+        local function member(channel, id, delta)
+          local key = P .. 'm:' .. channel
+          if delta > 0 then
+            if redis.call('SADD', key, id) == 1 then redis.call('HINCRBY', P .. 'chans', channel, 1) end
+          elseif redis.call('SREM', key, id) == 1 then
+            if redis.call('HINCRBY', P .. 'chans', channel, -1) <= 0 then redis.call('HDEL', P .. 'chans', channel) end
           end
         end
         local function missing(id)
@@ -211,6 +222,7 @@ enum RedisScripts {
             redis.call('SADD', ck .. ':s', ch)
             count = count + 1
             interest(home, ch, 1)
+            member(ch, id, 1)
             added[#added + 1] = ch
             subscribed[#subscribed + 1] = ch
           end
@@ -281,6 +293,7 @@ enum RedisScripts {
           local ch = ARGV[4 + i]
           if redis.call('SREM', ck .. ':s', ch) == 1 then
             interest(home, ch, -1)
+            member(ch, id, -1)
             parts[#parts + 1] = f(ch)
             removed[#removed + 1] = ch
           end
@@ -298,6 +311,7 @@ enum RedisScripts {
           local user = redis.call('HGET', ck, 'user') or ''
           for _, ch in ipairs(redis.call('SMEMBERS', ck .. ':s')) do
             if home then interest(home, ch, -1) end
+            member(ch, id, -1)
           end
           redis.call('DEL', ck, ck .. ':s')
           redis.call('ZREM', P .. 'clients', id)
@@ -409,8 +423,12 @@ enum RedisScripts {
         if home and home ~= me and known then return {0, home} end
         redis.call('ZADD', P .. 'clients', ARGV[5], id)
         redis.call('HSET', ck, 'home', me, 'connected', '1')
+        for _, ch in ipairs(redis.call('SMEMBERS', ck .. ':s')) do member(ch, id, -1) end
         redis.call('DEL', ck .. ':s')
-        for i = 1, tonumber(ARGV[6]) do redis.call('SADD', ck .. ':s', ARGV[6 + i]) end
+        for i = 1, tonumber(ARGV[6]) do
+          redis.call('SADD', ck .. ':s', ARGV[6 + i])
+          member(ARGV[6 + i], id, 1)
+        end
         return {1, known and 1 or 0}
         """)
 

@@ -39,6 +39,49 @@ import PubSubTesting
         }
     }
 
+    /// Redis keeps an index for these questions (`m:<channel>`, `chans`). Redis left by a version without it (no
+    /// index, no `pidx`) is indexed by the first question; an entry whose session is gone is pruned by presence.
+    @Test func theIndexIsBuiltByTheFirstQuestionAfterAnUpgradeAndKeptAfter() async throws {
+        try await withCluster(.redis) { cluster in
+            let h = cluster.first
+            let redis = try #require(h.redis)
+            let p = redis.keyPrefix
+            func send(_ command: RESPCommand) async throws -> RESPValue { try await redis.commands.send(command).get() }
+            func counts() async throws -> [String: Int] {
+                let counts = try await h.engine.channels(on: h.loop).get()
+                return Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) })
+            }
+            func present(_ channel: String) async throws -> Set<String> {
+                Set(try await h.engine.presence(of: channel, now: h.now, on: h.loop).get().map(\.clientId))
+            }
+            let a = try await h.handshake()
+            let b = try await h.handshake()
+            _ = try await h.subscribe(a, "/room")
+            _ = try await h.subscribe(a, "/jobs/**")
+            _ = try await h.subscribe(b, "/room")
+            _ = try await send(
+                RESPCommand("DEL", .string(p + "pidx"), .string(p + "chans"), .string(p + "m:/room"), .string(p + "m:/jobs/**")))
+            #expect(try await counts() == ["/room": 2, "/jobs/**": 1])
+            #expect(try await present("/room") == [a, b])
+            #expect(try await send(RESPCommand("EXISTS", .string(p + "pidx"))).int == 1)
+            // An entry of a session that ended without the index being told (a node of the older version).
+            _ = try await send(RESPCommand("SADD", .string(p + "m:/room"), "gone"))
+            _ = try await send(RESPCommand("HINCRBY", .string(p + "chans"), "/room", 1))
+            #expect(try await present("/room") == [a, b])
+            #expect(try await send(RESPCommand("SISMEMBER", .string(p + "m:/room"), "gone")).int == 0)
+            #expect(try await counts() == ["/room": 2, "/jobs/**": 1])
+            // From then on every change keeps it: an unsubscribe, a subscribe, a session's end.
+            _ = try await h.reply(#"{"channel":"/meta/unsubscribe","clientId":"\#(a)","subscription":"/room"}"#)
+            _ = try await h.subscribe(b, "/jobs/**")
+            _ = try await h.engine.destroyClient(a, reason: .disconnected, on: h.loop).get()
+            #expect(try await counts() == ["/room": 1, "/jobs/**": 1])
+            #expect(try await present("/jobs/**") == [b])
+            _ = try await h.engine.destroyClient(b, reason: .disconnected, on: h.loop).get()
+            #expect(try await counts() == [:])
+            #expect(try await send(RESPCommand("EXISTS", .string(p + "chans"), .string(p + "m:/room"))).int == 0)
+        }
+    }
+
     @Test(arguments: EngineKind.allCases)
     func kickEndsTheSessionAndTellsItsSink(_ kind: EngineKind) async throws {
         try await withCluster(kind, nodes: kind.isRedis ? 2 : 1) { cluster in
