@@ -57,7 +57,8 @@ struct OperationsOptions: ParsableArguments {
         for (value, name) in [(operations.publishLimitPerIP, "per-ip"), (operations.publishLimitPerToken, "per-token")] {
             if let value, value <= 0 { throw ValidationError("--publish-limit-\(name) must be a positive number") }
         }
-        let window = try pick(publishLimitWindow, "PUBSUB_PUBLISH_LIMIT_WINDOW") ?? 1
+        func seconds(_ amount: TimeAmount) -> Double { Double(amount.nanoseconds) / 1e9 }
+        let window = try pick(publishLimitWindow, "PUBSUB_PUBLISH_LIMIT_WINDOW") ?? seconds(operations.publishWindow)
         guard window > 0, window <= 86_400 else {
             throw ValidationError("--publish-limit-window must be above 0 and at most 86400 seconds")
         }
@@ -68,7 +69,7 @@ struct OperationsOptions: ParsableArguments {
             guard (0...65535).contains(port) else { throw ValidationError("--metrics-port must be between 0 and 65535") }
             operations.metricsPort = port
         }
-        let drain = try pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? 10
+        let drain = try pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? seconds(operations.drainTimeout)
         guard drain > 0, drain <= 3600 else { throw ValidationError("--drain-timeout must be above 0 and at most 3600 seconds") }
         operations.drainTimeout = .nanoseconds(Int64(drain * 1e9))
         operations.reusePort =

@@ -20,7 +20,7 @@ struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run the broker.",
         discussion: """
-            With no arguments: a broker on 127.0.0.1:9292 mounted at /faye with the in-memory engine.
+            With no arguments: a broker on \(ServerConfiguration().host):\(ServerConfiguration().port) mounted at \(ServerConfiguration().mount) with the in-memory engine.
             Every option can also be set with an environment variable, PUBSUB_ and the option name in
             upper case with underscores (e.g. PUBSUB_PORT, PUBSUB_MAX_QUEUE); a flag wins over the variable.
             """
@@ -71,36 +71,41 @@ struct Serve: AsyncParsableCommand {
     var logLevel: String?
 
     func resolved() throws -> (ServerConfiguration, Logger.Level) {
+        // Each default is written once, in the configuration types; a flag, then its variable, replace it.
+        let defaults = ServerConfiguration()
         func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String, _ fallback: T) throws -> T {
             if let flag { return flag }
             return try Environment.value(env, as: T.self) ?? fallback
         }
-        let timeout = try pick(self.timeout, "PUBSUB_TIMEOUT", 45.0)
-        let interval = try pick(self.interval, "PUBSUB_INTERVAL", 0.0)
-        let port = try pick(self.port, "PUBSUB_PORT", 9292)
-        guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535") }
-        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be above 0 and at most 3600 seconds") }
-        guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
+        func seconds(_ amount: TimeAmount) -> Double { Double(amount.nanoseconds) / 1e9 }
         func positive(_ value: Int, _ name: String) throws -> Int {
             guard value > 0 else { throw ValidationError("--\(name) must be a positive number") }
             return value
         }
-        let historySize = try pick(self.historySize, "PUBSUB_HISTORY_SIZE", 1000)
+        let timeout = try pick(self.timeout, "PUBSUB_TIMEOUT", seconds(defaults.broker.timeout))
+        let interval = try pick(self.interval, "PUBSUB_INTERVAL", seconds(defaults.broker.interval))
+        let port = try pick(self.port, "PUBSUB_PORT", defaults.port)
+        guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535") }
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be above 0 and at most 3600 seconds") }
+        guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
+        let historySize = try pick(self.historySize, "PUBSUB_HISTORY_SIZE", defaults.broker.historySize)
         guard historySize >= 0 else { throw ValidationError("--history-size must not be negative") }
-        let historyTTL = try pick(self.historyTtl, "PUBSUB_HISTORY_TTL", 0.0)
+        let historyTTL = try pick(self.historyTtl, "PUBSUB_HISTORY_TTL", defaults.broker.historyTTL.map(seconds) ?? 0)
         guard historyTTL >= 0 else { throw ValidationError("--history-ttl must not be negative") }
-        let historyBytes = try pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", BrokerConfiguration.defaultHistoryBytes)
+        let historyBytes = try pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", defaults.broker.historyBytes)
         guard historyBytes >= 0 else { throw ValidationError("--history-bytes must not be negative") }
         let broker = BrokerConfiguration(
             timeout: .nanoseconds(Int64(timeout * 1e9)),
             interval: .nanoseconds(Int64(interval * 1e9)),
-            maxQueue: try positive(pick(maxQueue, "PUBSUB_MAX_QUEUE", 1000), "max-queue"),
+            maxQueue: try positive(pick(maxQueue, "PUBSUB_MAX_QUEUE", defaults.broker.maxQueue), "max-queue"),
             maxSubscriptionsPerClient: try positive(
-                pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", 1000), "max-subscriptions"),
+                pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", defaults.broker.maxSubscriptionsPerClient),
+                "max-subscriptions"),
             maxChannelLength: try positive(
-                pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", 256), "max-channel-length"),
+                pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", defaults.broker.maxChannelLength), "max-channel-length"),
             maxMessagesPerRequest: try positive(
-                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", 1000), "max-messages-per-request"),
+                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", defaults.broker.maxMessagesPerRequest),
+                "max-messages-per-request"),
             historySize: historySize,
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
             historyBytes: historyBytes
@@ -111,32 +116,33 @@ struct Serve: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: levelName) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
-        func seconds(_ flag: Double?, _ env: String, _ fallback: Double, _ name: String) throws -> TimeAmount {
-            let value = try pick(flag, env, fallback)
+        func duration(_ flag: Double?, _ env: String, _ fallback: TimeAmount, _ name: String) throws -> TimeAmount {
+            let value = try pick(flag, env, seconds(fallback))
             guard value > 0, value <= 3600 else {
                 throw ValidationError("--\(name) must be above 0 and at most 3600 seconds")
             }
             return .nanoseconds(Int64(value * 1e9))
         }
-        var timeouts = ConnectionTimeouts()
-        timeouts.header = try seconds(headerTimeout, "PUBSUB_HEADER_TIMEOUT", 10, "header-timeout")
-        timeouts.idle = try seconds(idleTimeout, "PUBSUB_IDLE_TIMEOUT", 30, "idle-timeout")
-        timeouts.send = try seconds(sendTimeout, "PUBSUB_SEND_TIMEOUT", 30, "send-timeout")
-        let pingInterval = try seconds(self.pingInterval, "PUBSUB_PING_INTERVAL", 30, "ping-interval")
-        let maxDepth = try positive(pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", 64), "max-json-depth")
+        var timeouts = defaults.timeouts
+        timeouts.header = try duration(headerTimeout, "PUBSUB_HEADER_TIMEOUT", defaults.timeouts.header, "header-timeout")
+        timeouts.idle = try duration(idleTimeout, "PUBSUB_IDLE_TIMEOUT", defaults.timeouts.idle, "idle-timeout")
+        timeouts.send = try duration(sendTimeout, "PUBSUB_SEND_TIMEOUT", defaults.timeouts.send, "send-timeout")
+        let pingInterval = try duration(self.pingInterval, "PUBSUB_PING_INTERVAL", defaults.pingInterval, "ping-interval")
+        let maxDepth = try positive(pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", defaults.maxJSONDepth), "max-json-depth")
         guard maxDepth <= 512 else { throw ValidationError("--max-json-depth must be at most 512") }
         let configuration = ServerConfiguration(
-            host: try pick(host, "PUBSUB_HOST", "127.0.0.1"),
+            host: try pick(host, "PUBSUB_HOST", defaults.host),
             port: port,
-            mount: try pick(mount, "PUBSUB_MOUNT", "/faye"),
-            maxRequestBytes: try positive(pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", 1 << 20), "max-request-bytes"),
-            maxFrameBytes: try positive(pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", 1 << 20), "max-frame-bytes"),
+            mount: try pick(mount, "PUBSUB_MOUNT", defaults.mount),
+            maxRequestBytes: try positive(
+                pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", defaults.maxRequestBytes), "max-request-bytes"),
+            maxFrameBytes: try positive(pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", defaults.maxFrameBytes), "max-frame-bytes"),
             maxJSONDepth: maxDepth,
             maxOutboundBytes: try positive(
-                pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", 1 << 20), "max-outbound-bytes"),
+                pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", defaults.maxOutboundBytes), "max-outbound-bytes"),
             broker: broker,
             extensions: ExtensionPipeline(),
-            threads: try pick(threads, "PUBSUB_THREADS", 0),
+            threads: try pick(threads, "PUBSUB_THREADS", defaults.threads),
             operations: try operations.resolve(),
             timeouts: timeouts,
             pingInterval: pingInterval,
