@@ -14,7 +14,8 @@ import PubSubCore
 /// - `P ni:<node>` set: the channels a node has interest in (to repair the routing table after an outage)
 /// - `P m:<channel>` set: the sessions subscribed to exactly `<channel>`; `P chans` hash: channel → how many
 ///   (the server API's index: presence and channel counts without reading every session; built from the sessions
-///   by the first question when `P pidx` is missing, as after an upgrade, and kept by every script after that)
+///   by the first question when `P pidx` is missing, as after an upgrade, and kept by every script after that;
+///   the first session of an empty Redis sets `P pidx`)
 /// - `P d:<id>`: the client was dropped for overflow (expires with the session lifetime)
 /// - `P seq`, `P epoch`, `P pkey`: the position counter, the history's epoch and the key of the position
 ///   permutation (`PositionCipher`; made with the epoch); `P history`: capped list of events,
@@ -88,6 +89,8 @@ enum RedisScripts {
     /// then the cluster's latest, not this node's view of it, which may lag); {0} id taken.
     static let create = Script("""
         local id, node = ARGV[3], ARGV[4]
+        -- No session yet: the server API's index is complete from here on (else the first question builds it).
+        if redis.call('ZCARD', P .. 'clients') == 0 then redis.call('SET', P .. 'pidx', '1') end
         if redis.call('ZADD', P .. 'clients', 'NX', ARGV[5], id) == 0 then return {0} end
         redis.call('HSET', P .. 'c:' .. id, 'home', node, 'connected', '0')
         return {1, redis.call('GET', P .. 'seq') or '0', redis.call('GET', P .. 'epoch') or '',
