@@ -12,21 +12,27 @@ from .broker import Broker
 from .redis import RedisCluster, RedisServer
 
 
+def _started(kind):
+    """The body of a factory fixture: yields `make(**kwargs)`, which makes a `kind` and starts it; every one made is
+    stopped after the test."""
+    started = []
+
+    def make(**kwargs):
+        thing = kind(**kwargs)
+        thing.start()
+        started.append(thing)
+        return thing
+
+    yield make
+    for thing in started:
+        thing.stop()
+
+
 @pytest.fixture
 def make_broker():
     """Factory for servers with special settings (`make_broker(timeout=2, extra_args=[...])`); every one is
     stopped after the test. A server can be restarted on its port with `restart()`."""
-    started = []
-
-    def make(**kwargs):
-        b = Broker(**kwargs)
-        b.start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
+    yield from _started(Broker)
 
 
 @pytest.fixture
@@ -50,14 +56,4 @@ def redis_server():
 def make_redis_cluster():
     """Factory for Redis Clusters on loopback (`make_redis_cluster(masters=3, replicas=0)`, see RedisCluster); every
     one is stopped (and its folders removed) after the test."""
-    started = []
-
-    def make(**kwargs):
-        cluster = RedisCluster(**kwargs)
-        cluster.start()
-        started.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in started:
-        cluster.stop()
+    yield from _started(RedisCluster)
