@@ -194,18 +194,17 @@ enum RedisPresenceScripts {
         return out
         """)
 
-    /// Stores ARGV[4] as node ARGV[3]'s report for ARGV[5] ms and returns every node's report.
+    /// Stores ARGV[4] as node ARGV[3]'s report for ARGV[5] ms and returns every node's report. Every node runs it
+    /// once a second (with an API key): the nodes are a set of their own (`nodes`), so it reads O(nodes) keys, never
+    /// the keyspace; a node whose report expired is taken out of the set here.
     static let nodes = RedisScripts.Script("""
         redis.call('SET', P .. 'node:' .. ARGV[3], ARGV[4], 'PX', ARGV[5])
-        local out, cursor = {}, '0'
-        repeat
-          local r = redis.call('SCAN', cursor, 'MATCH', P .. 'node:*', 'COUNT', 1000)
-          cursor = r[1]
-          for _, key in ipairs(r[2]) do
-            local v = redis.call('GET', key)
-            if v then out[#out + 1] = v end
-          end
-        until cursor == '0'
+        redis.call('SADD', P .. 'nodes', ARGV[3])
+        local out = {}
+        for _, id in ipairs(redis.call('SMEMBERS', P .. 'nodes')) do
+          local v = redis.call('GET', P .. 'node:' .. id)
+          if v then out[#out + 1] = v else redis.call('SREM', P .. 'nodes', id) end
+        end
         return out
         """)
 }

@@ -21,6 +21,8 @@ import PubSubCore
 ///   permutation (`PositionCipher`; made with the epoch); `P history`: capped list of events,
 ///   `P hbytes`: the bytes it holds
 /// - `P gc`: the expiry sweep lock; `P alive:<node>`: a node's heartbeat (for operators: `KEYS pubsub:alive:*`)
+/// - `P node:<node>`: a node's report for the server API (expiring unless refreshed); `P nodes` set: the nodes
+///   that have one
 /// - Sentinel only: `P master` the address of the master the positions were last taken on, `P termbase` that
 ///   master's last position when the first node reached it (see `RedisEngine+Sentinel.swift`)
 /// Notification channel of a node: `C n:<node>` (C adds the database, as pub/sub ignores it).

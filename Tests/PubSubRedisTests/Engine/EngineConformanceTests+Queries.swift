@@ -164,4 +164,19 @@ import PubSubTesting
             #expect(reports.allSatisfy { $0.clientsByTransport == ["long-polling": 1] && $0.subscriptions == 1 })
         }
     }
+
+    /// The reports are found through the set of nodes, not by scanning the keyspace (each node stores its own
+    /// once a second); a node whose report expired leaves the set when the next call meets it.
+    @Test func aNodeWhoseReportExpiredLeavesTheSetOfNodes() async throws {
+        try await withCluster(.redis, nodes: 2) { cluster in
+            let redis = try #require(cluster.first.redis)
+            let p = redis.keyPrefix
+            let report = NodeReport(id: "x", uptimeSeconds: 1, clients: 0, clientsByTransport: [:], subscriptions: 0)
+            for node in cluster.nodes { _ = try await node.engine.nodes(local: report, on: node.loop).get() }
+            _ = try await redis.commands.send(RESPCommand("SADD", .string(p + "nodes"), "gone")).get()
+            let reports = try await cluster.first.engine.nodes(local: report, on: cluster.first.loop).get()
+            #expect(reports.count == 2)
+            #expect(try await redis.commands.send(RESPCommand("SCARD", .string(p + "nodes"))).get().int == 2)
+        }
+    }
 }
