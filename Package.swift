@@ -255,7 +255,10 @@ let package = Package(
         ),
         .testTarget(
             name: "BayeuxTests",
-            dependencies: ["Bayeux", .product(name: "NIOCore", package: "swift-nio")],
+            dependencies: [
+                "Bayeux", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(
