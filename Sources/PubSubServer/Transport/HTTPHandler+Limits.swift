@@ -32,8 +32,6 @@ extension HTTPHandler {
         return nil
     }
 
-    /// Checks the publish limits for a request; the headers go on its response whatever the verdict, and a
-    /// refusal is answered with 429 instead of the request being handled.
     /// The client's address: the connection's peer, or behind a trusted proxy (`--trust-forwarded-for`) the last
     /// hop of `X-Forwarded-For`.
     static func clientAddress(_ head: HTTPRequestHead, remoteAddress: String?, trustForwardedFor: Bool) -> String? {
@@ -43,14 +41,10 @@ extension HTTPHandler {
         return remoteAddress
     }
 
-    func clientAddress(_ head: HTTPRequestHead, context: ChannelHandlerContext) -> String? {
-        Self.clientAddress(
-            head, remoteAddress: context.channel.remoteAddress?.ipAddress,
-            trustForwardedFor: shared.operations.configuration.trustForwardedFor)
-    }
-
+    /// Checks the publish limits for a request; the headers go on its response whatever the verdict, and a
+    /// refusal is answered with 429 instead of the request being handled.
     func checkPublishLimits(_ elements: [MessageBatch.Element], head: HTTPRequestHead, remoteAddress: String?)
-        -> (headers: HTTPHeaders, refusal: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)?)?
+        -> (headers: HTTPHeaders, refusal: HTTPResponse?)?
     {
         let operations = shared.operations
         guard let limiter = operations.limiter else { return nil }
@@ -77,7 +71,7 @@ extension HTTPHandler {
         let text =
             "Publish rate limit exceeded: \(verdict.limit) messages per \(seconds == 1 ? "second" : "\(seconds) seconds") "
             + "per \(per); this request has \(cost); retry after \(verdict.retryAfterSeconds) s\n"
-        return (headers, (.tooManyRequests, refusal, ByteBuffer(string: text)))
+        return (headers, HTTPResponse(status: .tooManyRequests, headers: refusal, body: ByteBuffer(string: text)))
     }
 
     /// One log line per connection that fails, and the matching `pubsub_request_errors_total` kind. Resets and

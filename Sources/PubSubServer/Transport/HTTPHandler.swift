@@ -4,8 +4,9 @@ import NIOCore
 import NIOHTTP1
 import PubSubCore
 
-/// Serves one HTTP connection: long-polling (POST), cross-origin long-polling (CORS), JSON-P callback-polling
-/// (GET), EventSource streams, CORS preflights, and the few plain routes.
+/// Serves one HTTP connection: reads each request, parses its route once, and hands it to the route's responder
+/// (`HTTPRouter`); serves the Bayeux mount itself: long-polling (POST), cross-origin long-polling (CORS), JSON-P
+/// callback-polling (GET), EventSource streams and CORS preflights.
 final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQueueOwner {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
@@ -117,9 +118,12 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             if body == nil { body = chunk } else { body!.writeBuffer(&chunk) }
         case .end:
             guard !rejected, let head else { return }
-            route(head, context: context)
+            let request = RoutedRequest(
+                head: head, body: body, route: Route(path: head.uri, mount: shared.mount),
+                peerAddress: peerAddress(context: context))
             self.head = nil
             body = nil
+            route(request, context: context)
         }
     }
 
@@ -130,64 +134,50 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         shared.logger.info(
             "request body over the limit",
             metadata: ["pubsub.limit": "\(shared.configuration.maxRequestBytes)"])
-        respond(
-            status: .payloadTooLarge,
-            text: "Request body too large (limit \(shared.configuration.maxRequestBytes) bytes)\n",
+        respond(.text(.payloadTooLarge, "Request body too large (limit \(shared.configuration.maxRequestBytes) bytes)\n"),
             close: true)
     }
 
-    private func route(_ head: HTTPRequestHead, context: ChannelHandlerContext) {
-        switch Route(path: head.uri, mount: shared.mount) {
-        case .notFound:
-            respond(status: .notFound, text: "Sure you're not looking for \(shared.mount.isEmpty ? "/" : shared.mount) ?")
-        case .health:
-            respond(status: .ok, text: "ok\n")
-        case .api(let call):
-            shared.api.respond(
-                call: call, head: head, body: body, address: clientAddress(head, context: context), on: context.eventLoop
-            ).assumeIsolated()
-                .whenSuccess { self.respond(status: $0.status, headers: $0.headers, body: $0.body, cors: false) }
-        case .admin:
-            // Same origin only: no CORS headers, so no other site's page reads an answer.
-            let page = shared.api.adminPage(head: head)
-            respond(status: page.status, headers: page.headers, body: page.body, cors: false)
-        case .ready, .metrics:
-            let route = Route(path: head.uri, mount: shared.mount)
-            guard let response = shared.operationalResponse(route, onMetricsPort: false, on: context.eventLoop) else {
-                respond(status: .notFound, text: "Not found\n")
-                return
-            }
-            response.assumeIsolated().whenSuccess { status, headers, body in
-                self.respond(status: status, headers: headers, body: body)
-            }
-        case .staticFile(let name):
-            if let file = StaticFiles.response(name: name, method: head.method, requestHeaders: head.headers) {
-                respond(status: file.status, headers: file.headers, body: file.body)
-            } else {
-                // Not the name asked for: request input is never echoed.
-                respond(status: .notFound, text: "Not found\n")
-            }
-        case .bayeux, .bayeuxWithSuffix:
-            if head.method == .HEAD {
-                // A HEAD carries no message to run and opens no stream; saying so is the honest answer.
-                var headers = HTTPHeaders()
-                headers.add(name: "Allow", value: "GET, POST, OPTIONS")
-                headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-                respond(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
-            } else if let refusal = browserAccessRefusal(head) {
-                respond(status: .forbidden, headers: ["Content-Type": "text/plain; charset=utf-8"],
-                    body: ByteBuffer(string: refusal), cors: false)
-            } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
-                preflight(head)
-            } else if head.method == .GET,
-                head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") })
-            {
-                openEventSource(head)
-            } else if head.method == .GET {
-                callbackPolling(head)
-            } else {
-                longPolling(head)
-            }
+    private func route(_ request: RoutedRequest, context: ChannelHandlerContext) {
+        switch HTTPRouter(shared: shared).reply(to: request, on: context.eventLoop) {
+        case .now(let response): respond(response)
+        case .later(let response): response.assumeIsolated().whenSuccess { self.respond($0) }
+        case nil: serveBayeux(request)
+        }
+    }
+
+    /// The peer's IP address, read once per connection.
+    private func peerAddress(context: ChannelHandlerContext) -> String? {
+        if let known = remoteIP { return known }
+        let address = context.channel.remoteAddress?.ipAddress
+        remoteIP = .some(address)
+        return address
+    }
+
+    // MARK: The Bayeux mount
+
+    private func serveBayeux(_ request: RoutedRequest) {
+        let head = request.head
+        if head.method == .HEAD {
+            // A HEAD carries no message to run and opens no stream; saying so is the honest answer.
+            var headers = HTTPHeaders()
+            headers.add(name: "Allow", value: "GET, POST, OPTIONS")
+            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+            respond(HTTPResponse(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n")))
+        } else if let refusal = browserAccessRefusal(head) {
+            var forbidden = HTTPResponse.text(.forbidden, refusal)
+            forbidden.crossOrigin = false
+            respond(forbidden)
+        } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
+            preflight(head)
+        } else if head.method == .GET,
+            head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") })
+        {
+            openEventSource(request)
+        } else if head.method == .GET {
+            callbackPolling(head)
+        } else {
+            longPolling(request)
         }
     }
 
@@ -198,8 +188,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         return FormData.value(of: name, in: head.uri.utf8[head.uri.utf8.index(after: q)...])
     }
 
-    private func longPolling(_ head: HTTPRequestHead) {
-        let bodyBytes = body.map { Array($0.readableBytesView) } ?? []
+    private func longPolling(_ request: RoutedRequest) {
+        let head = request.head
+        let bodyBytes = request.body.map { Array($0.readableBytesView) } ?? []
         var source: [UInt8]?
         if let fromQuery = queryValue("message", in: head) {
             source = fromQuery
@@ -261,16 +252,10 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             return
         }
         rateLimitHeaders = nil
-        let remoteIP: String?
-        if let known = self.remoteIP {
-            remoteIP = known
-        } else {
-            remoteIP = context.channel.remoteAddress?.ipAddress
-            self.remoteIP = .some(remoteIP)
-        }
+        let remoteIP = peerAddress(context: context)
         if let limits = checkPublishLimits(elements, head: head, remoteAddress: remoteIP) {
-            if let (status, headers, body) = limits.refusal {
-                respond(status: status, headers: headers, body: body)
+            if let refusal = limits.refusal {
+                respond(refusal)
                 return
             }
             rateLimitHeaders = limits.headers
@@ -301,7 +286,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
                     self.releaseSink()
                     self.shared.operations.metrics.error(.serverError)
                     self.shared.logger.error("request failed", metadata: ["pubsub.error": "\(error)"])
-                    self.respond(status: .internalServerError, text: "Internal server error\n")
+                    self.respond(.text(.internalServerError, "Internal server error\n"))
                 case .success(let outcomes):
                     let (replies, events, pending) = broker.split(outcomes, context: requestContext)
                     self.parkedJSONP = jsonp
@@ -349,20 +334,18 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
             headers.add(contentsOf: rateLimitHeaders)
             self.rateLimitHeaders = nil
         }
-        respond(status: .ok, headers: headers, body: payload)
+        respond(HTTPResponse(status: .ok, headers: headers, body: payload))
     }
 
     // MARK: EventSource
 
-    private func openEventSource(_ head: HTTPRequestHead) {
+    private func openEventSource(_ request: RoutedRequest) {
         guard let context else { return }
-        let clientId: String
-        if case .bayeuxWithSuffix(let id) = Route(path: head.uri, mount: shared.mount), !id.isEmpty {
-            clientId = id
-        } else {
+        guard case .bayeuxWithSuffix(let clientId) = request.route, !clientId.isEmpty else {
             badRequest("EventSource URL must end in the client id")
             return
         }
+        let head = request.head
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "text/event-stream")
         headers.add(name: "Cache-Control", value: "no-cache, no-store")
@@ -503,31 +486,21 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, TimerQu
         let origin = head.headers.first(name: "origin") ?? head.headers.first(name: "referer") ?? "*"
         headers.add(name: "Access-Control-Allow-Origin", value: origin)
         headers.add(name: "Access-Control-Max-Age", value: "86400")
-        respond(status: .ok, headers: headers, body: ByteBuffer(), cors: false)
+        respond(HTTPResponse(status: .ok, headers: headers, body: ByteBuffer(), crossOrigin: false))
     }
 
     private func badRequest(_ reason: String) {
         shared.operations.metrics.error(.badRequest)
         shared.logger.debug("bad request", metadata: ["pubsub.reason": "\(reason)"])
-        respond(status: .badRequest, text: "Bad request")
+        respond(.text(.badRequest, "Bad request"))
     }
 
-    private func respond(status: HTTPResponseStatus, text: String, close: Bool = false) {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-        respond(status: status, headers: headers, body: ByteBuffer(string: text), close: close)
-    }
-
-    private func respond(
-        status: HTTPResponseStatus,
-        headers: HTTPHeaders,
-        body: ByteBuffer,
-        cors: Bool = true,
-        close: Bool = false
-    ) {
+    /// Writes a response with what every response carries; `close` ends the connection after it.
+    private func respond(_ response: HTTPResponse, close: Bool = false) {
         guard let context, let target else { return }
-        var headers = headers
-        if cors, let origin = target.origin {
+        let (status, body) = (response.status, response.body)
+        var headers = response.headers
+        if response.crossOrigin, let origin = target.origin {
             headers.add(name: "Access-Control-Allow-Origin", value: origin)
             headers.add(name: "Access-Control-Allow-Credentials", value: "true")
         }

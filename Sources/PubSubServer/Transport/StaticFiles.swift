@@ -4,12 +4,6 @@ import NIOHTTP1
 /// The static files under the mount: the browser client, at `<mount>/client.js` (Faye's URL) and `<mount>.js`
 /// (PrivatePub loads `<server>.js`), validated with `ETag` and `Last-Modified` as Faye serves its bundle.
 enum StaticFiles {
-    struct Response {
-        var status: HTTPResponseStatus
-        var headers: HTTPHeaders
-        var body: ByteBuffer
-    }
-
     /// Names, relative to the mount, that serve the client: `.js` is `<mount>.js`; the `faye-browser` names
     /// are the ones Faye's gem serves from its build directory.
     static let clientNames: Set<String> = [".js", "client.js", "faye-browser.js", "faye-browser-min.js"]
@@ -18,24 +12,24 @@ enum StaticFiles {
     static let lastModifiedSeconds = HTTPDate.parse(BrowserClient.lastModified)
 
     /// The response for a static `name`, or nil when there is no such file.
-    static func response(name: String, method: HTTPMethod, requestHeaders: HTTPHeaders) -> Response? {
+    static func response(name: String, method: HTTPMethod, requestHeaders: HTTPHeaders) -> HTTPResponse? {
         guard clientNames.contains(name) else { return nil }
         var headers = HTTPHeaders()
         guard method == .GET || method == .HEAD else {
             headers.add(name: "Allow", value: "GET, HEAD")
             headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-            return Response(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
+            return HTTPResponse(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
         }
         headers.add(name: "ETag", value: BrowserClient.etag)
         headers.add(name: "Last-Modified", value: BrowserClient.lastModified)
         headers.add(name: "Cache-Control", value: "no-cache")
         if notModified(requestHeaders) {
-            return Response(status: .notModified, headers: headers, body: ByteBuffer())
+            return HTTPResponse(status: .notModified, headers: headers, body: ByteBuffer())
         }
         headers.add(name: "Content-Type", value: "text/javascript; charset=utf-8")
         headers.add(name: "X-Content-Type-Options", value: "nosniff")
         // The body of a GET, on a HEAD too: the responder sends its length and leaves it out.
-        return Response(status: .ok, headers: headers, body: clientBody)
+        return HTTPResponse(status: .ok, headers: headers, body: clientBody)
     }
 
     /// `If-None-Match` decides when present (weak comparison, `*` matches); otherwise `If-Modified-Since`.
