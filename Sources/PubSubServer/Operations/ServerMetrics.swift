@@ -119,6 +119,10 @@ final class ServerMetrics: Sendable {
     /// `/api` requests without the right key, and those answered 429 for too many of them from one address.
     let apiAuthFailures: Counter
     let apiAuthThrottled: Counter
+    /// The heap in use and the resident set (`ProcessMemory`), read at each scrape; nil where the platform does
+    /// not tell (then the metric is not served).
+    let heapAllocated: Gauge?
+    let resident: Gauge?
 
     /// The engine's own metrics, made at their first scrape; counters with the total already added.
     private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Gauge?, seen: UInt64)]>([:])
@@ -197,6 +201,22 @@ final class ServerMetrics: Sendable {
         let apiAuthHelp = "Server API requests refused for their key: wrong or missing (401), or too many failures from one address (429)."
         apiAuthFailures = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "wrong_key")], help: apiAuthHelp)
         apiAuthThrottled = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "throttled")], help: apiAuthHelp)
+        let memory = ProcessMemory.current()
+        heapAllocated = memory.heapAllocated.map { _ in
+            r.gauge(
+                name: "pubsub_heap_allocated_bytes",
+                help: "Bytes allocated with malloc and not freed (glibc mallinfo2 uordblks + hblkhd): the heap in use, without page granularity.")
+        }
+        resident = memory.resident.map { _ in
+            r.gauge(name: "process_resident_memory_bytes", help: "Resident memory size in bytes (VmRSS).")
+        }
+        update(memory: memory)
+    }
+
+    /// Sets the memory gauges; called for each scrape with `ProcessMemory.current()`.
+    func update(memory: ProcessMemory) {
+        if let bytes = memory.heapAllocated { heapAllocated?.set(to: Double(bytes)) }
+        if let bytes = memory.resident { resident?.set(to: Double(bytes)) }
     }
 
     func acceptFailed(_ failure: AcceptBackoffState.Failure, errno code: CInt) {

@@ -282,6 +282,7 @@ final class ServerOperations: Sendable {
             metrics.update(engine: stats, loops: loops)
             metrics.update(engineMetrics: extra)
             metrics.ready.set(to: ready ? 1 : 0)
+            metrics.update(memory: .current())
             var bytes: [UInt8] = []
             bytes.reserveCapacity(8192)
             metrics.registry.emit(into: &bytes)

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Bayeux
 import NIOCore
 import Prometheus
@@ -53,6 +56,52 @@ import Testing
         #expect(text.contains(#"pubsub_bayeux_errors_total{code="401"} 1"#))
         #expect(text.contains(#"pubsub_bayeux_errors_total{code="other"} 1"#))
     }
+
+    #if canImport(Glibc)
+    @Test func heapAllocatedCountsAnAllocationUntilItIsFreed() throws {
+        let size = 64 << 20
+        let before = try #require(ProcessMemory.heapAllocatedBytes())
+        let block = try #require(malloc(size))
+        memset(block, 1, size)
+        let holding = try #require(ProcessMemory.heapAllocatedBytes())
+        free(block)
+        let after = try #require(ProcessMemory.heapAllocatedBytes())
+        // Other tests allocate and free on other threads meanwhile: half the block is the margin for them.
+        #expect(holding - before >= size / 2)
+        #expect(holding - after >= size / 2)
+    }
+
+    @Test func heapInUseIsReadFromTheTotalsOfMallocInfo() {
+        let xml = """
+            <malloc version="1">
+            <heap nr="0">
+            <total type="fast" count="1" size="32"/>
+            <total type="rest" count="2" size="1000"/>
+            <system type="current" size="900000"/>
+            </heap>
+            <total type="fast" count="3" size="96"/>
+            <total type="rest" count="5" size="4000"/>
+            <total type="mmap" count="1" size="1052672"/>
+            <system type="current" size="2000000"/>
+            <system type="max" size="2000000"/>
+            <aspace type="total" size="2000000"/>
+            </malloc>
+            """
+        #expect(MallocInfo.allocated(inXML: xml) == 2_000_000 - 96 - 4000 + 1_052_672)
+        #expect(MallocInfo.allocated(inXML: "<malloc version=\"1\">\n</malloc>") == nil)
+    }
+
+    @Test func memoryGaugesAreServed() throws {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = ServerMetrics(registry: registry)
+        metrics.update(memory: ProcessMemory(heapAllocated: 123_456, resident: 7_654_321))
+        let text = render(registry)
+        #expect(text.contains("pubsub_heap_allocated_bytes 123456.0"))
+        #expect(text.contains("process_resident_memory_bytes 7654321.0"))
+        let resident = try #require(ProcessMemory.residentBytes())
+        #expect(resident > 1 << 20)
+    }
+    #endif
 
     @Test func statusLineSaysClientsAndRates() {
         var stats = EngineStatistics()
