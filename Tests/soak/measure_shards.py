@@ -2,8 +2,9 @@
 """Memory per long-poll connect over Redis Cluster shards, for several broker binaries in one session: one real
 3-master Redis Cluster, then for each run a broker (`--engine redis --redis-cluster … --redis-shards N`) with
 `--clients` long-polling clients, each on a channel of its own first segment (so spread over every shard), each
-`/meta/connect` parked and woken by a publish; the broker's VmRSS after `--warmup` connects and after
-`--connects` more, and its descriptors before the clients and after they disconnected. Prints a Markdown table.
+`/meta/connect` parked and woken by a publish; the broker's heap in use (its /metrics) and VmRSS after `--warmup`
+connects and after `--connects` more, and its descriptors before the clients and after they disconnected. Prints
+a Markdown table (a binary without the heap gauge gets "—" for the heap).
 
     python3 Tests/soak/measure_shards.py --run before=/tmp/pubsub-before-leakfix:3 \\
         --run after=/tmp/pubsub-after-leakfix:3 --run after=/tmp/pubsub-after-leakfix:1
@@ -48,17 +49,21 @@ def main():
                      connects=a.connects, session_connects=a.session_connects, binary=binary,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))
             print(r.describe(), file=sys.stderr, flush=True)
+            print("  heap less acknowledged positions after warm-up, KiB by connects:", r.heap_curve(),
+                  file=sys.stderr, flush=True)
             print("  RSS after warm-up +KiB by connects:", r.curve(), file=sys.stderr, flush=True)
             rows.append((label, binary, shards, r))
     sessions = "one session each" if a.session_connects >= 10**9 else f"a new session every {a.session_connects}"
     print(f"\n{a.clients} {a.transport} clients ({sessions}), {a.warmup} warm-up connects, then {a.connects} "
           f"measured; {time.monotonic() - started:.0f} s in all\n")
-    print("| broker | --redis-shards | RSS after warm-up → end (MiB) | bytes per connect (end − warm-up; slope) "
+    print("| broker | --redis-shards | heap bytes per connect (slope, less acknowledged positions; those) "
+          "| RSS after warm-up → end (MiB) | RSS bytes per connect (end − warm-up; slope) "
           "| connects/s | fds before clients → with them → after they left |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for label, binary, shards, r in rows:
-        print(f"| {label} (`{binary}`) | {shards} | {r.rss_warm / 2**20:.1f} → {r.rss_end / 2**20:.1f} "
-              f"| **{r.bytes_per_connect:,.0f}**; {r.slope:,.0f} | {r.measured / r.seconds:.0f} "
+        heap = "—" if r.heap_slope is None else f"**{r.heap_slope:,.1f}**; {r.positions_slope:,.1f}"
+        print(f"| {label} (`{binary}`) | {shards} | {heap} | {r.rss_warm / 2**20:.1f} → {r.rss_end / 2**20:.1f} "
+              f"| {r.bytes_per_connect:,.0f}; {r.slope:,.0f} | {r.measured / r.seconds:.0f} "
               f"| {r.fds_baseline} → {r.fds_busy} → {r.fds_after} |")
 
 

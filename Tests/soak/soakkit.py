@@ -1,9 +1,10 @@
 """The soak driver of Tests/soak: one `pubsub serve` on an engine configuration, N clients of one transport, each
-woken by publishes many times, and the broker's memory and descriptors read from /proc before, during and after.
+woken by publishes many times, and the broker's heap (from its /metrics), resident memory and descriptors (from
+/proc) read before, during and after.
 
     with Backends() as backends:                       # Redis, Redis Cluster, Sentinel: started when first asked
         result = soak(backends, "cluster-3", "long-polling", clients=50, warmup=1000, connects=10000)
-        print(result.bytes_per_connect, result.fds_baseline, result.fds_after)
+        print(result.heap_slope, result.slope, result.fds_baseline, result.fds_after)
 
 What one client does, over and over (`session_connects` times per session, then a new session on a new socket):
 handshake, subscribe to a channel of its own (`/s<i>/x`: a first segment of its own, so that with `--redis-shards`
@@ -21,16 +22,29 @@ Transports, over asyncio streams (keep-alive HTTP/1.1, and a small RFC 6455 clie
     eventsource        GET /faye/<clientId> (text/event-stream) per session, the deliveries on it; each round a
                        POST of the `eventsource` connect (answered at once) before the publish
 
-The memory figure: VmRSS read when `warmup` connects are done, ten times during the next `connects`, and at the
-end; `bytes_per_connect` is the difference of the two ends over the connects between them, `slope` the
-least-squares slope through all twelve readings (a leak shows as the same constant in both; allocator noise as a
-step of ~132 KiB either way, which moves the slope less). The descriptors: /proc/<pid>/fd before any client, and
-again once every client has disconnected and closed its sockets (waited for up to `fd_wait` seconds).
+The memory figures, read when `warmup` connects are done, `SAMPLES - 2` times during the next `connects`, and at
+the end: the heap in use, `pubsub_heap_allocated_bytes` scraped from the broker's /metrics (what malloc handed out
+and did not get back, to the byte; the broker runs with glibc's tcache off, see SoakBroker), and VmRSS from /proc.
+Each reading is taken in the same state: the publisher stops, every client's connect waits for its publish (none
+is mid-handshake or mid-reply), the broker is left SETTLE seconds, then the reading, then the publishes go on.
+Read so, the heap of a broker that keeps nothing is flat to within a KiB, where readings taken on the fly moved by
+±20-90 KiB with what was in flight.
+
+`heap_slope`, the figure a bound applies to, is the least-squares slope through those readings in bytes per
+connect of the heap less what the Redis engines keep by design for each publish (acknowledged_positions_bytes():
+with Sentinel or a Redis Cluster, 16 bytes per publish in doubling steps, up to 2 MiB per engine);
+`heap_raw_slope` the same without taking it off, `positions_slope` that part alone, `heap_per_connect` the
+difference of the two ends over the connects between them. `slope` and `bytes_per_connect` are the same of VmRSS,
+which moves in allocator steps of ~132 KiB and so says little about a few dozen bytes per connect. A binary that
+does not serve the heap gauge (one built before it) gets `heap_slope` None. The descriptors: /proc/<pid>/fd
+before any client, and again once every client has disconnected and closed its sockets (waited for up to
+`fd_wait` seconds).
 
 `python3 Tests/soak/measure_shards.py` runs it against several binaries in one session (docs/BENCHMARKS-cluster.md).
 """
 
 import asyncio
+import collections
 import json
 import os
 import re
@@ -43,9 +57,11 @@ from pubsubtest.redis import RedisCluster, RedisServer, Sentinel, wait_ready
 
 KiB = 1 << 10
 ROUND_TIMEOUT = 20  # seconds a connect may wait for its publish before the soak fails
+SAMPLES = 12  # memory readings from the end of the warm-up to the end (both included)
+SETTLE = 0.05  # seconds the broker is left to settle, every client waiting, before a reading
 ENGINES = ("memory", "redis", "cluster-1", "cluster-3", "sentinel")
 TRANSPORTS = ("long-polling", "websocket", "callback-polling", "eventsource")
-FIGURES = []  # the figures of every soak run in this process (Tests/soak/conftest.py prints them)
+FIGURES = []  # the Result of every soak run in this process (Tests/soak/conftest.py prints them: table())
 CONNECTION_TYPES = ["long-polling", "callback-polling", "websocket", "eventsource"]
 
 
@@ -62,6 +78,61 @@ def rss(pid):
 
 def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+HEAP_METRIC = re.compile(rb"^pubsub_heap_allocated_bytes ([0-9.e+]+)$", re.M)
+
+
+async def heap(port):
+    """The broker's heap in use now (`pubsub_heap_allocated_bytes` on its /metrics), in bytes; None when the
+    binary does not serve it. One connection per reading, closed at once."""
+    conn = await HttpConn(port).open()
+    try:
+        status, body = await conn.request("GET", "/metrics", headers="Connection: close\r\n")
+    finally:
+        conn.close()
+    if status != 200:
+        raise AssertionError(f"/metrics: HTTP {status}")
+    m = HEAP_METRIC.search(body)
+    return int(float(m.group(1))) if m else None
+
+
+# ---------------------------------------------------------------- what the Redis engine keeps per publish, by design
+
+ACKNOWLEDGED_KEPT = 100_000  # RedisEngine.publish: the newest acknowledged positions kept (Sentinel, Cluster)
+
+
+def shard_of(channel, shards):
+    """ShardMap.shard(ofChannel:) with one segment: FNV-1a (64 bits) of the first segment, modulo the shards."""
+    if shards == 1:
+        return 0
+    key = "/" + channel.split("/")[1]
+    h = 0xcbf29ce484222325
+    for byte in key.encode():
+        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h % shards
+
+
+def acknowledged_positions_bytes(engine, by_channel):
+    """The heap that the Redis engines of a broker hold for the positions of their acknowledged publishes, after
+    `by_channel` publishes (channel -> count): with Sentinel or a Redis Cluster each engine (each shard) keeps the
+    sequence of each of its publishes, the newest ACKNOWLEDGED_KEPT of them, to count at a failover those the new
+    master lacks. They sit in an NIO CircularBuffer<UInt64> (slots of 16 bytes: UInt64?) that starts with 64 and
+    doubles when full, so 16 bytes per publish on average, in steps that double, and at most 2 MiB per engine
+    (131,072 slots) once 100,000 publishes were made. One Redis and memory keep none: 0."""
+    if engine not in ("sentinel", "cluster-1", "cluster-3"):
+        return 0
+    shards = 3 if engine == "cluster-3" else 1
+    per_shard = collections.Counter()
+    for channel, n in by_channel.items():
+        per_shard[shard_of(channel, shards)] += n
+    total = 0
+    for n in per_shard.values():
+        slots = 64
+        while slots <= min(n, ACKNOWLEDGED_KEPT):
+            slots *= 2
+        total += 16 * slots
+    return total
 
 
 # ---------------------------------------------------------------- Redis behind the engines
@@ -128,7 +199,15 @@ class Backends:
 
 
 class SoakBroker(Broker):
-    """`pubsub serve` from a binary of our choice (the default is pubsub_bin(): $PUBSUB_BIN)."""
+    """`pubsub serve` from a binary of our choice (the default is pubsub_bin(): $PUBSUB_BIN), with glibc's
+    per-thread cache of freed chunks (tcache) off: the heap figure then counts the chunks the broker holds, and not
+    also up to 7 freed chunks of each size up to 1 KiB that each thread keeps for its next malloc. Those caches
+    fill over minutes where one thread frees what another allocated (the Redis engines' threads and the event
+    loops), ~100-130 KiB over the 3-shard cells' threads: 40-90 bytes per connect in a soak's window that are the
+    allocator's and bounded, not the broker's (the 3-shard WebSocket cell: 86 bytes per connect with tcache, 6
+    without; heaptrack finds the same live heap after 1,000 and 3,000 connects)."""
+
+    TUNABLES = "glibc.malloc.tcache_count=0"
 
     def __init__(self, binary=None, **kw):
         super().__init__(**kw)
@@ -138,7 +217,8 @@ class SoakBroker(Broker):
         cmd, cwd = super()._command()
         if self.binary:
             cmd[0] = self.binary
-        return cmd, cwd
+        tunables = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), self.TUNABLES]))
+        return ["env", f"GLIBC_TUNABLES={tunables}"] + cmd, cwd  # env execs the broker: same pid
 
 
 # ---------------------------------------------------------------- HTTP/1.1 and WebSocket over asyncio streams
@@ -287,29 +367,43 @@ class EventStream(HttpConn):
 
 class Publisher:
     """Publishes one event to each channel asked for, `park_delay` after it was asked (so that the connect sent
-    just before has been parked), in one POST per batch, one batch at a time, on one keep-alive connection."""
+    just before has been parked), in one POST per batch, one batch at a time, on one keep-alive connection.
+    While `flowing` is clear it publishes nothing: every client ends up waiting for its publish (`waiting`)."""
 
     def __init__(self, port, park_delay):
         self.port, self.park_delay = port, park_delay
         self.asked = asyncio.Queue()
+        self.holding = 0  # an ask taken from the queue, not yet published
+        self.flowing = asyncio.Event()
+        self.flowing.set()
         self.errors = []
         self.published = 0
+        self.by_channel = collections.Counter()  # publishes sent, by channel (acknowledged_positions_bytes())
 
     def ask(self, channel):
         self.asked.put_nowait((time.monotonic(), channel))
+
+    @property
+    def waiting(self):
+        """Clients whose publish has been asked for and not sent."""
+        return self.asked.qsize() + self.holding
 
     async def run(self):
         conn = await HttpConn(self.port).open()
         try:
             while True:
                 first, channel = await self.asked.get()
+                self.holding = 1
+                await self.flowing.wait()
                 wait = first + self.park_delay - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
                 batch = [channel]
                 while not self.asked.empty():
                     batch.append(self.asked.get_nowait()[1])
+                self.holding = 0
                 self.published += len(batch)
+                self.by_channel.update(batch)
                 body = json.dumps([{"channel": ch, "data": {"n": self.published}} for ch in batch]).encode()
                 status, reply = await conn.request("POST", "/faye", body)
                 if status != 200 or not all(m.get("successful") for m in json.loads(reply)):
@@ -466,11 +560,33 @@ class Tally:
 
 # ---------------------------------------------------------------- one soak
 
+def least_squares_slope(points):
+    """The slope of the least-squares line through (x, y) points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+
+
 class Result:
-    """What one soak measured (see soak())."""
+    """What one soak measured (see soak()). `samples`: (connects, VmRSS, heap in use or None, the heap that the
+    engines hold for acknowledged positions by design: acknowledged_positions_bytes()) readings."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
+
+    @property
+    def rss_warm(self):
+        return self.samples[0][1]
+
+    @property
+    def rss_end(self):
+        return self.samples[-1][1]
+
+    @property
+    def has_heap(self):
+        return all(h is not None for _, _, h, _ in self.samples)
 
     @property
     def bytes_per_connect(self):
@@ -481,21 +597,61 @@ class Result:
     def slope(self):
         """Least-squares slope of RSS over connects through the samples of the measured part, in bytes/connect
         (less moved by one allocator step at either end than bytes_per_connect)."""
-        n = len(self.samples)
-        mx = sum(c for c, _ in self.samples) / n
-        my = sum(r for _, r in self.samples) / n
-        sxx = sum((c - mx) ** 2 for c, _ in self.samples)
-        return sum((c - mx) * (r - my) for c, r in self.samples) / sxx if sxx else 0.0
+        return least_squares_slope([(c, r) for c, r, _, _ in self.samples])
+
+    @property
+    def positions_slope(self):
+        """Least-squares slope of the heap kept for acknowledged positions (acknowledged_positions_bytes())."""
+        return least_squares_slope([(c, a) for c, _, _, a in self.samples])
+
+    @property
+    def heap_raw_slope(self):
+        """Least-squares slope of the heap in use over connects, in bytes/connect (None without it)."""
+        return least_squares_slope([(c, h) for c, _, h, _ in self.samples]) if self.has_heap else None
+
+    @property
+    def heap_slope(self):
+        """The same, less the heap kept for acknowledged positions: what the bound applies to (None without it)."""
+        return least_squares_slope([(c, h - a) for c, _, h, a in self.samples]) if self.has_heap else None
+
+    @property
+    def heap_per_connect(self):
+        """Growth of the heap in use less the acknowledged positions, from the end of the warm-up to the end, per
+        connect (None without it)."""
+        if not self.has_heap:
+            return None
+        (_, _, h0, a0), (_, _, h1, a1) = self.samples[0], self.samples[-1]
+        return ((h1 - a1) - (h0 - a0)) / self.measured
 
     def curve(self):
-        """The samples as `connects:+KiB` over the RSS after warm-up."""
-        return " ".join(f"{c}:+{(r - self.rss_warm) // KiB}" for c, r in self.samples)
+        """The samples as `connects:+KiB` of RSS over the RSS after warm-up."""
+        return " ".join(f"{c}:+{(r - self.rss_warm) // KiB}" for c, r, _, _ in self.samples)
+
+    def heap_curve(self):
+        """The samples as `connects:KiB` of heap in use less acknowledged positions, over the same after warm-up
+        ("" without it)."""
+        if not self.has_heap:
+            return ""
+        base = self.samples[0][2] - self.samples[0][3]
+        return " ".join(f"{c}:{(h - a - base) / KiB:+.1f}" for c, _, h, a in self.samples)
 
     def describe(self):
-        return (f"{self.engine}/{self.transport}: {self.bytes_per_connect:.1f} bytes/connect (slope {self.slope:.1f}) "
-                f"(RSS {self.rss_start / 2**20:.1f} MiB at start, {self.rss_warm / 2**20:.1f} after {self.warmup} "
-                f"warm-up connects, {self.rss_end / 2**20:.1f} after {self.measured} more, in {self.seconds:.1f} s, "
-                f"{self.measured / self.seconds:.0f} connects/s); fds {self.fds_baseline} before the clients, "
+        if self.has_heap:
+            h0, h1 = self.samples[0][2], self.samples[-1][2]
+            a0, a1 = self.samples[0][3], self.samples[-1][3]
+            positions = (f", of which acknowledged positions {a0 / KiB:.0f} -> {a1 / KiB:.0f} KiB, "
+                         f"{self.positions_slope:.1f} bytes/connect; heap without them {self.heap_slope:.1f} "
+                         f"bytes/connect (slope; {self.heap_per_connect:.1f} end to end)") if a1 else ""
+            heap = (f"heap {self.heap_raw_slope:.1f} bytes/connect (slope; {self.heap_start / 2**20:.2f} MiB at start, "
+                    f"{h0 / 2**20:.2f} after {self.warmup} warm-up connects, {h1 / 2**20:.2f} after {self.measured} "
+                    f"more{positions}); ")
+        else:
+            heap = "heap: not served by this binary; "
+        return (f"{self.engine}/{self.transport}: {heap}"
+                f"RSS {self.slope:.1f} bytes/connect (slope; {self.bytes_per_connect:.1f} end to end; "
+                f"{self.rss_start / 2**20:.1f} MiB at start, {self.rss_warm / 2**20:.1f} after warm-up, "
+                f"{self.rss_end / 2**20:.1f} at the end); {self.seconds:.1f} s, "
+                f"{self.measured / self.seconds:.0f} connects/s; fds {self.fds_baseline} before the clients, "
                 f"{self.fds_busy} with them, {self.fds_after} after they left; {self.sessions} sessions")
 
 
@@ -524,6 +680,7 @@ async def _soak(b, engine, transport, clients, warmup, connects, session_connect
     pid = b.pid
     await asyncio.sleep(0.5)
     fds_baseline, rss_start = open_fds(pid), rss(pid)
+    heap_start = await heap(b.port)
     publisher = Publisher(b.port, park_delay)
     tally = Tally()
     workers = [Client(i, b.port, transport, publisher, tally, session_connects) for i in range(clients)]
@@ -537,26 +694,42 @@ async def _soak(b, engine, transport, clients, warmup, connects, session_connect
         return AssertionError(f"{engine}/{transport}: {what}: {failed()[:5]} (broker alive: {b.alive()})\n"
                               f"{b.log()[-3000:]}")
 
-    samples = []  # (connects, RSS) every tenth of the measured connects
+    samples = []  # (connects, RSS, heap, acknowledged positions) every (SAMPLES - 1)th of the measured connects
+
+    async def sample():
+        # Read in the same state each time: the publisher stops, every client's connect waits for its publish
+        # (none is mid-handshake, mid-request or mid-reply), the broker finishes what the last replies started.
+        publisher.flowing.clear()
+        try:
+            while publisher.waiting < clients:
+                if failed() or not b.alive() or all(t.done() for t in running):
+                    raise fail(f"after {tally.connects} connects, waiting for every client to wait")
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(SETTLE)
+            n = tally.connects
+            samples.append((n, rss(pid), await heap(b.port),
+                            acknowledged_positions_bytes(engine, publisher.by_channel)))
+        finally:
+            publisher.flowing.set()
+        return n
 
     async def reach(n, sample_every=None):
         while tally.connects < n:
             if failed() or not b.alive() or all(t.done() for t in running):
                 raise fail(f"after {tally.connects} connects")
             if sample_every and tally.connects >= samples[-1][0] + sample_every:
-                samples.append((tally.connects, rss(pid)))
+                await sample()
             await asyncio.sleep(0.02)
         return tally.connects
 
     try:
-        warm = await reach(warmup)
-        rss_warm, fds_busy, t0 = rss(pid), open_fds(pid), time.monotonic()
+        await reach(warmup)
+        fds_busy, t0 = open_fds(pid), time.monotonic()
+        warm = await sample()
         if progress:
-            progress(f"{engine}/{transport}: warm-up done, {warm} connects, RSS {rss_warm / 2**20:.1f} MiB")
-        samples.append((warm, rss_warm))
-        end = await reach(warmup + connects, sample_every=max(1, connects // 10))
-        rss_end, t1 = rss(pid), time.monotonic()
-        samples.append((end, rss_end))
+            progress(f"{engine}/{transport}: warm-up done, {warm} connects, RSS {samples[0][1] / 2**20:.1f} MiB")
+        await reach(warmup + connects, sample_every=max(1, connects // (SAMPLES - 1)))
+        end, t1 = await sample(), time.monotonic()
         for w in workers:
             w.stopping = True
         # Each client ends its round, unsubscribes, disconnects and closes its sockets.
@@ -571,9 +744,32 @@ async def _soak(b, engine, transport, clients, warmup, connects, session_connect
     while open_fds(pid) > fds_baseline and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     result = Result(engine=engine, transport=transport, warmup=warm, measured=end - warm, seconds=t1 - t0,
-                    rss_start=rss_start, rss_warm=rss_warm, rss_end=rss_end, fds_baseline=fds_baseline,
+                    rss_start=rss_start, heap_start=heap_start, fds_baseline=fds_baseline,
                     fds_busy=fds_busy, fds_after=open_fds(pid), sessions=sum(w.sessions for w in workers),
                     samples=samples,
-                    binary=b._command()[0][0], log=b.log())
-    FIGURES.append(f"{result.describe()}\n    RSS after warm-up +KiB by connects: {result.curve()}")
+                    binary=b._command()[0][2], log=b.log())
+    FIGURES.append(result)
     return result
+
+
+def table(results):
+    """The figures of several soaks as a Markdown table (bytes per connect after the warm-up), then each one's
+    description and curves. "heap" is the heap in use less the acknowledged positions the Redis engines keep by
+    design (their own column)."""
+    def num(x):
+        return "—" if x is None else f"{x:.1f}"
+
+    lines = ["| cell | heap slope | heap end − warm-up | bound | acknowledged positions | RSS slope "
+             "| RSS end − warm-up | connects | s | fds before → after |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        lines.append(f"| {r.engine}/{r.transport} | {num(r.heap_slope)} | {num(r.heap_per_connect)} "
+                     f"| {getattr(r, 'bound', '')} | {r.positions_slope:.1f} | {r.slope:.1f} "
+                     f"| {r.bytes_per_connect:.1f} | {r.measured} | {r.seconds:.0f} "
+                     f"| {r.fds_baseline} → {r.fds_after} |")
+    for r in results:
+        lines.append(r.describe())
+        if r.has_heap:
+            lines.append(f"    heap less acknowledged positions after warm-up, KiB by connects: {r.heap_curve()}")
+        lines.append(f"    RSS after warm-up +KiB by connects: {r.curve()}")
+    return "\n".join(lines)
