@@ -193,6 +193,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             (RandomJSON.value(depth: Int.random(in: 0...6, using: &rng), using: &rng), Bool.random(using: &rng))
         }
         await propertyCheck(count: 400, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (value, escapeLineSeparators) = input
             let text = RandomJSON.compact(value, escapeLineSeparators: escapeLineSeparators)
             guard case .success(let parsed) = parseOutcome(text, parser: JSONParser(maxDepth: 6)) else {
@@ -211,6 +212,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             return (value, RandomJSON.loose(value, using: &rng))
         }
         await propertyCheck(count: 400, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (value, text) = input
             let outcome = parseOutcome(text, parser: JSONParser(maxDepth: 6))
             #expect(outcome == .success(value), "\(String(decoding: text, as: UTF8.self))")
@@ -233,6 +235,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             return (limit, depth, RandomJSON.nested(depth: depth, using: &rng))
         }
         await propertyCheck(count: 200, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (limit, depth, text) = input
             switch parseOutcome(text, parser: JSONParser(maxDepth: limit)) {
             case .success: #expect(depth <= limit, "\(depth) levels accepted with a limit of \(limit)")
@@ -263,6 +266,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             return text
         }
         await propertyCheck(count: 600, input: input) { text in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             guard case .success(let value) = parseOutcome(text, parser: JSONParser(maxDepth: 8)) else { return }
             #expect(parseOutcome(RandomJSON.compact(value), parser: JSONParser(maxDepth: 8)) == .success(value))
         }
@@ -278,6 +282,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             return (text, Int.random(in: 0..<text.count, using: &rng), trailer)
         }
         await propertyCheck(count: 300, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (text, cut, trailer) = input
             // Whitespace after the closing bracket is still the whole document.
             let end = (text.lastIndex(of: UInt8(ascii: "]")) ?? text.count) + 1
@@ -335,6 +340,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             return (text, count)
         }
         await propertyCheck(count: 3, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (text, count) = input
             switch parseOutcome(text) {
             case .success(.array(let elements)): #expect(elements.count == count)

@@ -235,7 +235,7 @@ struct WaitingForReadAheadPublisher: Publisher {
     func publish(_ messages: [RelayMessage]) async throws {
         let id = messages.map { $0.data.objectValue!["id"]!.stringValue! }.joined(separator: ",")
         if id == "a" {
-            let deadline = ContinuousClock.now + .seconds(10)
+            let deadline = ContinuousClock.now + .seconds(60)
             while !journal.events.contains("read 0/20") {
                 guard ContinuousClock.now < deadline else {
                     throw RelayError(.publish, "the next batch was not read meanwhile")
@@ -262,7 +262,7 @@ struct WaitingForReadAheadPublisher: Publisher {
             source: source, publisher: WaitingForReadAheadPublisher(journal: journal), store: store,
             configuration: .init(retryDelay: .seconds(60)), logger: Logger(label: "test"))
         let task = Task { try await relay.run(idle: .milliseconds(5)) }
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + .seconds(60)
         while !journal.events.contains("confirm 0/30"), ContinuousClock.now < deadline {
             try await Task.sleep(nanoseconds: 2_000_000)
         }

@@ -374,6 +374,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
 
     @Test func messagesAreTheOnesTheFramesCarry() async {
         await propertyCheck(count: 400, input: Self.streams) { stream in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (outcome, _) = parseFrames(stream.wire, cuts: [], limits: stream.limits)
             #expect(outcome == stream.expected())
             for message in outcome.messages {
@@ -384,6 +385,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
 
     @Test func anyCutPointsGiveTheSameMessagesAndEndAsOneRead() async {
         await propertyCheck(count: 400, input: Self.streams) { stream in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let wire = stream.wire
             let whole = parseFrames(wire, cuts: [], limits: stream.limits).outcome
             let split = parseFrames(wire, cuts: stream.cuts, limits: stream.limits).outcome
@@ -393,6 +395,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
 
     @Test func largeFramesAtAnyCutPointsAreTheOnesSent() async {
         await propertyCheck(count: 40, input: Self.largeStreams) { stream in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let split = parseFrames(stream.wire, cuts: stream.cuts, limits: stream.limits).outcome
             #expect(split == stream.expected())
         }
@@ -406,6 +409,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
             return (stream, Int.random(in: 0...stream.wireCount, using: &rng))
         }
         await propertyCheck(count: 300, input: input) { input in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let (stream, length) = input
             let wire = stream.wire
             let whole = parseFrames(wire, cuts: [], limits: stream.limits).outcome
@@ -435,6 +439,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
             return stream
         }
         await propertyCheck(count: 40, input: input) { stream in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let wire = stream.wire
             let largestRead = zip(stream.cuts + [wire.count], [0] + stream.cuts).map { $0 - $1 }.max() ?? 0
             let (outcome, held) = parseFrames(wire, cuts: stream.cuts, limits: stream.limits)
@@ -464,6 +469,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
             return stream
         }
         await propertyCheck(count: 300, input: input) { stream in
+            await Task.yield()  // a long run of checks leaves the test pool to other tests
             let wire = stream.wire
             let oversized = stream.frames.last!
             let headerEnd = wire.count - oversized.wireCount + oversized.lengthHeaderCount
