@@ -33,6 +33,14 @@ struct FrameLimits: Sendable, CustomStringConvertible {
             maxFragments: Bool.random(using: &rng) ? 4096 : Int.random(in: 1...6, using: &rng),
             requiresMask: Int.random(in: 0..<4, using: &rng) != 0)
     }
+
+    /// Random frame limits, with room for any message of any number of fragments (for long streams).
+    static func randomForLongMessages(using rng: inout some RandomNumberGenerator) -> FrameLimits {
+        var limits = random(using: &rng)
+        limits.maxMessageSize = 1 << 30
+        limits.maxFragments = 4096
+        return limits
+    }
 }
 
 /// One frame, its header fields chosen freely (reserved bits, no mask, a length encoding longer than needed, a
@@ -426,9 +434,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
     /// growth of a buffer).
     @Test func heldStorageStaysUnderTheBoundOverLongStreams() async {
         let input = Generator { rng in
-            var limits = FrameLimits.random(using: &rng)
-            limits.maxMessageSize = 1 << 30
-            limits.maxFragments = 4096
+            let limits = FrameLimits.randomForLongMessages(using: &rng)
             var stream = FrameStream.random(using: &rng, limits: limits, frames: 150...300, faults: 0)
             let total = stream.wireCount
             let size = Int.random(in: 1...700, using: &rng)
@@ -453,9 +459,7 @@ func parseFrames(_ wire: [UInt8], cuts: [Int], limits: FrameLimits) -> (outcome:
     /// waited for (nor held), however the stream is cut.
     @Test func anOversizedFrameFailsAtItsHeaderNotByGrowing() async {
         let input = Generator { rng in
-            var limits = FrameLimits.random(using: &rng)
-            limits.maxMessageSize = 1 << 30
-            limits.maxFragments = 4096
+            let limits = FrameLimits.randomForLongMessages(using: &rng)
             var stream = FrameStream.random(using: &rng, limits: limits, frames: 0...4, faults: 0)
             var frame = FrameStream.randomFrame(using: &rng, limits: limits, inMessage: false)
             frame.opcode = [0, 1, 2][Int.random(in: 0..<3, using: &rng)]
