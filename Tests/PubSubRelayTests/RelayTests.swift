@@ -87,7 +87,10 @@ func temporaryDirectory() -> String {
 }
 
 func removeDirectory(_ path: String) {
-    for name in ["checkpoint", "checkpoint.tmp"] { unlink(path + "/" + name) }
+    // The checkpoint and the audience memory beside it (`<checkpoint>.audience`), with their temporary files.
+    for name in ["checkpoint", "checkpoint.tmp", "checkpoint.audience", "checkpoint.audience.tmp"] {
+        unlink(path + "/" + name)
+    }
     rmdir(path)
 }
 

@@ -40,10 +40,7 @@ import Testing
         defer { Task { await server.stop() } }
         let fake = server.fake
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         var relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher,
                                       directory: directory)
@@ -83,10 +80,7 @@ import Testing
         defer { Task { await server.stop() } }
         let fake = server.fake
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         // Before the relay ever ran: it sees only the tombstones.
         fake.put("kept", body: ["owner": "c"])
@@ -118,10 +112,7 @@ import Testing
         defer { Task { await server.stop() } }
         let fake = server.fake
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         let relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher,
                                       directory: directory)

@@ -96,10 +96,7 @@ struct RoutedRelay {
     func eachDocumentReachesItsAudienceAcrossAMoveARestartAndATombstone(_ feedCase: FeedCase) async throws {
         let fake = try await CouchDBFake.start(store: CouchDBFakeStore(flavour: feedCase.flavour))
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         let store = fake.store
         do {
@@ -144,10 +141,7 @@ struct RoutedRelay {
     @Test func aTombstoneGoesByTheRememberedValuesElseByItsOwnFields() async throws {
         let fake = try await CouchDBFake.start(store: CouchDBFakeStore(flavour: .opaque))
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         let store = fake.store
         do {

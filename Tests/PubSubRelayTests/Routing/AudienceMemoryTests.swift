@@ -42,10 +42,7 @@ import Testing
 
     @Test func aTombstoneAndAMoveAreRoutedByTheRememberedValuesAcrossARestart() async throws {
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let first = try await run([
             ChangeBatch(changes: [Self.doc("n1", .insert, owner: "a", seq: "1"), Self.doc("n2", .insert, owner: "b", seq: "2")],
                         position: "2"),
@@ -67,10 +64,7 @@ import Testing
     /// counted (`no_previous`), never sent to a wrong audience.
     @Test func theMemoryIsBoundedAndAForgottenDocumentsDeleteGoesNowhere() async throws {
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let published = try await run([
             ChangeBatch(changes: (0..<5).map { Self.doc("n\($0)", .insert, owner: "u\($0)", seq: "\($0)") }, position: "5"),
             ChangeBatch(changes: [Self.doc("n0", .delete, owner: nil, seq: "6"), Self.doc("n4", .delete, owner: nil, seq: "7")],

@@ -48,10 +48,7 @@ import Testing
         let (fake, port) = try await Self.start()
         defer { Task { await fake.stop() } }
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         var relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
                                       directory: directory)
@@ -89,10 +86,7 @@ import Testing
         let (fake, port) = try await Self.start(.init(tokens: ["t": "a@b.c"]))
         defer { Task { await fake.stop() } }
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         fake.put(bucket: "notes", id: "x1", data: ["text": "indexed"])
         let routes = [try Route(parsing: "notes=/users/{user}/notes")]
@@ -121,10 +115,7 @@ import Testing
         let (fake, port) = try await Self.start()
         defer { Task { await fake.stop() } }
         let directory = temporaryDirectory()
-        defer {
-            unlink(directory + "/checkpoint.audience")
-            removeDirectory(directory)
-        }
+        defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
         var relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
                                       directory: directory)
