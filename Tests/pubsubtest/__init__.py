@@ -3,8 +3,10 @@ Tests/ on the path):
 
     broker    Broker: `pubsub serve` (or real Faye, PUBSUB_TARGET=faye) on a free loopback port; pubsub_bin()
     ports     free_port(), closed_port()
-    wait      wait_until(predicate, timeout)
-    bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies
+    wait      wait_until(predicate, timeout, interval, message): the predicate's truthy value, or AssertionError
+              (raises=False: its last value)
+    bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
+              subscribe, publish: one message each, with its id, ext, and whether the reply is asserted
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
     fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py

@@ -1,4 +1,10 @@
-"""Bayeux over HTTP for the suites that do not compare replies byte for byte (the wire suites' `wirekit` does)."""
+"""Bayeux over HTTP for the suites that do not compare replies byte for byte (the wire suites' `wirekit` does):
+`bayeux()` POSTs any messages; `handshake`, `connect`, `subscribe` and `publish` send one message each.
+
+Each of the four takes, after its own arguments, the `id` and `ext` to put in its message, and passes any other
+keyword (timeout, headers, session, verify) to `bayeux()`. `check` says whether the reply must be successful:
+asserted by default for handshake, subscribe and publish, left to the test for connect (a held or refused connect
+is what many tests look at)."""
 
 import json
 
@@ -20,3 +26,67 @@ def bayeux(target, messages, *, timeout=HTTP_TIMEOUT, headers=None, session=None
         log = "" if isinstance(target, str) else "\n" + target.log()[-2000:]
         raise AssertionError(f"HTTP {r.status_code} {r.text[:300]!r} from {url}{log}")
     return r.json()
+
+
+def _message(channel, fields, id, ext, **ext_fields):
+    """{"channel": channel, **fields, "id": id, "ext": ext}: `ext` with the `ext_fields` that are not None,
+    without the id or ext when there is none."""
+    m = {"channel": channel, **fields}
+    if id is not None:
+        m["id"] = id
+    e = dict(ext or {})
+    e.update((k, v) for k, v in ext_fields.items() if v is not None)
+    if e:
+        m["ext"] = e
+    return m
+
+
+def _first(replies, check):
+    """The first reply, asserted successful when `check`."""
+    if check:
+        assert replies[0]["successful"] is True, replies
+    return replies[0]
+
+
+def handshake(target, *, types=("long-polling",), id=None, ext=None, token=None, reply=False, check=True, **kw):
+    """A /meta/handshake offering the connection `types`; `token` goes in ext.token (the JWT extension). Returns
+    the clientId, or with reply=True the whole reply (for its error, or ext.position)."""
+    replies = bayeux(target, [_message("/meta/handshake", {"version": "1.0", "supportedConnectionTypes": list(types)},
+                                       id, ext, token=token)], **kw)
+    answer = _first(replies, check)
+    return answer if reply else answer["clientId"]
+
+
+def connect(target, cid, *, advice_timeout=None, id=None, ext=None, split=False, check=False, **kw):
+    """A long-polling /meta/connect, with advice.timeout (milliseconds; 0: answered at once) when given. Returns
+    the replies as they came, or with split=True the pair (the /meta/connect reply, the other replies: the
+    events). check=True asserts the first reply is the /meta/connect's, successful."""
+    fields = {"clientId": cid, "connectionType": "long-polling"}
+    if advice_timeout is not None:
+        fields["advice"] = {"timeout": advice_timeout}
+    replies = bayeux(target, [_message("/meta/connect", fields, id, ext)], **kw)
+    if check:
+        assert replies[0].get("channel") == "/meta/connect" and replies[0]["successful"] is True, replies
+    if not split:
+        return replies
+    return ([r for r in replies if r.get("channel") == "/meta/connect"][0],
+            [r for r in replies if r.get("channel") != "/meta/connect"])
+
+
+def subscribe(target, cid, subscription, *, id=None, ext=None, token=None, resume=None, unsubscribe=False,
+              check=True, **kw):
+    """A /meta/subscribe to `subscription` (a channel, or a list), or with unsubscribe=True the /meta/unsubscribe
+    from it; `token` goes in ext.token, `resume` in ext.resume (pubsub's position extension). Returns the reply."""
+    channel = "/meta/unsubscribe" if unsubscribe else "/meta/subscribe"
+    replies = bayeux(target, [_message(channel, {"clientId": cid, "subscription": subscription}, id, ext,
+                                       token=token, resume=resume)], **kw)
+    return _first(replies, check)
+
+
+def publish(target, channel, data, *, cid=None, id=None, ext=None, check=True, **kw):
+    """Publishes `data` on `channel`, as the client `cid` when given. Returns the reply."""
+    fields = {"data": data}
+    if cid:
+        fields["clientId"] = cid
+    replies = bayeux(target, [_message(channel, fields, id, ext)], **kw)
+    return _first(replies, check)
