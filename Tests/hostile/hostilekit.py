@@ -26,8 +26,8 @@ import time
 import requests
 import websocket
 
-from pubsubtest.bayeux import bayeux
 from pubsubtest.broker import Broker, pubsub_bin
+from pubsubtest.wait import wait_until
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -114,53 +114,7 @@ def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def wait_until(predicate, timeout, interval=0.05):
-    """Polls `predicate` until it is truthy or `timeout` passes; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
-# ---------------------------------------------------------------- Bayeux over HTTP
-
-def handshake(b, types=("long-polling",), **kw):
-    reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",
-                        "supportedConnectionTypes": list(types)}], **kw)[0]
-    assert reply["successful"] is True, reply
-    return reply["clientId"]
-
-
-def handshake_reply(b, **kw):
-    reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",
-                        "supportedConnectionTypes": ["long-polling"]}], **kw)[0]
-    assert reply["successful"] is True, reply
-    return reply
-
-
-def connect(b, cid, advice_timeout=None, **kw):
-    msg = {"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling"}
-    if advice_timeout is not None:
-        msg["advice"] = {"timeout": advice_timeout}
-    return bayeux(b, [msg], **kw)
-
-
-def subscribe(b, cid, channel, resume=None, **kw):
-    msg = {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel}
-    if resume is not None:
-        msg["ext"] = {"resume": resume}
-    reply = bayeux(b, [msg], **kw)[0]
-    assert reply["successful"] is True, reply
-    return reply
-
-
-def publish(b, channel, data, **kw):
-    reply = bayeux(b, [{"channel": channel, "data": data}], **kw)
-    assert reply[0]["successful"] is True, reply
-    return reply
-
+# ---------------------------------------------------------------- /metrics and errors
 
 def metric_value(b, name):
     """The sum of a metric's samples on /metrics (0 when absent)."""
@@ -326,7 +280,7 @@ class Guard:
                                 f"baseline {self.rss0 / MiB:.0f} MiB) {self.b.describe()}")
 
     def assert_fds_back(self, timeout=5, what=""):
-        n = wait_until(lambda: open_fds(self.pid) <= self.fds0 + FD_SLACK, timeout)
+        n = wait_until(lambda: open_fds(self.pid) <= self.fds0 + FD_SLACK, timeout, raises=False)
         now = open_fds(self.pid)
         assert n, (f"broker has {now} descriptors {timeout}s after {what or 'the attack'} "
                    f"(baseline {self.fds0}) {self.b.describe()}")
@@ -347,7 +301,7 @@ def hostile_broker(settings=None, *, timeout=5, **kw):
     guard = None
     try:
         # The engine is ready (the Redis engine connects after the port opens): a handshake is answered.
-        if not wait_until(lambda: new_client_served(b) is True, 15, interval=0.1):
+        if not wait_until(lambda: new_client_served(b) is True, 15, interval=0.1, raises=False):
             raise AssertionError(f"broker not ready: {new_client_served(b)}\n{b.log()[-2000:]}")
         guard = Guard(b)
         yield b, guard

@@ -29,10 +29,10 @@ if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
 
 
-from hostilekit import (KiB, MiB, HostileBroker, close_all, connect, handshake, handshake_reply,  # noqa: E402
-                        metric_value, new_client_served, ones_body, open_fds, peak_rss, peer_closed, post_request,
-                        publish, raw_socket, read_http_head, read_more, rss, send_for, subscribe, ws_frame,
-                        ws_upgrade_request)
+from hostilekit import (KiB, MiB, HostileBroker, close_all, metric_value, new_client_served, ones_body,  # noqa: E402
+                        open_fds, peak_rss, peer_closed, post_request, raw_socket, read_http_head, read_more, rss,
+                        send_for, ws_frame, ws_upgrade_request)
+from pubsubtest.bayeux import connect, handshake, publish, subscribe  # noqa: E402
 
 WAIT = float(os.environ.get("HOSTILE_MEASURE_WAIT", "10"))      # seconds the item-3 connections are watched
 ATTACK = float(os.environ.get("HOSTILE_MEASURE_ATTACK", "30"))  # seconds each item-1 attack sends
@@ -299,11 +299,11 @@ def item7():
 
 def item8():
     with Run() as r:
-        tokens = [handshake_reply(r.b)["ext"]["position"]]
+        tokens = [handshake(r.b, reply=True)["ext"]["position"]]
         for n in (1, 5):
             for i in range(n):
                 publish(r.b, "/secret", i)
-            tokens.append(handshake_reply(r.b)["ext"]["position"])
+            tokens.append(handshake(r.b, reply=True)["ext"]["position"])
         row(8, "handshake positions around 1 then 5 publishes elsewhere", " → ".join(f"`{t}`" for t in tokens))
 
 

@@ -10,7 +10,8 @@ import time
 
 import requests
 
-from hostilekit import MiB, handshake_reply, hostile_broker, subscribe
+from hostilekit import MiB, hostile_broker
+from pubsubtest.bayeux import handshake, subscribe
 
 HISTORY_BYTES = 16 * MiB
 PUBLISHES = int(os.environ.get("HOSTILE_HISTORY_PUBLISHES", "300"))   # the attack is 600
@@ -19,7 +20,7 @@ PUBLISHES = int(os.environ.get("HOSTILE_HISTORY_PUBLISHES", "300"))   # the issu
 def test_one_megabyte_publishes_nobody_reads_keep_memory_bounded():
     settings = {"history-bytes": HISTORY_BYTES, "history-ttl": 0, "max-request-bytes": 2 * MiB}
     with hostile_broker(settings) as (b, g):
-        token = handshake_reply(b)["ext"]["position"]
+        token = handshake(b, reply=True)["ext"]["position"]
         t0 = time.monotonic()
         done = 0
         with requests.Session() as session:
@@ -36,6 +37,6 @@ def test_one_megabyte_publishes_nobody_reads_keep_memory_bounded():
         g.assert_served()
         # What is left of the history still serves a resume: all of it cannot be recovered any more, but the
         # subscription succeeds and says so.
-        cid = handshake_reply(b)["clientId"]
+        cid = handshake(b, reply=True)["clientId"]
         reply = subscribe(b, cid, "/nobody/reads", resume=token)
         assert reply["ext"]["resume"]["recovered"] is False, reply

@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from hostilekit import connect, handshake, handshake_reply, hostile_broker, publish, subscribe
+from hostilekit import hostile_broker
+from pubsubtest.bayeux import connect, handshake, publish, subscribe
 
 
 STEPS = [1, 5, 3]   # publishes between successive handshakes
@@ -66,11 +67,11 @@ def counters_in(tokens, steps):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_handshake_positions_do_not_count_other_peoples_messages(engine):
     with engine_broker(engine) as (b, g):
-        tokens = [handshake_reply(b)["ext"]["position"]]
+        tokens = [handshake(b, reply=True)["ext"]["position"]]
         for n, step in enumerate(STEPS):
             for i in range(step):
                 publish(b, f"/secret/{n}", {"i": i})
-            tokens.append(handshake_reply(b)["ext"]["position"])
+            tokens.append(handshake(b, reply=True)["ext"]["position"])
         assert all(isinstance(t, str) and t for t in tokens), tokens
         found = counters_in(tokens, STEPS)
         assert not found, (f"handshake positions {tokens} count the {STEPS} publishes made between them on channels "
@@ -107,7 +108,7 @@ def test_resume_from_the_last_event_gets_exactly_the_missed_ones(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_resume_from_a_handshake_position_gets_what_was_published_since(engine):
     with engine_broker(engine) as (b, g):
-        token = handshake_reply(b)["ext"]["position"]
+        token = handshake(b, reply=True)["ext"]["position"]
         for i in range(3):
             publish(b, "/since/x", i)
         publish(b, "/other", "no")
