@@ -40,7 +40,7 @@ def test_allow_delivers_and_the_app_sees_the_request(broker, hook):
     reply = subscribe(b, cid, "/allow/x", ext={"ticket": "t1"}, headers=headers)
     assert reply["successful"] is True, reply
     back_end_publish(b, "/allow/x", "hello")
-    _, events = connect(b, cid, 500)
+    _, events = connect(b, cid, advice_timeout=500)
     assert [e["data"] for e in events] == ["hello"]
     question = [q for q in hook.questions("subscribe") if q.get("clientId") == cid][-1]
     assert question["channel"] == "/allow/x"
@@ -97,7 +97,7 @@ def test_the_handshake_answer_names_the_user_and_the_app_uses_it(broker, hook):
     assert reply["error"] == "403:/jobs/43:Not your job"
     back_end_publish(b, "/jobs/43", "not yours")
     back_end_publish(b, "/jobs/42", "yours")
-    _, events = connect(b, cid, 500)
+    _, events = connect(b, cid, advice_timeout=500)
     assert [e["data"] for e in events] == ["yours"]
 
 
@@ -129,7 +129,7 @@ def test_publish_through_the_hook_and_the_cache():
         assert publish(b, "/allow/feed", "ok")["successful"] is True
         reply = publish(b, "/other/feed", "no")
         assert reply["successful"] is False and reply["error"] == "403:/other/feed:Forbidden"
-        _, events = connect(b, listener, 500)
+        _, events = connect(b, listener, advice_timeout=500)
         assert [e["data"] for e in events] == ["ok"]
         # The same question again (another client, same credentials) is answered from the cache.
         before = len(hook.questions("subscribe"))

@@ -9,6 +9,7 @@ import re
 import subprocess
 import threading
 import time
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jwt
@@ -19,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from authkit import (HS_SECRET, Broker, Listener, assert_nothing_delivered, claims, client_id, connect, handshake,
                      hs256, hs256_with_public_key_as_secret, publish, pubsub_bin, subscribe)
 from pubsubtest.ports import closed_port
+from pubsubtest.wait import wait_until
 
 
 def b64url_uint(n, length=None):
@@ -139,17 +141,12 @@ def metric(b, name, **labels):
 
 
 def accepted(b, token):
-    return handshake(b, token).get("successful") is True
+    return handshake(b, token=token).get("successful") is True
 
 
-def eventually(check, timeout=8.0, step=0.25):
-    """Polls `check` (which may send a token: a due refresh is started by a token or by the refresh service)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(step)
-    return check()
+# Polls a check (which may send a token: a due refresh is started by a token or by the refresh service) for 8 s,
+# and returns its last answer for the test to assert.
+eventually = partial(wait_until, timeout=8.0, interval=0.25, raises=False)
 
 
 def wait_past_unknown_kid_interval(since):
@@ -177,7 +174,7 @@ def test_tokens_signed_by_the_providers_keys_grant_their_claims(key_a):
         assert [e["data"] for e in listener.events()] == ["done"]
         # The claims are read by the same rules as with --jwt-key: a channel outside them, an expired token.
         assert subscribe(b, listener.cid, "/jobs/43")["error"] == "403:/jobs/43:No token grants this channel"
-        assert handshake(b, key_a.token(claims("42", ttl=-5)))["error"] == "401::Token expired"
+        assert handshake(b, token=key_a.token(claims("42", ttl=-5)))["error"] == "401::Token expired"
         assert eventually(lambda: "JWKS keys: RS256 key-a; ES256 key-ec" in b.log()), b.log()
         assert idp.count() == 1
 
@@ -195,14 +192,14 @@ def test_forged_and_confused_tokens_are_refused(key_a):
             # The right key and kid under another algorithm (PS256): keys are bound to RS256 or ES256.
             jwt.encode(claims("42"), key_a.private, algorithm="PS256", headers={"kid": "key-a"}),
         ]:
-            reply = handshake(b, token)
+            reply = handshake(b, token=token)
             assert reply["successful"] is False and reply["error"] == "401::Invalid token", reply
         assert accepted(b, key_a.token(claims("42")))
 
 
 def test_rotation_mid_run_without_a_restart(key_a, key_b):
     with JWKSServer([key_a]) as idp, jwks_broker(idp.url, refresh=2) as b:
-        session = client_id(b, key_a.token(claims("42", channels=["/jobs/42"])))
+        session = client_id(b, token=key_a.token(claims("42", channels=["/jobs/42"])))
         # The provider publishes the next key; a token signed with it is accepted at once (its kid is unknown:
         # the keys are fetched again), without a restart.
         idp.set(keys=[key_a, key_b])
@@ -211,7 +208,7 @@ def test_rotation_mid_run_without_a_restart(key_a, key_b):
         idp.set(keys=[key_b])
         assert eventually(lambda: not accepted(b, key_a.token(claims("42")))), b.log()[-3000:]
         for _ in range(3):
-            assert handshake(b, key_a.token(claims("42")))["error"] == "401::Invalid token"
+            assert handshake(b, token=key_a.token(claims("42")))["error"] == "401::Invalid token"
             assert accepted(b, key_b.token(claims("42")))
         # A session made before keeps what its token granted (until its exp), as with any key.
         reply, _ = connect(b, session)
@@ -229,7 +226,7 @@ def test_unknown_kids_are_refetched_at_most_every_ten_seconds(key_a):
 
         def flood(n):
             for i in range(n):
-                reply = handshake(b, forger.token(claims("admin", channels=["/**"]), kid=f"forged-{n}-{i}"))
+                reply = handshake(b, token=forger.token(claims("admin", channels=["/**"]), kid=f"forged-{n}-{i}"))
                 if reply.get("error") != "401::Invalid token":
                     errors.append(reply)
 
@@ -289,7 +286,7 @@ def test_without_any_good_keys_every_token_is_refused(key_a, provider):
         with jwks_broker(url, extra=["--public", "/open/**"]) as b:
             token = key_a.token(claims("42", channels=["/jobs/42"], publish=["/jobs/**"]))
             # Refused with the same error any token that does not verify gets.
-            reply = handshake(b, token)
+            reply = handshake(b, token=token)
             assert reply["successful"] is False and reply["error"] == "401::Invalid token", reply
             cid = client_id(b)  # a client without a token still handshakes (public channels)
             connect(b, cid)
@@ -313,7 +310,7 @@ def test_jwks_beside_an_hmac_key(key_a):
         # An HS256 token never reaches the JWKS: no refetch for its kid.
         forged = jwt.encode(claims("42"), "another-secret-that-is-32-bytes-long!!", algorithm="HS256",
                             headers={"kid": "new"})
-        assert handshake(b, forged)["error"] == "401::Invalid token"
+        assert handshake(b, token=forged)["error"] == "401::Invalid token"
         assert idp.count() == 1
         assert eventually(lambda: "JWTs (HS256, RS256, ES256)" in b.log()), b.log()
 
@@ -323,8 +320,9 @@ def test_audience_and_issuer_apply_to_jwks_tokens(key_a):
                                                                "--jwt-issuer", "https://idp.example"]) as b:
         good = claims("42", aud="pubsub", iss="https://idp.example")
         assert accepted(b, key_a.token(good))
-        assert handshake(b, key_a.token(dict(good, aud="web")))["error"] == "401::Token is for another audience"
-        assert handshake(b, key_a.token(dict(good, iss="https://evil")))["error"] == "401::Token is from another issuer"
+        assert handshake(b, token=key_a.token(dict(good, aud="web")))["error"] == "401::Token is for another audience"
+        assert handshake(b, token=key_a.token(dict(good, iss="https://evil")))["error"] \
+            == "401::Token is from another issuer"
 
 
 @pytest.mark.parametrize("args,text", [

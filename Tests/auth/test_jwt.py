@@ -42,7 +42,7 @@ def test_hs256_connection_token_grants_its_channels_and_names_the_user(hs_broker
 @pytest.mark.parametrize("channel", ["/jobs/43", "/jobs/*", "/users/43/inbox", "/users/**"])
 def test_a_channel_outside_the_claims_is_refused_and_gets_nothing(hs_broker, channel):
     b = hs_broker
-    cid = client_id(b, hs256(claims("42", channels=["/jobs/42", "/users/42/**"])))
+    cid = client_id(b, token=hs256(claims("42", channels=["/jobs/42", "/users/42/**"])))
     connect(b, cid)
     reply = subscribe(b, cid, channel)
     assert reply["successful"] is False
@@ -60,13 +60,13 @@ def test_rs256_and_es256_with_a_public_key(keys, maker, file_attr):
         assert reply["successful"] is True, reply
         assert [e["data"] for e in listener.events()] == ["hello"]
         # An HS256 token is refused: this broker has no HMAC key.
-        assert handshake(b, hs256(claims("7")))["error"] == "401::Invalid token"
+        assert handshake(b, token=hs256(claims("7")))["error"] == "401::Invalid token"
 
 
 def test_rs256_key_never_verifies_an_hs256_token_made_with_the_public_key(keys):
     with Broker(timeout=5, extra_args=["--jwt-public-key", keys.rsa_file]) as b:
         forged = hs256_with_public_key_as_secret(keys.rsa_public_pem, claims("admin", channels=["/**"]))
-        reply = handshake(b, forged)
+        reply = handshake(b, token=forged)
         assert reply["successful"] is False and reply["error"] == "401::Invalid token", reply
         assert "clientId" not in reply
         # Nor as a publish token.
@@ -87,7 +87,7 @@ def test_bad_connection_tokens_refuse_the_handshake(hs_broker, case):
         "no_sub": (hs256({"exp": int(time.time()) + 60, "channels": ["/**"]}), "401::Token has no subject"),
         "garbage": ("not-a-jwt", "401::Invalid token"),
     }[case]
-    reply = handshake(b, token)
+    reply = handshake(b, token=token)
     assert reply["successful"] is False, reply
     assert reply["error"] == error
     assert reply["advice"]["reconnect"] == "handshake"
@@ -96,7 +96,7 @@ def test_bad_connection_tokens_refuse_the_handshake(hs_broker, case):
 
 def test_subscription_tokens(hs_broker):
     b = hs_broker
-    cid = client_id(b, hs256(claims("42")))  # a connection token that grants no channel
+    cid = client_id(b, token=hs256(claims("42")))  # a connection token that grants no channel
     connect(b, cid)
     # Its own subscription token, for this user and this channel.
     assert subscribe(b, cid, "/jobs/9", token=hs256(claims("42", channel="/jobs/9")))["successful"] is True
@@ -114,7 +114,7 @@ def test_subscription_tokens(hs_broker):
     for channel in ["/jobs/10", "/jobs/11", "/jobs/12", "/jobs/13", "/jobs/14"]:
         back_end_publish(b, channel, channel)
     back_end_publish(b, "/jobs/9", "mine")
-    reply, events = connect(b, cid, 500)
+    reply, events = connect(b, cid, advice_timeout=500)
     assert [e["data"] for e in events] == ["mine"]
 
 
@@ -131,7 +131,7 @@ def test_an_anonymous_session_gets_nothing_without_tokens(hs_broker):
 def test_publish_claims(hs_broker):
     b = hs_broker
     listener = Listener(b, "/chat/**", token=hs256(claims("1", channels=["/chat/**"])))
-    cid = client_id(b, hs256(claims("2", publish=["/chat/room1"])))
+    cid = client_id(b, token=hs256(claims("2", publish=["/chat/room1"])))
     connect(b, cid)
     assert publish(b, "/chat/room1", "ok", cid=cid)["successful"] is True
     assert publish(b, "/chat/room2", "no", cid=cid)["error"] == "403:/chat/room2:No token grants this channel"
@@ -142,7 +142,7 @@ def test_publish_claims(hs_broker):
 
 def test_expiry_mid_session_answers_connect_401_with_advice_handshake(hs_broker):
     b = hs_broker
-    cid = client_id(b, hs256(claims("42", ttl=2, channels=["/jobs/42"])))
+    cid = client_id(b, token=hs256(claims("42", ttl=2, channels=["/jobs/42"])))
     connect(b, cid)
     assert subscribe(b, cid, "/jobs/42")["successful"] is True
     time.sleep(2.5)
@@ -210,8 +210,8 @@ def test_audience_and_issuer_when_configured():
     with Broker(timeout=5, extra_args=["--jwt-key", HS_SECRET, "--jwt-audience", "pubsub",
                                        "--jwt-issuer", "https://app.example.com"]) as b:
         good = claims("42", channels=["/a"], aud="pubsub", iss="https://app.example.com")
-        assert handshake(b, hs256(good))["successful"] is True
-        assert handshake(b, hs256(dict(good, aud=["web", "pubsub"])))["successful"] is True
-        assert handshake(b, hs256(dict(good, aud="web")))["error"] == "401::Token is for another audience"
-        assert handshake(b, hs256({k: v for k, v in good.items() if k != "iss"}))["error"] \
+        assert handshake(b, token=hs256(good))["successful"] is True
+        assert handshake(b, token=hs256(dict(good, aud=["web", "pubsub"])))["successful"] is True
+        assert handshake(b, token=hs256(dict(good, aud="web")))["error"] == "401::Token is for another audience"
+        assert handshake(b, token=hs256({k: v for k, v in good.items() if k != "iss"}))["error"] \
             == "401::Token is from another issuer"
