@@ -172,12 +172,6 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
 def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_server):
     """Positions are made in Redis (opaque, `2.<epoch>.<permuted>`), so a token got through one node resumes on
     another; a Redis that restarted empty has a new epoch and key, and says so (`recovered: false`)."""
-    from cluster_helpers import post
-
-    def resume(node, cid, channel, token):
-        return post(node, {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel,
-                           "ext": {"resume": token}})[0]
-
     def poll_until(node, cid, count):
         got, deadline = [], time.monotonic() + 10
         while len(got) < count and time.monotonic() < deadline:
@@ -201,7 +195,7 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
     # Resumed on node C from the first token: exactly the five after it, wherever the session polls next.
     other = handshake(c)
     long_poll(c, other)
-    reply = resume(c, other, "/res/*", tokens[0])
+    reply = subscribe(c, other, "/res/*", resume=tokens[0], check=False)
     assert reply["successful"] and reply["ext"] == {"resume": {"recovered": True, "missed": 5}}, reply
     assert [e["data"] for e in poll_until(b, other, 5)] == [1, 2, 3, 4, 5]
     # Redis restarts without its data: the old tokens are foreign now, on every node.
@@ -215,7 +209,7 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
         time.sleep(0.2)
     fresh = handshake(b)
     long_poll(b, fresh)
-    reply = resume(b, fresh, "/res/*", tokens[2])
+    reply = subscribe(b, fresh, "/res/*", resume=tokens[2], check=False)
     assert reply["successful"] and reply["ext"] == {"resume": {"recovered": False, "missed": 0}}, reply
 
 

@@ -12,9 +12,9 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, post,
-                             publish, received, redis_metrics, start_brokers, stop_after_publishing_resumed,
-                             subscribe, wait_failover_followed)
+from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, publish,
+                             received, redis_metrics, start_brokers, stop_after_publishing_resumed, subscribe,
+                             wait_failover_followed)
 from pubsubtest.broker import Broker
 
 API_KEY = "k-redis-cluster-test-0123456789ab"
@@ -71,8 +71,7 @@ def test_nodes_share_sessions_and_events_through_one_shard(redis_cluster):
         positions = [api_publish(b, "/r", n) for n in range(4)]
         fresh = handshake(c)
         long_poll(c, fresh)
-        reply = post(c, {"channel": "/meta/subscribe", "clientId": fresh, "subscription": "/r",
-                         "ext": {"resume": positions[0]}})[0]
+        reply = subscribe(c, fresh, "/r", resume=positions[0], check=False)
         assert reply["successful"] and reply["ext"]["resume"] == {"recovered": True, "missed": 3}, reply
         _, events = long_poll(c, fresh)
         assert [e["data"] for e in events] == [1, 2, 3]

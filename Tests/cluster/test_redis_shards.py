@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 
-from cluster_helpers import (WSClient, api, handshake, long_poll, post, publish, redis_metrics, start_brokers,
+from cluster_helpers import (WSClient, api, handshake, long_poll, publish, redis_metrics, start_brokers,
                              subscribe, wait_failover_followed)
 from pubsubtest.broker import pubsub_bin
 
@@ -100,28 +100,24 @@ def test_channels_spread_over_every_master(redis_cluster):
             positions.append(r.json()["position"])
         fresh = handshake(c)
         long_poll(c, fresh)
-        reply = post(c, {"channel": "/meta/subscribe", "clientId": fresh, "subscription": "/r/*",
-                         "ext": {"resume": positions[0]}})[0]
+        reply = subscribe(c, fresh, "/r/*", resume=positions[0], check=False)
         assert reply["successful"] and reply["ext"]["resume"] == {"recovered": True, "missed": 3}, reply
         _, events = long_poll(c, fresh)
         assert [e["data"] for e in events] == [1, 2, 3]
 
         # The handshake's position has a part per shard: `/**` resumes from it exactly, over every shard.
-        start = post(a, {"channel": "/meta/handshake", "version": "1.0",
-                         "supportedConnectionTypes": ["long-polling"]})[0]["ext"]["position"]
+        start = handshake(a, types=("long-polling",), reply=True, check=False)["ext"]["position"]
         assert start.count("~") == 2, start
         for ch in CHANNELS:
             assert publish(b, ch, "later")["successful"]
         late = handshake(b)
         long_poll(b, late)
-        reply = post(b, {"channel": "/meta/subscribe", "clientId": late, "subscription": "/**",
-                         "ext": {"resume": start}})[0]
+        reply = subscribe(b, late, "/**", resume=start, check=False)
         assert reply["ext"]["resume"] == {"recovered": True, "missed": len(CHANNELS)}, reply
         _, events = long_poll(b, late)
         assert sorted(e["channel"] for e in events) == sorted(CHANNELS)
         # An event's position speaks for its own shard only: for `/**` it is answered honestly.
-        reply = post(b, {"channel": "/meta/subscribe", "clientId": handshake(b), "subscription": "/**",
-                         "ext": {"resume": positions[0]}})[0]
+        reply = subscribe(b, handshake(b), "/**", resume=positions[0], check=False)
         assert reply["ext"]["resume"]["recovered"] is False, reply
     finally:
         for n in nodes:
