@@ -2,11 +2,12 @@
 
 import subprocess
 import time
+from functools import partial
 
 import pytest
-import requests
 
 from clitools import SECRET, Broker, Listener, clean_env, closed_port, now_ms, pubsub_bin, run, sha1_sign, signed_ext
+from pubsubtest.bayeux import handshake, subscribe as bayeux_subscribe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,23 +27,8 @@ production:
 TOKEN = "6c1e5f1a9d0b4f7e8c2a3b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081"
 
 
-def post(b, messages):
-    r = requests.post(b.url, json=messages, timeout=10)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def handshake(b):
-    [reply] = post(b, [{"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["long-polling"]}])
-    return reply["clientId"]
-
-
-def subscribe(b, cid, channel, ext=None):
-    m = {"channel": "/meta/subscribe", "clientId": cid, "subscription": channel, "id": "s"}
-    if ext is not None:
-        m["ext"] = ext
-    [reply] = post(b, [m])
-    return reply
+# Subscribes return the reply unasserted: the tests look at their errors.
+subscribe = partial(bayeux_subscribe, id="s", check=False)
 
 
 def test_missing_config_file_or_environment_is_one_line(tmp_path):
@@ -76,10 +62,10 @@ def test_serve_reads_private_pub_yml(tmp_path):
         assert "PrivatePub's configuration names the server http://127.0.0.1:1/faye" in b.log()
         assert "valid for 3600 s" in b.log()
         cid = handshake(b)
-        assert subscribe(b, cid, "/pp/a", signed_ext("/pp/a", TOKEN))["successful"] is True
-        assert subscribe(b, cid, "/pp/b", signed_ext("/pp/b", "secret"))["error"] == "Incorrect signature."
+        assert subscribe(b, cid, "/pp/a", ext=signed_ext("/pp/a", TOKEN))["successful"] is True
+        assert subscribe(b, cid, "/pp/b", ext=signed_ext("/pp/b", "secret"))["error"] == "Incorrect signature."
         old = now_ms() - 3601_000
-        expired = subscribe(b, cid, "/pp/c", signed_ext("/pp/c", TOKEN, ts=old))
+        expired = subscribe(b, cid, "/pp/c", ext=signed_ext("/pp/c", TOKEN, ts=old))
         assert expired["error"] == "Signature has expired."
         # publish with the same file, pointed at this broker by --url (a flag wins over the file).
         with Listener(b) as l:
@@ -127,9 +113,9 @@ def test_max_clock_skew():
     with Broker(timeout=45, secret=SECRET, extra_args=["--max-clock-skew", "10"]) as b:
         cid = handshake(b)
         soon = now_ms() + 5_000
-        assert subscribe(b, cid, "/skew/a", signed_ext("/skew/a", ts=soon))["successful"] is True
+        assert subscribe(b, cid, "/skew/a", ext=signed_ext("/skew/a", ts=soon))["successful"] is True
         later = now_ms() + 60_000
-        reply = subscribe(b, cid, "/skew/b", signed_ext("/skew/b", ts=later))
+        reply = subscribe(b, cid, "/skew/b", ext=signed_ext("/skew/b", ts=later))
         assert reply["error"] == "Signature timestamp is in the future."
 
 
@@ -144,7 +130,7 @@ def test_secret_from_environment():
         __import__("os").environ.update(env_before)
     try:
         cid = handshake(b)
-        assert subscribe(b, cid, "/env/a", signed_ext("/env/a", "from-env"))["successful"] is True
+        assert subscribe(b, cid, "/env/a", ext=signed_ext("/env/a", "from-env"))["successful"] is True
         assert subscribe(b, cid, "/env/b")["error"] == "Incorrect signature."
         assert "no secret set" not in b.log()
     finally:

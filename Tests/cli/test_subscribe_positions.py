@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
-import requests
 
 from clitools import run
+from pubsubtest.bayeux import publish
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.process import Lines
 from pubsubtest.wait import wait_until
@@ -18,11 +18,6 @@ from pubsubtest.wait import wait_until
 pytestmark = pytest.mark.timeout(90)
 
 NOT_RECOVERED = 3
-
-
-def publish(b, channel, n):
-    r = requests.post(b.url, json=[{"channel": channel, "data": {"n": n}}], timeout=10)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
 
 
 def subscriber(b, position_file, *args):
@@ -49,7 +44,7 @@ class Publisher(threading.Thread):
     def run(self):
         try:
             for n in range(1, self.total + 1):
-                publish(self.b, "/feed/a", n)
+                publish(self.b, "/feed/a", {"n": n})
                 self.published = n
                 time.sleep(self.pause)
         except Exception as e:  # reported by the test
@@ -96,13 +91,13 @@ def test_a_position_the_history_no_longer_holds_exits_3_then_the_next_run_goes_o
     position_file = tmp_path / "positions.json"
     with Broker(timeout=45, extra_args=["--history-size", "5"]) as b:
         first = subscriber(b, position_file, "--count", "2")
-        publish(b, "/feed/a", 1)
-        publish(b, "/feed/a", 2)
+        publish(b, "/feed/a", {"n": 1})
+        publish(b, "/feed/a", {"n": 2})
         first.proc.wait(15)
         assert first.proc.returncode == 0 and numbers(first) == [1, 2], first.errors()
         kept = position_file.read_text()
         for n in range(3, 23):           # 20 events: more than the broker's history of 5
-            publish(b, "/feed/a", n)
+            publish(b, "/feed/a", {"n": n})
         p = run(["subscribe", "--url", b.url, "--position-file", str(position_file), "--timeout", "10", "/feed/*"])
         assert p.returncode == NOT_RECOVERED, (p.returncode, p.stderr)
         assert p.stdout == ""
@@ -110,7 +105,7 @@ def test_a_position_the_history_no_longer_holds_exits_3_then_the_next_run_goes_o
         # The file now holds the broker's position at that run: after a refetch, the next run goes on from it.
         assert position_file.read_text() != kept
         third = subscriber(b, position_file, "--count", "1")
-        publish(b, "/feed/a", 23)
+        publish(b, "/feed/a", {"n": 23})
         third.proc.wait(15)
         assert third.proc.returncode == 0 and numbers(third) == [23], third.errors()
         assert "recovered 0 events" in third.errors(), third.errors()
@@ -122,10 +117,10 @@ def test_accept_gaps_says_so_and_goes_on(tmp_path):
         p = run(["subscribe", "--url", b.url, "--position-file", str(position_file), "--timeout", "1", "/feed/*"])
         assert p.returncode == 0, p.stderr
         for n in range(1, 21):
-            publish(b, "/feed/a", n)
+            publish(b, "/feed/a", {"n": n})
         second = subscriber(b, position_file, "--accept-gaps", "--count", "1")
         assert "recovered: false" in second.errors() and "going on from here" in second.errors(), second.errors()
-        publish(b, "/feed/a", 21)
+        publish(b, "/feed/a", {"n": 21})
         second.proc.wait(15)
         assert second.proc.returncode == 0 and numbers(second) == [21], second.errors()
 
@@ -154,15 +149,15 @@ def test_a_lost_session_is_resumed_with_the_events_published_meanwhile():
         sub = Lines([pubsub_bin(), "subscribe", "--url", b.url, "/feed/*"])
         try:
             sub.wait_for(lambda: "subscribed to" in sub.errors(), 30, "the subscription")
-            publish(b, "/feed/a", 1)
+            publish(b, "/feed/a", {"n": 1})
             wait_until(lambda: len(sub.lines()) == 1, 10, message="the first event")
             os.killpg(sub.proc.pid, signal.SIGSTOP)
             for n in range(2, 12):
-                publish(b, "/feed/a", n)
+                publish(b, "/feed/a", {"n": n})
             time.sleep(6)                # longer than the broker keeps a session without a connect
             os.killpg(sub.proc.pid, signal.SIGCONT)
             wait_until(lambda: "ended this session" in sub.errors(), 20, message="the session ended")
-            publish(b, "/feed/a", 12)
+            publish(b, "/feed/a", {"n": 12})
             wait_until(lambda: len(sub.lines()) >= 12, 20, message="every event")
             assert [json.loads(line)["n"] for line in sub.lines()] == list(range(1, 13)), sub.lines()
             # Events already on their way when the session ended (a held connect's answer) count as received.
