@@ -8,9 +8,10 @@ import json
 import threading
 import time
 import urllib.request
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pubsubtest.bayeux import bayeux
+from pubsubtest.bayeux import bayeux, handshake, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.ports import free_port as hook_free_port  # noqa: F401  (re-exported for the test modules)
 
@@ -103,17 +104,10 @@ def hook_bayeux(broker, messages):
     return bayeux(broker, messages, timeout=30)
 
 
-def hook_handshake(broker) -> str:
-    reply = hook_bayeux(broker, [{"channel": "/meta/handshake", "version": "1.0",
-                                  "supportedConnectionTypes": ["long-polling"]}])[0]
-    assert reply["successful"], reply
-    return reply["clientId"]
-
-
-def hook_subscribe(broker, client_id, channels, *, meta="/meta/subscribe"):
-    reply = hook_bayeux(broker, [{"channel": meta, "clientId": client_id, "subscription": channels}])[0]
-    assert reply["successful"], reply
-    return reply
+# A handshake that must succeed (its clientId), and a subscribe or (unsubscribe=True) an unsubscribe that must
+# succeed, with hook_bayeux's timeout.
+hook_handshake = partial(handshake, timeout=30)
+hook_subscribe = partial(subscribe, timeout=30)
 
 
 def hook_metrics(broker) -> dict:

@@ -19,7 +19,7 @@ def test_each_event_type_is_posted_signed_with_its_fields():
         started = datetime.datetime.now(datetime.timezone.utc)
         cid = hook_handshake(b)
         hook_subscribe(b, cid, ["/chat/room", "/jobs/*"])
-        hook_subscribe(b, cid, "/jobs/*", meta="/meta/unsubscribe")
+        hook_subscribe(b, cid, "/jobs/*", unsubscribe=True)
         reply = hook_bayeux(b, [{"channel": "/meta/disconnect", "clientId": cid}])[0]
         assert reply["successful"]
         events = receiver.wait_events(lambda es: any(e["type"] == "disconnect" for e in es))

@@ -16,7 +16,7 @@ def test_two_nodes_post_each_event_once(redis_server):
             wait_ready(b)
             c1 = hook_handshake(a)
             hook_subscribe(b, c1, ["/room", "/jobs/**"])
-            hook_subscribe(a, c1, "/room", meta="/meta/unsubscribe")
+            hook_subscribe(a, c1, "/room", unsubscribe=True)
             c2 = hook_handshake(b)
             assert hook_bayeux(a, [{"channel": "/meta/disconnect", "clientId": c2}])[0]["successful"]
             # c3's queue lives on a (its home); publishes through b overflow it there.
@@ -64,13 +64,11 @@ def test_events_carry_the_user_on_every_node(redis_server):
 
     key = "k" * 40
 
-    def handshake(node, user):
+    def handshake_as(node, user):
+        """A handshake with a token for `user` (allowed every channel): the clientId and the token."""
         token = jwt.encode({"sub": user, "exp": int(time.time()) + 600, "channels": ["/**"], "publish": ["/**"]},
                            key, algorithm="HS256")
-        reply = hook_bayeux(node, [{"channel": "/meta/handshake", "version": "1.0", "ext": {"token": token},
-                                    "supportedConnectionTypes": ["long-polling"]}])[0]
-        assert reply["successful"], reply
-        return reply["clientId"], token
+        return hook_handshake(node, token=token), token
 
     with HookReceiver() as receiver:
         args = ["--engine", "redis", "--redis-url", redis_server.url, "--redis-prefix", "hookusers:",
@@ -80,19 +78,19 @@ def test_events_carry_the_user_on_every_node(redis_server):
         with a, b:
             wait_ready(a)
             wait_ready(b)
-            alice, _ = handshake(a, "alice")
+            alice, _ = handshake_as(a, "alice")
             hook_subscribe(b, alice, ["/room"])
             # Subscribing again to a held channel is not reported again, on either node; an unsubscribe reports
             # only the channels the session had.
             hook_subscribe(a, alice, ["/room", "/room"])
-            hook_subscribe(b, alice, ["/room", "/never"], meta="/meta/unsubscribe")
-            hook_subscribe(a, alice, ["/room"], meta="/meta/unsubscribe")
-            bob, bob_token = handshake(a, "bob")
+            hook_subscribe(b, alice, ["/room", "/never"], unsubscribe=True)
+            hook_subscribe(a, alice, ["/room"], unsubscribe=True)
+            bob, bob_token = handshake_as(a, "bob")
             hook_subscribe(a, bob, "/fire")
             for i in range(3):
                 assert hook_bayeux(b, [{"channel": "/fire", "data": i, "clientId": bob, "ext": {"token": bob_token}}
                                        ])[0]["successful"]
-            carol, _ = handshake(b, "carol")
+            carol, _ = handshake_as(b, "carol")
             assert hook_bayeux(a, [{"channel": "/meta/disconnect", "clientId": carol}])[0]["successful"]
 
             def ended(events):
