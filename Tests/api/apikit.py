@@ -6,9 +6,8 @@ import secrets
 import pytest
 import requests
 
-from pubsubtest.bayeux import bayeux
+from pubsubtest.bayeux import bayeux, connect, handshake, subscribe  # noqa: F401  (bayeux: for the test modules)
 from pubsubtest.broker import Broker
-from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
 
@@ -53,24 +52,13 @@ def api_broker():
 # ------------------------------------------------------------------ Bayeux over long-polling
 
 def api_handshake(b):
-    reply = bayeux(b, [{"channel": "/meta/handshake", "version": "1.0",
-                        "supportedConnectionTypes": ["long-polling", "websocket"]}])
-    assert reply[0]["successful"], reply
-    cid = reply[0]["clientId"]
-    first = bayeux(b, [{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling"}])
+    """A handshake offering WebSocket too, and its first connect (answered at once): the clientId."""
+    cid = handshake(b, types=("long-polling", "websocket"))
+    first = connect(b, cid)
     assert first[-1]["successful"], first
     return cid
 
 
 def api_subscribe(b, cid, *channels):
-    reply = bayeux(b, [{"channel": "/meta/subscribe", "clientId": cid, "subscription": list(channels)}])
-    assert reply[0]["successful"], reply
-
-
-def api_connect(b, cid, timeout=HTTP_TIMEOUT):
-    return bayeux(b, [{"channel": "/meta/connect", "clientId": cid, "connectionType": "long-polling"}],
-                  timeout=timeout)
-
-
-def eventually(predicate, timeout=5.0):
-    return wait_until(predicate, timeout)
+    """One /meta/subscribe to all the `channels`, which must succeed."""
+    subscribe(b, cid, list(channels))

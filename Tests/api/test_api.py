@@ -11,9 +11,10 @@ import pytest
 import requests
 import websocket
 
-from apikit import (APIBroker, api_broker, api_connect, api_handshake, api_subscribe, bayeux, eventually,
-                    new_key)
+from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux, new_key
+from pubsubtest.bayeux import connect
 from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -21,7 +22,7 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 def parked_connect(b, cid):
     """Starts a long-poll connect in a thread; returns (thread, box) where box[0] gets the reply."""
     box = []
-    t = threading.Thread(target=lambda: box.append(api_connect(b, cid, timeout=20)), daemon=True)
+    t = threading.Thread(target=lambda: box.append(connect(b, cid, timeout=20)), daemon=True)
     t.start()
     time.sleep(0.3)
     assert not box, "the connect was answered at once instead of being held"
@@ -200,8 +201,8 @@ def test_presence_lists_clients_with_transport_and_since(api_broker):
         wid = json.loads(ws.recv())[0]["clientId"]
         ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": wid, "subscription": "/chat/room"},
                             {"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
-        eventually(lambda: len(b.ok("GET", "presence", params={"channel": "/chat/room"})["clients"]) == 2)
-        answer = eventually(lambda: (lambda a: a if all(c["transport"] for c in a["clients"]) else None)(
+        wait_until(lambda: len(b.ok("GET", "presence", params={"channel": "/chat/room"})["clients"]) == 2)
+        answer = wait_until(lambda: (lambda a: a if all(c["transport"] for c in a["clients"]) else None)(
             b.ok("GET", "presence", params={"channel": "/chat/room"})))
         assert answer["channel"] == "/chat/room"
         by_id = {c["clientId"]: c for c in answer["clients"]}
@@ -242,9 +243,9 @@ def test_a_client_kicked_between_polls_is_told_at_its_next_connect(api_broker):
     b = api_broker
     cid = api_handshake(b)
     assert b.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": True}
-    reply = [m for m in api_connect(b, cid) if m.get("channel") == "/meta/connect"][0]
+    reply = [m for m in connect(b, cid) if m.get("channel") == "/meta/connect"][0]
     assert reply["successful"] is False and reply["advice"] == {"reconnect": "none"}
-    other = [m for m in api_connect(b, "nosuchclientnosuchclientnosuchc") if m.get("channel") == "/meta/connect"][0]
+    other = [m for m in connect(b, "nosuchclientnosuchclientnosuchc") if m.get("channel") == "/meta/connect"][0]
     assert other["advice"] == {"reconnect": "handshake"}
 
 
@@ -339,7 +340,7 @@ def test_info_counts_clients_by_transport_and_rates(api_broker):
     assert isinstance(node["uptimeSeconds"], int) and node["id"]
     for _ in range(20):
         b.ok("POST", "publish", json_body={"channel": "/x", "data": 1})
-    rates = eventually(lambda: (lambda n: n if n["rates"]["publishesPerSecond"] > 0 else None)(
+    rates = wait_until(lambda: (lambda n: n if n["rates"]["publishesPerSecond"] > 0 else None)(
         b.ok("GET", "info")["nodes"][0]), timeout=4)
     assert rates["rates"]["deliveriesPerSecond"] > 0
     series = b.ok("GET", "rates")["series"]
@@ -354,7 +355,7 @@ def test_api_also_answers_on_the_metrics_port():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with APIBroker(extra_args=("--metrics-port", str(port))) as b:
-        eventually(lambda: _can_connect(port))
+        wait_until(lambda: _can_connect(port))
         r = requests.get(f"http://127.0.0.1:{port}/api/info", headers={"Authorization": f"apikey {b.key}"},
                          timeout=5)
         assert r.status_code == 200 and r.json()["clients"] == 0

@@ -5,8 +5,10 @@ import time
 
 import pytest
 
-from apikit import APIBroker, api_connect, api_handshake, api_subscribe, bayeux, eventually, new_key
+from apikit import APIBroker, api_handshake, api_subscribe, bayeux, new_key
+from pubsubtest.bayeux import connect
 from pubsubtest.redis import RedisServer, wait_ready
+from pubsubtest.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +38,12 @@ def test_channels_presence_and_info_cover_both_nodes(two_nodes):
         got = {e["channel"]: e["subscribers"]
                for e in node.ok("GET", "channels", params={"pattern": "/cl/**"})["channels"]}
         assert got == {"/cl/room": 2, "/cl/other": 1}
-        clients = eventually(lambda: (lambda c: c if all(x["transport"] for x in c) else None)(
+        clients = wait_until(lambda: (lambda c: c if all(x["transport"] for x in c) else None)(
             node.ok("GET", "presence", params={"channel": "/cl/room"})["clients"]))
         assert {c["clientId"] for c in clients} == {a, b}
         assert {c["transport"] for c in clients} == {"long-polling"}
         assert all(c["user"] is None and c["since"].endswith("Z") for c in clients)
-    info = eventually(lambda: (lambda i: i if len(i["nodes"]) == 2 else None)(one.ok("GET", "info")), timeout=5)
+    info = wait_until(lambda: (lambda i: i if len(i["nodes"]) == 2 else None)(one.ok("GET", "info")), timeout=5)
     assert info["clients"] >= 2
     assert sum(n["clients"].get("long-polling", 0) for n in info["nodes"]) >= 2
     assert len({n["id"] for n in info["nodes"]}) == 2
@@ -52,7 +54,7 @@ def test_publish_and_kick_across_nodes(two_nodes):
     cid = api_handshake(two)
     api_subscribe(two, cid, "/cl/kick")
     box = []
-    t = threading.Thread(target=lambda: box.append(api_connect(two, cid, timeout=20)), daemon=True)
+    t = threading.Thread(target=lambda: box.append(connect(two, cid, timeout=20)), daemon=True)
     t.start()
     time.sleep(0.3)
     position = one.ok("POST", "publish", json_body={"channel": "/cl/kick", "data": "x"})["position"]
@@ -60,7 +62,7 @@ def test_publish_and_kick_across_nodes(two_nodes):
     event = [m for m in box[0] if m.get("channel") == "/cl/kick"][0]
     assert event["ext"]["position"] == position
     box.clear()
-    t = threading.Thread(target=lambda: box.append(api_connect(two, cid, timeout=20)), daemon=True)
+    t = threading.Thread(target=lambda: box.append(connect(two, cid, timeout=20)), daemon=True)
     t.start()
     time.sleep(0.3)
     assert one.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": True}
@@ -71,7 +73,7 @@ def test_publish_and_kick_across_nodes(two_nodes):
     assert two.ok("GET", "presence", params={"channel": "/cl/kick"})["clients"] == []
     assert one.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": False}
     for node in (one, two):  # not parked any more: its next connect, on either node, says the same
-        again = [m for m in api_connect(node, cid) if m.get("channel") == "/meta/connect"][0]
+        again = [m for m in connect(node, cid) if m.get("channel") == "/meta/connect"][0]
         assert again["advice"] == {"reconnect": "none"}
 
 

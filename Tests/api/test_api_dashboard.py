@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from apikit import APIBroker, api_connect, api_handshake, api_subscribe, bayeux
+from apikit import APIBroker, api_handshake, api_subscribe, bayeux
+from pubsubtest.bayeux import connect
 
 
 def text_of(page, selector):
@@ -57,7 +58,7 @@ def test_dashboard_follows_clients_and_publishes(dashboard_broker, page, screens
 
     # The publish form reaches a subscriber (a parked long-poll).
     box = []
-    t = threading.Thread(target=lambda: box.append(api_connect(b, ids[1], timeout=20)), daemon=True)
+    t = threading.Thread(target=lambda: box.append(connect(b, ids[1], timeout=20)), daemon=True)
     t.start()
     time.sleep(0.3)
     page.evaluate("document.getElementById('pub-channel').value = '/dash/room';"

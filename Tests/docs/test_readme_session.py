@@ -6,13 +6,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
 import mdcheck
 from pubsubtest.ports import free_port
+from pubsubtest.wait import wait_until
 
 SECTION = "A session that works when pasted"
 
@@ -44,18 +44,6 @@ def get(url):
         return r.read().decode()
 
 
-def wait_for(condition, what, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def broker():
     bin_path = binary()
@@ -67,7 +55,8 @@ def broker():
     proc = subprocess.Popen([bin_path, "serve", "--port", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: get(f"http://127.0.0.1:{port}/healthz").strip() == "ok", "the broker to answer /healthz")
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/healthz").strip() == "ok", 10,
+                   message="the broker to answer /healthz", ignore=(OSError,))
         yield bin_path, port
     finally:
         proc.terminate()
@@ -92,7 +81,7 @@ def test_the_curl_session_delivers_the_published_event(broker):
     second = subprocess.Popen(["bash", "-c", on_port(subscriber, port)], stdout=subprocess.PIPE, text=True)
     try:
         # the second terminal's last connect is held by the broker, waiting for an event
-        wait_for(lambda: held_connects(port) == 1, "the second connect to be held")
+        wait_until(lambda: held_connects(port) == 1, 10, message="the second connect to be held", ignore=(OSError,))
         assert second.poll() is None
         third = subprocess.run(["bash", "-c", on_port(publisher, port)], capture_output=True, text=True, timeout=10)
         assert third.returncode == 0
