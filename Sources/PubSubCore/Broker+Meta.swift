@@ -93,7 +93,7 @@ extension Broker {
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
-                self.engine.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
+                self.queries?.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
                 if hold == .zero { result.answerNow = true }
                 return .connect(

@@ -28,7 +28,7 @@ extension Broker {
     }
 
     /// Logs a slow consumer dropped for queue overflow (by its connection, or by the engine while attached).
-    public func logDropped(_ clientId: String, transport: ConnectionType) {
+    package func logDropped(_ clientId: String, transport: ConnectionType) {
         logger.info(
             "slow consumer dropped: queue overflow",
             metadata: ["pubsub.client.id": "\(clientId)", "pubsub.transport": "\(transport.rawValue)"])

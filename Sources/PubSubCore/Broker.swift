@@ -51,6 +51,9 @@ public struct PendingConnect: Sendable {
 public final class Broker: Sendable {
     public let configuration: BrokerConfiguration
     public let engine: any Engine
+    /// The engine as it answers the server API's questions (nil when it does not): looked up once, here, since
+    /// every connect tells it the connection type (`noteConnection`).
+    let queries: (any EngineQueries)?
     public let extensions: ExtensionPipeline
     let logger: Logger
     /// The advice of handshake and connect replies, built once: every held connect keeps its reply, and one
@@ -64,7 +67,9 @@ public final class Broker: Sendable {
         logger: Logger = Logger(label: "pubsub.broker")
     ) {
         self.configuration = configuration
-        self.engine = engine ?? MemoryEngine(configuration: configuration, logger: logger)
+        let engine = engine ?? MemoryEngine(configuration: configuration, logger: logger)
+        self.engine = engine
+        self.queries = engine as? any EngineQueries
         self.extensions = extensions
         self.logger = logger
         self.retryAdvice = Advice.retry(

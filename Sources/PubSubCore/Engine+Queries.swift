@@ -7,6 +7,24 @@ import NIOCore
     import Darwin
 #endif
 
+/// The server API's questions (`/api/channels`, `/api/presence`, `/api/history`, `/api/info`): asked per call,
+/// never counted on the fan-out path. An engine that does not answer them serves the data path all the same;
+/// the server API then answers these calls 501.
+public protocol EngineQueries: Sendable {
+    /// Every subscription name (patterns as subscribed) with at least one subscriber, and how many hold it.
+    func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]>
+    /// The clients subscribed to exactly `channel`.
+    func presence(of channel: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<[PresenceEntry]>
+    /// The held events of `channel` (a name or a pattern) after `since`, oldest first, at most `limit`.
+    func history(of channel: String, since: String?, limit: Int, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<HistoryPage>
+    /// Remembers the connection type of a session's latest connect, for presence; no-op when unchanged. The
+    /// broker calls it on every successful connect; it is here because only presence and `/api/info` read it.
+    func noteConnection(_ clientId: String, type: ConnectionType)
+    /// This node's report beside the other nodes' (a clustered engine stores `local` for them, with its id).
+    func nodes(local: NodeReport, on loop: any EventLoop) -> EventLoopFuture<[NodeReport]>
+}
+
 /// A subscription name (or pattern, as subscribed) and how many clients hold it.
 public struct ChannelSubscribers: Sendable, Equatable {
     public var channel: String
@@ -121,21 +139,21 @@ public struct NodeReport: Sendable, Equatable {
 }
 
 /// Wall-clock time, for answers that leave the process (the engine itself keeps monotonic deadlines).
-public enum WallClock {
+package enum WallClock {
     /// Milliseconds since the Unix epoch now.
-    public static func nowMilliseconds() -> Int64 {
+    package static func nowMilliseconds() -> Int64 {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 
     /// The wall-clock time of a monotonic deadline (`now` is the same instant on both clocks).
-    public static func milliseconds(of deadline: NIODeadline, now: NIODeadline) -> Int64 {
+    package static func milliseconds(of deadline: NIODeadline, now: NIODeadline) -> Int64 {
         nowMilliseconds() - (now.uptimeNanoseconds.subtractingClamped(deadline.uptimeNanoseconds)) / 1_000_000
     }
 
     /// `2026-11-25T09:55:00.123Z`.
-    public static func iso8601(milliseconds: Int64) -> String {
+    package static func iso8601(milliseconds: Int64) -> String {
         let seconds = milliseconds >= 0 ? milliseconds / 1000 : (milliseconds - 999) / 1000
         let ms = Int(milliseconds - seconds * 1000)
         var days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
@@ -167,14 +185,14 @@ extension UInt64 {
 
 extension Advice {
     /// `{"reconnect":"none"}`: the client must not reconnect on its own (a session removed by the server API).
-    public static let none: JSONValue = .object(["reconnect": "none"])
+    package static let none: JSONValue = .object(["reconnect": "none"])
 }
 
 extension Message {
     /// Makes this connect reply say that the server ended the session and the client is not to come back on its
     /// own: it fails with `401:<clientId>:Unknown client`, loses its `clientId` and carries
     /// `advice: {reconnect: "none"}`.
-    public mutating func mustNotReconnect(_ clientId: String) {
+    package mutating func mustNotReconnect(_ clientId: String) {
         fail(.clientUnknown(clientId))
         self.clientId = nil
         self["advice"] = Advice.none

@@ -91,9 +91,15 @@ public struct EngineStatistics: Sendable, Equatable {
     public var queueDepth = 0
 }
 
-/// The shared state of the broker: sessions, subscriptions and routing. The memory engine serves one node;
-/// a clustered engine implements the same calls over a shared store. Every call may complete later, so they
-/// return futures; the memory engine completes them at once.
+/// The shared state of the broker: sessions, subscriptions and routing, that is the data path (handshake,
+/// subscribe, connect, publish, detach). The memory engine serves one node; a clustered engine implements the same
+/// calls over a shared store. Every call may complete later, so they return futures; the memory engine completes
+/// them at once.
+///
+/// What an engine may also do lives in protocols of its own, so that an engine (a composite over whole engines, a
+/// future one) implements what it needs: `EngineQueries` answers the server API's questions (channels, presence,
+/// history, nodes) and `EngineObservability` reports readiness and metrics of its own. The broker and the server
+/// ask for them with `as?`, once, and do without: the API answers 501, readiness is the server's alone.
 public protocol Engine: Sendable {
     /// A new session; `user` is the identity an authorization mode established at the handshake (nil: none), so
     /// the session (and its handshake event) has it from the start.
@@ -138,58 +144,16 @@ public protocol Engine: Sendable {
     func sweep(now: NIODeadline)
     /// Detaches every sink with `.shutdown`.
     func shutdown()
+    /// What the data path counted (sessions, subscriptions, publishes, deliveries, drops). Here and not in
+    /// `EngineObservability`: the counts come from the data path itself, every engine has them, and more than
+    /// metrics read them (the server API's rates, systemd's `STATUS=` line, a composite engine summing its parts).
     var statistics: EngineStatistics { get }
-    /// Whether the engine can serve requests now (a clustered engine: connected to its store); `/readyz`.
-    var isReady: Bool { get }
-    /// What this engine counts beyond `statistics` (a clustered engine's outages and losses), read at each scrape
-    /// of `/metrics`. Default: nothing.
-    var extraMetrics: [EngineMetric] { get }
-
-    // The server API's questions (`Engine+Queries.swift`): asked per call, never counted on the fan-out path.
-    /// Every subscription name (patterns as subscribed) with at least one subscriber, and how many hold it.
-    func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]>
-    /// The clients subscribed to exactly `channel`.
-    func presence(of channel: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<[PresenceEntry]>
-    /// The held events of `channel` (a name or a pattern) after `since`, oldest first, at most `limit`.
-    func history(of channel: String, since: String?, limit: Int, now: NIODeadline, on loop: any EventLoop)
-        -> EventLoopFuture<HistoryPage>
-    /// Remembers the connection type of a session's latest connect (for presence); no-op when unchanged.
-    func noteConnection(_ clientId: String, type: ConnectionType)
-    /// This node's report beside the other nodes' (a clustered engine stores `local` for them, with its id).
-    func nodes(local: NodeReport, on loop: any EventLoop) -> EventLoopFuture<[NodeReport]>
 }
 
 extension Engine {
     public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
         createClient(now: now, user: nil, on: loop)
     }
-
-    public var extraMetrics: [EngineMetric] { [] }
-}
-
-/// One value an engine reports on `/metrics`: a counter (a running total, only ever growing) or a gauge.
-public struct EngineMetric: Sendable, Equatable {
-    public enum Kind: Sendable, Equatable {
-        case counter
-        case gauge
-    }
-
-    /// The Prometheus name (`pubsub_redis_outages_total`).
-    public var name: String
-    public var help: String
-    public var kind: Kind
-    public var value: UInt64
-
-    public init(name: String, help: String, kind: Kind, value: UInt64) {
-        self.name = name
-        self.help = help
-        self.kind = kind
-        self.value = value
-    }
-}
-
-extension Engine {
-    public var isReady: Bool { true }
 }
 
 extension CircularBuffer where Element == ByteBuffer {

@@ -3,14 +3,14 @@ import NIOCore
 /// The bounded history of published events, shared by every subscriber: each event is stored once, as the
 /// same encoded bytes its live recipients got. Bounded by count, by bytes and, optionally, by age; whatever
 /// bound is hit, the oldest entries go first, so what is held is always a contiguous run of sequences.
-public struct History: Sendable {
-    public struct Entry: Sendable {
-        public var sequence: UInt64
-        public var channel: String
-        public var event: ByteBuffer
-        public var publishedAt: NIODeadline
+package struct History: Sendable {
+    package struct Entry: Sendable {
+        package var sequence: UInt64
+        package var channel: String
+        package var event: ByteBuffer
+        package var publishedAt: NIODeadline
 
-        public init(sequence: UInt64, channel: String, event: ByteBuffer, publishedAt: NIODeadline) {
+        package init(sequence: UInt64, channel: String, event: ByteBuffer, publishedAt: NIODeadline) {
             self.sequence = sequence
             self.channel = channel
             self.event = event
@@ -18,38 +18,38 @@ public struct History: Sendable {
         }
 
         /// What the entry counts against the byte bound: its event's bytes and its channel name.
-        public var cost: Int { event.readableBytes + channel.utf8.count }
+        package var cost: Int { event.readableBytes + channel.utf8.count }
     }
 
-    public let capacity: Int
+    package let capacity: Int
     /// The most bytes (summed `Entry.cost`) held; 0: no byte bound.
-    public let maxBytes: Int
+    package let maxBytes: Int
     /// Entries older than this are dropped; nil keeps them until the capacity pushes them out.
-    public let maxAge: TimeAmount?
-    public private(set) var entries = CircularBuffer<Entry>()
+    package let maxAge: TimeAmount?
+    package private(set) var entries = CircularBuffer<Entry>()
     /// The summed `cost` of `entries`.
-    public private(set) var bytes = 0
+    package private(set) var bytes = 0
     /// The sequence of the newest event ever appended (0 before the first).
-    public private(set) var lastSequence: UInt64 = 0
+    package private(set) var lastSequence: UInt64 = 0
 
-    public init(capacity: Int, maxBytes: Int = 0, maxAge: TimeAmount?) {
+    package init(capacity: Int, maxBytes: Int = 0, maxAge: TimeAmount?) {
         self.capacity = capacity
         self.maxBytes = maxBytes
         self.maxAge = maxAge
         entries.reserveCapacity(min(capacity, 4096))
     }
 
-    public var isEnabled: Bool { capacity > 0 }
+    package var isEnabled: Bool { capacity > 0 }
 
     /// Takes the next sequence number.
-    public mutating func nextSequence() -> UInt64 {
+    package mutating func nextSequence() -> UInt64 {
         lastSequence += 1
         return lastSequence
     }
 
     /// Appends an entry, dropping the oldest while over a bound. An entry over the byte bound on its own is not
     /// kept, and nothing older is either (a resume from before it can then only be `recovered: false`).
-    public mutating func append(_ entry: Entry) {
+    package mutating func append(_ entry: Entry) {
         guard capacity > 0 else { return }
         if entries.count >= capacity { dropFirst() }
         let cost = entry.cost
@@ -69,13 +69,13 @@ public struct History: Sendable {
         bytes -= entries.removeFirst().cost
     }
 
-    public mutating func prune(now: NIODeadline) {
+    package mutating func prune(now: NIODeadline) {
         guard let maxAge else { return }
         while let first = entries.first, first.publishedAt + maxAge <= now { dropFirst() }
     }
 
     /// The entries after `sequence`, if none of them has been dropped.
-    public func entries(after sequence: UInt64) -> ArraySlice<Entry>? {
+    package func entries(after sequence: UInt64) -> ArraySlice<Entry>? {
         guard sequence <= lastSequence else { return nil }
         if sequence == lastSequence { return [] }
         guard let first = entries.first, first.sequence <= sequence + 1 else { return nil }
@@ -85,7 +85,7 @@ public struct History: Sendable {
     }
 
     /// How many entries after `sequence` are still held (a lower bound of what was missed).
-    public func countHeld(after sequence: UInt64, matching: (String) -> Bool) -> Int {
+    package func countHeld(after sequence: UInt64, matching: (String) -> Bool) -> Int {
         entries.reduce(0) { $0 + ($1.sequence > sequence && matching($1.channel) ? 1 : 0) }
     }
 }

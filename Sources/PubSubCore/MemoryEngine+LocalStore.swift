@@ -4,14 +4,15 @@ import NIOCore
 
 /// A clustered engine keeps the sessions whose connections are on its node in a memory engine: the same sinks,
 /// bounded queues and wakeups. These calls move sessions in and out and queue events routed from other nodes.
+/// `package`: the Redis engine's target uses them; they are no part of the library's API.
 extension MemoryEngine {
-    public func hasSession(_ clientId: String) -> Bool {
+    package func hasSession(_ clientId: String) -> Bool {
         lock.withLock { sessions[clientId] != nil }
     }
 
     /// Creates the session `clientId`, or sets the subscriptions of the existing one; false when it existed.
     @discardableResult
-    public func adopt(_ clientId: String, subscriptions: [String], connectedOnce: Bool, now: NIODeadline) -> Bool {
+    package func adopt(_ clientId: String, subscriptions: [String], connectedOnce: Bool, now: NIODeadline) -> Bool {
         lock.withLock {
             let session: Session
             let created: Bool
@@ -41,7 +42,7 @@ extension MemoryEngine {
     /// Removes the session, detaching its sink with `reason`, and returns what was queued for it; nil when absent.
     /// `.expired` and `.overflow` are counted as for a session of this engine.
     @discardableResult
-    public func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
+    package func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
         var notifications: [(any DeliverySink, DetachReason)] = []
         let queue = lock.withLock { () -> CircularBuffer<ByteBuffer>? in
             guard let session = sessions[clientId] else { return nil }
@@ -58,7 +59,7 @@ extension MemoryEngine {
     /// Queues an event encoded elsewhere for every local subscriber of `channel` (no history, no statistics of
     /// publishing); returns the ids of the clients dropped because their queue was full. An event read from
     /// another node is framed once here (`EventFrame.framed`), not once per WebSocket recipient.
-    public func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
+    package func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
         let keys = Channel.expand(channel)
         let event = EventFrame.framed(event)
         var wakes: [(Session, any DeliverySink)] = []
@@ -72,7 +73,7 @@ extension MemoryEngine {
 
     /// Puts events before (`atFront`: handed over by another node) or after (a replay) the session's queue.
     /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
-    public func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, atFront: Bool) -> Bool? {
+    package func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, atFront: Bool) -> Bool? {
         var wake: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let result = lock.withLock { () -> Bool? in
@@ -103,12 +104,12 @@ extension MemoryEngine {
     }
 
     /// The subscriptions of `clientId` (nil when it is not here).
-    public func subscriptions(of clientId: String) -> Set<String>? {
+    package func subscriptions(of clientId: String) -> Set<String>? {
         lock.withLock { sessions[clientId].map { Set($0.subscriptions) } }
     }
 
     /// Every session and its subscriptions.
-    public func snapshot() -> [(id: String, subscriptions: [String])] {
+    package func snapshot() -> [(id: String, subscriptions: [String])] {
         lock.withLock { sessions.values.map { ($0.id, Array($0.subscriptions)) } }
     }
 }

@@ -4,7 +4,7 @@ import NIOCore
 
 /// The server API's questions, answered from the subscription index and the history as they are: each takes the
 /// engine lock once for the question, and nothing is counted while publishing.
-extension MemoryEngine {
+extension MemoryEngine: EngineQueries {
     public func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]> {
         let counts = lock.withLock { index.map { ChannelSubscribers(channel: $0.key, subscribers: $0.value.count) } }
         return loop.makeSucceededFuture(counts)
@@ -30,7 +30,7 @@ extension MemoryEngine {
 
     /// As `noteConnection`; true when the session exists and its connection type changed.
     @discardableResult
-    public func noteConnectionChanged(_ clientId: String, type: ConnectionType) -> Bool {
+    package func noteConnectionChanged(_ clientId: String, type: ConnectionType) -> Bool {
         lock.withLock {
             guard let session = sessions[clientId], session.transport != type else { return false }
             session.transport = type
@@ -39,7 +39,7 @@ extension MemoryEngine {
     }
 
     /// The sessions of this engine by the type of their latest connect, and the session count.
-    public func clientsByTransport() -> (total: Int, byTransport: [String: Int]) {
+    package func clientsByTransport() -> (total: Int, byTransport: [String: Int]) {
         lock.withLock {
             var counts: [String: Int] = [:]
             for session in sessions.values {
@@ -55,7 +55,7 @@ extension MemoryEngine {
     }
 
     /// `report` with the sessions of this engine (by transport) and its subscription count.
-    public func withSessions(_ report: NodeReport) -> NodeReport {
+    package func withSessions(_ report: NodeReport) -> NodeReport {
         var report = report
         (report.clients, report.clientsByTransport) = clientsByTransport()
         report.subscriptions = statistics.subscriptions
@@ -113,7 +113,7 @@ extension MemoryEngine {
     }
 
     /// Whether `clientId` was removed by the server API lately (within the last 10 000 kicks).
-    public func wasKicked(_ clientId: String) -> Bool {
+    package func wasKicked(_ clientId: String) -> Bool {
         lock.withLock { kickedClients.contains(clientId) }
     }
 }

@@ -8,7 +8,7 @@ import NIOCore
 /// One lock guards the state; a publish takes it once, appends the same encoded buffer to each recipient's
 /// queue and collects the sinks to wake, grouped by event loop, so each loop gets one task per publish burst
 /// (not one per recipient) and drains all its sessions under a single lock acquisition.
-public final class MemoryEngine: Engine, @unchecked Sendable {
+public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendable {
     /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
         let id: String
@@ -45,9 +45,9 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
 
     var history: History
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
-    public let epoch: UInt64
+    package let epoch: UInt64
     /// The secret that makes positions opaque (`PositionCipher`); new at every start, like the epoch.
-    public let positionKey: PositionKey
+    package let positionKey: PositionKey
 
     public let configuration: BrokerConfiguration
     var lifetime: TimeAmount { configuration.timeout * 2 }
@@ -64,9 +64,17 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
     /// Such drops, noted under the lock and logged after it: client id and the transport of its latest connect.
     private var unattachedDrops: [(String, ConnectionType?)] = []
 
-    public init(
-        configuration: BrokerConfiguration, epoch: UInt64 = .random(in: 1 ... (1 << 52)),
-        positionKey: PositionKey = .random(),
+    public convenience init(
+        configuration: BrokerConfiguration, events observer: (any SessionEventObserver)? = nil, logger: Logger? = nil
+    ) {
+        self.init(
+            configuration: configuration, epoch: .random(in: 1 ... (1 << 52)), positionKey: .random(), events: observer,
+            logger: logger)
+    }
+
+    /// With a given epoch and position key: tests that compare positions across engines or runs.
+    package init(
+        configuration: BrokerConfiguration, epoch: UInt64, positionKey: PositionKey = .random(),
         events observer: (any SessionEventObserver)? = nil,
         logger: Logger? = nil
     ) {
@@ -94,6 +102,12 @@ public final class MemoryEngine: Engine, @unchecked Sendable {
             return s
         }
     }
+
+    /// Always: the memory engine depends on nothing outside the process.
+    public var isReady: Bool { true }
+
+    /// Nothing beyond `statistics`.
+    public var extraMetrics: [EngineMetric] { [] }
 
     public func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String> {
         let id = lock.withLock { () -> String in

@@ -8,32 +8,32 @@ import Crypto
 /// The epoch changes whenever the history may have lost messages (a restart of the memory engine, a Redis that
 /// lost its data), so a token from before it can never be mistaken for a position in the new history. It is
 /// random and says nothing about traffic.
-public struct Position: Sendable, Hashable {
-    public var epoch: UInt64
-    public var sequence: UInt64
+package struct Position: Sendable, Hashable {
+    package var epoch: UInt64
+    package var sequence: UInt64
 
-    public init(epoch: UInt64, sequence: UInt64) {
+    package init(epoch: UInt64, sequence: UInt64) {
         self.epoch = epoch
         self.sequence = sequence
     }
 
     /// The token format version; tokens of any other version (`1.` tokens held a plain sequence) are foreign.
-    public static let version = "2"
+    package static let version = "2"
 
     /// `2.<epoch base 36>.<permuted sequence base 36>`; clients store and return it, never parse it.
-    public func token(key: PositionKey) -> String {
+    package func token(key: PositionKey) -> String {
         Self.version + "." + String(epoch, radix: 36) + "." + String(PositionCipher.permute(sequence, key: key), radix: 36)
     }
 
     /// Reads a token made with `key`; anything malformed or of another format version is nil. A well-formed
     /// token that this broker never issued decodes to an arbitrary sequence, almost surely beyond any held.
-    public init?(token: String, key: PositionKey) {
+    package init?(token: String, key: PositionKey) {
         guard let (epoch, permuted) = Self.parse(token) else { return nil }
         self.init(epoch: epoch, sequence: PositionCipher.unpermute(permuted, key: key))
     }
 
     /// The epoch and the permuted sequence of a well-formed token (what a node hands to Redis, which holds the key).
-    public static func parse(_ token: String) -> (epoch: UInt64, permuted: UInt64)? {
+    package static func parse(_ token: String) -> (epoch: UInt64, permuted: UInt64)? {
         let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0].elementsEqual(version.utf8),
             let epoch = base36(parts[1]), let permuted = base36(parts[2])
@@ -64,18 +64,18 @@ public struct Position: Sendable, Hashable {
 /// The secret of the position permutation: 32 lowercase hex digits (128 random bits), used as text so that the
 /// Redis engine's Lua scripts compute the very same permutation. The memory engine makes one per start; the
 /// Redis engine keeps one in Redis beside the epoch, shared by every node.
-public struct PositionKey: Sendable, Hashable {
-    public let text: String
+package struct PositionKey: Sendable, Hashable {
+    package let text: String
     let bytes: [UInt8]
 
-    public init?(text: String) {
+    package init?(text: String) {
         guard text.utf8.count == 32, text.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
         else { return nil }
         self.text = text
         self.bytes = Array(text.utf8)
     }
 
-    public static func random() -> PositionKey {
+    package static func random() -> PositionKey {
         var generator = SystemRandomNumberGenerator()
         let hex = (0..<2).map { _ -> String in
             let s = String(generator.next() as UInt64, radix: 16)
@@ -91,10 +91,10 @@ public struct PositionKey: Sendable, Hashable {
 /// holds up to about 2^16 queries, so six rounds are used for margin (Patarin), at six SHA-1 of 41 bytes per
 /// publish. Redis' Lua has `redis.sha1hex` and `bit.bxor`, so `RedisScripts` computes the same function
 /// (golden-tested against this one) inside the publish script, keeping one round trip per publish.
-public enum PositionCipher {
-    public static let rounds = 6
+package enum PositionCipher {
+    package static let rounds = 6
 
-    public static func permute(_ value: UInt64, key: PositionKey) -> UInt64 {
+    package static func permute(_ value: UInt64, key: PositionKey) -> UInt64 {
         var left = UInt32(truncatingIfNeeded: value >> 32)
         var right = UInt32(truncatingIfNeeded: value)
         for round in 0..<rounds {
@@ -103,7 +103,7 @@ public enum PositionCipher {
         return UInt64(left) << 32 | UInt64(right)
     }
 
-    public static func unpermute(_ value: UInt64, key: PositionKey) -> UInt64 {
+    package static func unpermute(_ value: UInt64, key: PositionKey) -> UInt64 {
         var left = UInt32(truncatingIfNeeded: value >> 32)
         var right = UInt32(truncatingIfNeeded: value)
         for round in (0..<rounds).reversed() {

@@ -7,7 +7,7 @@ import PubSubCore
 /// (`m:<channel>`: the sessions subscribed, `chans`: channel → how many) for channel counts and presence, with
 /// the sessions' hashes for `user`, `transport` and `since`; the shared history; and each node's report
 /// (`node:<id>`, refreshed by every `nodes` call). Nothing here runs while publishing.
-extension RedisEngine {
+extension RedisEngine: EngineQueries {
     /// A new session's handshake time, for presence on any node (not awaited: the handshake does not wait).
     func noteCreated(_ clientId: String, now: NIODeadline) {
         let since = milliseconds(now)

@@ -18,7 +18,7 @@ import PubSubCore
 /// sends one notification per node that has a subscriber (not one per recipient). The node fans the event out
 /// to its own sessions. A session whose client connects to another node moves there: routing moves in the same
 /// script, and the old node hands the queue over, so nothing is lost or reordered. See `RedisScripts`.
-public final class RedisEngine: Engine, @unchecked Sendable {
+public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable {
     public let configuration: BrokerConfiguration
     public let settings: RedisEngineConfiguration
     public var node: String { settings.nodeID }

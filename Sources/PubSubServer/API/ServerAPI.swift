@@ -17,6 +17,8 @@ struct ServerAPI: Sendable {
 
     let key: String?
     let broker: Broker
+    /// The engine as it answers `channels`, `presence`, `history` and `info`; nil: those calls answer 501.
+    let queries: (any EngineQueries)?
     let rates: APIRates
     let nodeID: String
     let startedAt: NIODeadline
@@ -32,6 +34,7 @@ struct ServerAPI: Sendable {
     ) {
         self.key = key
         self.broker = broker
+        self.queries = broker.engine as? any EngineQueries
         self.rates = rates
         self.nodeID = nodeID
         self.startedAt = startedAt
@@ -79,10 +82,14 @@ struct ServerAPI: Sendable {
         case ("publish", .POST): return publish(body, now: now, on: loop)
         case ("broadcast", .POST): return broadcast(body, now: now, on: loop)
         case ("disconnect", .POST): return disconnect(body, on: loop)
-        case ("channels", .GET): return channels(query, on: loop)
-        case ("presence", .GET): return presence(query, now: now, on: loop)
-        case ("history", .GET): return history(query, now: now, on: loop)
-        case ("info", .GET): return info(on: loop)
+        case ("channels", .GET), ("presence", .GET), ("history", .GET), ("info", .GET):
+            guard let queries else { return loop.makeSucceededFuture(Self.notAnswered) }
+            switch call {
+            case "channels": return channels(query, queries: queries, on: loop)
+            case "presence": return presence(query, queries: queries, now: now, on: loop)
+            case "history": return history(query, queries: queries, now: now, on: loop)
+            default: return info(queries: queries, on: loop)
+            }
         case ("rates", .GET): return loop.makeSucceededFuture(Self.json(.ok, rates.seriesJSON()))
         case ("errors", .GET): return loop.makeSucceededFuture(Self.json(.ok, errors.json()))
         case ("publish", _), ("broadcast", _), ("disconnect", _):
@@ -186,12 +193,12 @@ struct ServerAPI: Sendable {
         return broker.kick(clientId, on: loop).map { Self.json(.ok, .object(["disconnected": .bool($0)])) }
     }
 
-    private func channels(_ query: Query, on loop: any EventLoop) -> EventLoopFuture<Response> {
+    private func channels(_ query: Query, queries: any EngineQueries, on loop: any EventLoop) -> EventLoopFuture<Response> {
         let pattern = query["pattern"]
         if let pattern, !Channel.isValidNameOrPattern(pattern) {
             return loop.makeSucceededFuture(Self.error(.badRequest, "invalid pattern"))
         }
-        return broker.engine.channels(on: loop).map { counts in
+        return queries.channels(on: loop).map { counts in
             let selected = counts.filter { pattern == nil || Channel.matches(pattern: pattern!, name: $0.channel) }
                 .sorted { ($0.subscribers, $1.channel) > ($1.subscribers, $0.channel) }
             let list = selected.map {
@@ -201,11 +208,13 @@ struct ServerAPI: Sendable {
         }
     }
 
-    private func presence(_ query: Query, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Response> {
+    private func presence(_ query: Query, queries: any EngineQueries, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Response>
+    {
         guard let channel = query["channel"], Channel.isValidNameOrPattern(channel) else {
             return loop.makeSucceededFuture(Self.error(.badRequest, "channel must be a channel name or pattern"))
         }
-        return broker.engine.presence(of: channel, now: now, on: loop).map { entries in
+        return queries.presence(of: channel, now: now, on: loop).map { entries in
             let clients = entries.sorted { ($0.sinceMilliseconds, $0.clientId) < ($1.sinceMilliseconds, $1.clientId) }
                 .map { entry in
                     JSONValue.object([
@@ -219,7 +228,9 @@ struct ServerAPI: Sendable {
         }
     }
 
-    private func history(_ query: Query, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Response> {
+    private func history(_ query: Query, queries: any EngineQueries, now: NIODeadline, on loop: any EventLoop)
+        -> EventLoopFuture<Response>
+    {
         guard let channel = query["channel"], Channel.isValidNameOrPattern(channel) else {
             return loop.makeSucceededFuture(Self.error(.badRequest, "channel must be a channel name or pattern"))
         }
@@ -232,7 +243,7 @@ struct ServerAPI: Sendable {
         }
         let since = query["since"]
         let depth = maxJSONDepth + 2
-        return broker.engine.history(of: channel, since: since, limit: limit, now: now, on: loop).map { page in
+        return queries.history(of: channel, since: since, limit: limit, now: now, on: loop).map { page in
             var messages: [JSONValue] = []
             for (name, event) in page.events {
                 // The bytes subscribers got, `[{…}]`: data and position are read from them as sent.
@@ -258,13 +269,14 @@ struct ServerAPI: Sendable {
         return local
     }
 
-    /// Stores this node's report where the other nodes of a cluster read it (nothing for the memory engine).
+    /// Stores this node's report where the other nodes of a cluster read it (nothing for the memory engine, or
+    /// an engine that answers no questions).
     func refreshNodeReport(on loop: any EventLoop) {
-        broker.engine.nodes(local: localReport(), on: loop).whenFailure { _ in }
+        queries?.nodes(local: localReport(), on: loop).whenFailure { _ in }
     }
 
-    private func info(on loop: any EventLoop) -> EventLoopFuture<Response> {
-        return broker.engine.nodes(local: localReport(), on: loop).map { reports in
+    private func info(queries: any EngineQueries, on loop: any EventLoop) -> EventLoopFuture<Response> {
+        return queries.nodes(local: localReport(), on: loop).map { reports in
             let total = reports.reduce(0) { $0 + $1.clients }
             let nodes = reports.sorted { $0.id < $1.id }.map(\.json)
             return Self.json(.ok, .object(["nodes": .array(nodes), "clients": JSONValue(total)]))
@@ -305,6 +317,11 @@ struct ServerAPI: Sendable {
     }
 
     static let notFound = error(.notFound, "not found")
+
+    /// `channels`, `presence`, `history` and `info` of an engine that does not answer the server API's questions
+    /// (one that implements `Engine` alone).
+    static let notAnswered = error(
+        .notImplemented, "this engine does not answer the server API's questions (channels, presence, history, info)")
 
     static func methodNotAllowed(_ allow: String) -> Response {
         var response = error(.methodNotAllowed, "method not allowed")

@@ -271,12 +271,15 @@ final class ServerOperations: Sendable {
 
     // MARK: Readiness, metrics and status
 
-    func isReady(engine: any Engine) -> Bool { phase == .serving && engine.isReady }
+    /// Serving, and the engine ready when it says (`EngineObservability`); an engine that does not is ready.
+    func isReady(engine: any Engine) -> Bool {
+        phase == .serving && ((engine as? any EngineObservability)?.isReady ?? true)
+    }
 
     /// The text of `/metrics`, after reading the engine and every event loop.
     func renderMetrics(engine: any Engine, on loop: any EventLoop) -> EventLoopFuture<ByteBuffer> {
         let stats = engine.statistics
-        let extra = engine.extraMetrics
+        let extra = (engine as? any EngineObservability)?.extraMetrics ?? []
         let ready = isReady(engine: engine)
         return loopCounters.collect(on: loop).map { [metrics] loops in
             metrics.update(engine: stats, loops: loops)

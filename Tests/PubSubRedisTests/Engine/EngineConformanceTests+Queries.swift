@@ -23,18 +23,18 @@ import PubSubTesting
             _ = try await h.subscribe(a, "/jobs/**")
             _ = try await other.subscribe(b, "/room")
             for node in cluster.nodes {
-                let counts = try await node.engine.channels(on: node.loop).get()
+                let counts = try await node.queries.channels(on: node.loop).get()
                 #expect(Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) }) == ["/room": 2, "/jobs/**": 1])
-                let present = try await node.engine.presence(of: "/room", now: node.now, on: node.loop).get()
+                let present = try await node.queries.presence(of: "/room", now: node.now, on: node.loop).get()
                 #expect(Set(present.map(\.clientId)) == [a, b])
                 #expect(present.allSatisfy { $0.user == nil })
                 let byId = Dictionary(uniqueKeysWithValues: present.map { ($0.clientId, $0.transport) })
                 #expect(byId[b] == "websocket")
                 #expect(byId[a] == "long-polling")
-                #expect(try await node.engine.presence(of: "/jobs/1", now: node.now, on: node.loop).get().isEmpty)
+                #expect(try await node.queries.presence(of: "/jobs/1", now: node.now, on: node.loop).get().isEmpty)
             }
             _ = try await h.reply(#"{"channel":"/meta/unsubscribe","clientId":"\#(a)","subscription":"/room"}"#)
-            let after = try await other.engine.presence(of: "/room", now: other.now, on: other.loop).get()
+            let after = try await other.queries.presence(of: "/room", now: other.now, on: other.loop).get()
             #expect(after.map(\.clientId) == [b])
         }
     }
@@ -48,11 +48,11 @@ import PubSubTesting
             let p = redis.keyPrefix
             func send(_ command: RESPCommand) async throws -> RESPValue { try await redis.commands.send(command).get() }
             func counts() async throws -> [String: Int] {
-                let counts = try await h.engine.channels(on: h.loop).get()
+                let counts = try await h.queries.channels(on: h.loop).get()
                 return Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) })
             }
             func present(_ channel: String) async throws -> Set<String> {
-                Set(try await h.engine.presence(of: channel, now: h.now, on: h.loop).get().map(\.clientId))
+                Set(try await h.queries.presence(of: channel, now: h.now, on: h.loop).get().map(\.clientId))
             }
             let a = try await h.handshake()
             // The first session of an empty Redis: the index is complete from the start, nothing to build.
@@ -96,7 +96,7 @@ import PubSubTesting
             #expect(try await cluster.first.broker.kick(cid, on: cluster.first.loop).get())
             try await home.settle()
             #expect(sink.detaches == [.kicked])
-            #expect(try await home.engine.presence(of: "/k", now: home.now, on: home.loop).get().isEmpty)
+            #expect(try await home.queries.presence(of: "/k", now: home.now, on: home.loop).get().isEmpty)
             #expect(try await cluster.first.broker.kick(cid, on: cluster.first.loop).get() == false)
             // Its next connect, on any node, is told not to come back (not to handshake again).
             for node in cluster.nodes {
@@ -120,30 +120,30 @@ import PubSubTesting
                 ).get()
                 positions.append(try #require(try position.get()))
             }
-            let recent = try await h.engine.history(of: "/h", since: positions[2], limit: 10, now: h.now, on: h.loop).get()
+            let recent = try await h.queries.history(of: "/h", since: positions[2], limit: 10, now: h.now, on: h.loop).get()
             #expect(recent.recovered && !recent.truncated)
             #expect(recent.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [3, 4])
-            let paged = try await h.engine.history(of: "/h", since: positions[2], limit: 1, now: h.now, on: h.loop).get()
+            let paged = try await h.queries.history(of: "/h", since: positions[2], limit: 1, now: h.now, on: h.loop).get()
             #expect(paged.recovered && paged.truncated && paged.events.count == 1)
-            let old = try await h.engine.history(of: "/h", since: positions[0], limit: 10, now: h.now, on: h.loop).get()
+            let old = try await h.queries.history(of: "/h", since: positions[0], limit: 10, now: h.now, on: h.loop).get()
             #expect(!old.recovered && old.events.count == 3)
-            let garbage = try await h.engine.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop).get()
+            let garbage = try await h.queries.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop).get()
             #expect(!garbage.recovered && garbage.events.isEmpty)
             // Well-formed tokens this broker never made (of its epoch): each names some 64-bit sequence, about
             // half of them beyond what a signed integer holds. Answered, never a crash.
             let epoch = positions[0].split(separator: ".")[1]
             for n in 1...16 {
                 let forged = "2.\(epoch).\(String(UInt64.max / 17 * UInt64(n), radix: 36))"
-                let page = try await h.engine.history(of: "/h", since: forged, limit: 10, now: h.now, on: h.loop).get()
+                let page = try await h.queries.history(of: "/h", since: forged, limit: 10, now: h.now, on: h.loop).get()
                 #expect(!page.recovered)
             }
-            let wildcard = try await h.engine.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop).get()
+            let wildcard = try await h.queries.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop).get()
             // Over shards, an event's position speaks for its own shard only: `/*` spans them all.
             #expect(wildcard.recovered == (kind != .redisShards) && wildcard.events.map(\.channel) == ["/h"])
             // The engine's position (the handshake's) speaks for every shard.
             let now = try #require(h.engine.position)
             _ = try await h.broker.publishFromAPI(channel: "/h", data: JSONValue(5), ext: nil, now: h.now, on: h.loop).get()
-            let since = try await h.engine.history(of: "/*", since: now, limit: 10, now: h.now, on: h.loop).get()
+            let since = try await h.queries.history(of: "/*", since: now, limit: 10, now: h.now, on: h.loop).get()
             #expect(since.recovered && since.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [5])
         }
     }
@@ -157,8 +157,8 @@ import PubSubTesting
                 _ = try await node.subscribe(cid, "/n")
             }
             let report = NodeReport(id: "x", uptimeSeconds: 1, clients: 0, clientsByTransport: [:], subscriptions: 0)
-            for node in cluster.nodes { _ = try await node.engine.nodes(local: report, on: node.loop).get() }
-            let reports = try await cluster.first.engine.nodes(local: report, on: cluster.first.loop).get()
+            for node in cluster.nodes { _ = try await node.queries.nodes(local: report, on: node.loop).get() }
+            let reports = try await cluster.first.queries.nodes(local: report, on: cluster.first.loop).get()
             #expect(reports.count == cluster.nodes.count)
             #expect(reports.map(\.clients) == Array(repeating: 1, count: cluster.nodes.count))
             #expect(reports.allSatisfy { $0.clientsByTransport == ["long-polling": 1] && $0.subscriptions == 1 })
@@ -172,11 +172,21 @@ import PubSubTesting
             let redis = try #require(cluster.first.redis)
             let p = redis.keyPrefix
             let report = NodeReport(id: "x", uptimeSeconds: 1, clients: 0, clientsByTransport: [:], subscriptions: 0)
-            for node in cluster.nodes { _ = try await node.engine.nodes(local: report, on: node.loop).get() }
+            for node in cluster.nodes { _ = try await node.queries.nodes(local: report, on: node.loop).get() }
             _ = try await redis.commands.send(RESPCommand("SADD", .string(p + "nodes"), "gone")).get()
-            let reports = try await cluster.first.engine.nodes(local: report, on: cluster.first.loop).get()
+            let reports = try await cluster.first.queries.nodes(local: report, on: cluster.first.loop).get()
             #expect(reports.count == 2)
             #expect(try await redis.commands.send(RESPCommand("SCARD", .string(p + "nodes"))).get().int == 2)
         }
+    }
+}
+
+extension Node {
+    /// The engine's answers to the server API's questions: every engine of the suite gives them.
+    var queries: any EngineQueries {
+        guard let queries = engine as? any EngineQueries else {
+            fatalError("the \(type(of: engine)) engine does not answer the server API's questions")
+        }
+        return queries
     }
 }
