@@ -2,17 +2,16 @@ import Logging
 import NIOCore
 
 /// Drives a `ConnectionGuardState` for one connection: first in the pipeline after TLS, it sees every byte
-/// read, writability changes and every close asked for. It performs the machine's actions: closes, asks the
-/// WebSocket keep-alive for a ping, and lingers (closes the output, reads and drops) when a connection is
-/// closed with a request half read. The machine's next deadline is this connection's entry in its loop's
+/// read, writability changes and every close asked for. It performs the machine's actions: closes, and lingers
+/// (closes the output, reads and drops) when a connection is closed with a request half read. The machine's next deadline is this connection's entry in its loop's
 /// `LoopTimers` (one shared queue and one NIO timer per loop, not a scheduled task per connection); an event
 /// that moves the deadline later leaves the entry as it is, and it fires early to find nothing due (as NIO's
 /// `IdleStateHandler` does), so reads never reschedule it.
 ///
 /// The HTTP handlers tell it what happens on their side with outbound user events (`ConnectionGuard.Event`),
 /// sent by `HTTPExchangeProbe`; without a guard in the pipeline those events reach the head and are dropped.
-/// After a WebSocket upgrade the `WebSocketHandler` takes the machine over (`handOver()`) and removes the guard;
-/// the `upgraded` event and `PingDue` serve a pipeline that keeps the guard in front of its WebSocket handler.
+/// After a WebSocket upgrade the `WebSocketHandler`'s driver takes the machine over (`handOver()`) and the guard
+/// leaves the pipeline: the WebSocket's pings and silence are timed there.
 final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, TimerQueueOwner {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -25,13 +24,9 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
         case requestEnd
         /// The response's end has been written.
         case responseEnd
-        case upgraded
         /// Close now, without lingering: the end of a drain.
         case abort
     }
-
-    /// Fired inbound when a WebSocket (`upgraded` reported) has been silent for the ping interval: a ping is due.
-    struct PingDue: Sendable {}
 
     private var state: ConnectionGuardState
     private var context: ChannelHandlerContext?
@@ -137,7 +132,6 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
         case .requestHead: state.requestHead(now: now)
         case .requestEnd: state.requestEnd(now: now)
         case .responseEnd: state.responseEnd(now: now)
-        case .upgraded: state.upgraded(now: now)
         case .abort:
             state.closed()
             cancelTimer()
@@ -213,7 +207,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler, Time
         case .none:
             break
         case .ping:
-            context.fireUserInboundEventTriggered(PingDue())
+            // Only a WebSocket is pinged, and its driver times it once the guard has handed over.
+            break
         case .close(let reason):
             close(context: context, reason: reason)
             return

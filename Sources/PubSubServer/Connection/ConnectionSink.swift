@@ -1,36 +1,28 @@
 import NIOCore
 import PubSubCore
 
-/// What a connection handler does with the calls of its sinks; called on the handler's event loop.
-protocol ConnectionSinkOwner: AnyObject {
-    func deliver(_ sink: ConnectionSink, events: CircularBuffer<ByteBuffer>)
-    func detached(_ sink: ConnectionSink, reason: DetachReason)
-}
-
 /// The delivery sink of one connection for one session: a parked poll (one-shot), a WebSocket bound to a
-/// client or an EventSource stream (persistent). It only forwards to its handler, which feeds its
-/// `ConnectionStateMachine`; a sink the handler has let go of (`closed`) forwards nothing.
+/// client or an EventSource stream (persistent). It only forwards to its connection's `ConnectionDriver`, on the
+/// driver's loop, with its generation: the driver takes the calls of its current sink only, so a sink it has let
+/// go of (answered, rebound, closed) changes nothing, whatever the engine still holds.
 final class ConnectionSink: DeliverySink, @unchecked Sendable {
-    // `closed` is touched on `eventLoop` only.
-    private let owner: NIOLoopBound<any ConnectionSinkOwner>
+    private let driver: NIOLoopBound<ConnectionDriver>
+    let generation: UInt32
     let isPersistent: Bool
-    /// Set on the event loop once the handler no longer wants this sink's calls (rebound, answered, closed).
-    var closed = false
 
-    var eventLoop: any EventLoop { owner.eventLoop }
+    var eventLoop: any EventLoop { driver.eventLoop }
 
-    init(owner: any ConnectionSinkOwner, isPersistent: Bool, eventLoop: any EventLoop) {
-        self.owner = NIOLoopBound(owner, eventLoop: eventLoop)
+    init(driver: ConnectionDriver, generation: UInt32, isPersistent: Bool, eventLoop: any EventLoop) {
+        self.driver = NIOLoopBound(driver, eventLoop: eventLoop)
+        self.generation = generation
         self.isPersistent = isPersistent
     }
 
     func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        guard !closed else { return }
-        owner.value.deliver(self, events: events)
+        driver.value.deliver(events, generation: generation)
     }
 
     func detached(_ reason: DetachReason) {
-        guard !closed else { return }
-        owner.value.detached(self, reason: reason)
+        driver.value.detached(reason, generation: generation)
     }
 }

@@ -4,22 +4,27 @@ import PubSubCore
 
 /// The Bayeux delivery of one connection, whatever carries it: a held `/meta/connect`, the backlog of events
 /// that wait while the socket is not writable, the slow-consumer drop, reading paused while writes drain,
-/// heartbeats and the drain. WebSocket, long-polling, callback-polling and EventSource handlers decode, feed
-/// it events and perform the actions it returns; nothing here touches a channel, so every path is tested
-/// without sockets.
+/// heartbeats and the drain. Each event returns one action, which the connection's `ConnectionDriver`
+/// performs; nothing here touches a channel, so every path is tested without sockets.
 ///
-/// Transports differ in two ways only: a polling connection answers a held connect with the first delivery
-/// (its sink is one-shot, the engine queues what follows), and a persistent one (WebSocket, EventSource) keeps
-/// receiving, so what it cannot write waits here, up to `maxQueue` events, and past that the client is dropped.
+/// The state is an enum whose cases carry their data, as postgres-nio's machines do:
+/// - polling (long-polling, cross-origin, JSON-P): `idle` between requests, `awaiting` while a request that
+///   offered a sink is with the broker (what is delivered or detached meanwhile waits there), `parked` while its
+///   connect is held (the first delivery, the hold's end or a detach answers it);
+/// - `socket`: a WebSocket, bound to the client of its latest connect, with its held connect and the events
+///   that wait while it is not writable (up to `maxQueue`, past which the client is dropped);
+/// - `stream`: an EventSource stream of one session's events, backlogged and dropped the same way;
+/// - `closing` (nothing more is written, the sink attached until the connection is gone) and `closed`.
+/// Writability, a withheld read, a frame in hand and the drain are the same for every state and kept beside it.
+/// A transition no connection can take (a second request while one is parked, a frame on a polling connection)
+/// stops with a precondition.
 struct ConnectionStateMachine {
     enum Transport: Sendable, Equatable {
         /// Frames in both directions; the connect reply is held on the socket.
         case webSocket
         /// One request, one response (long-polling, cross-origin, JSON-P): a connect is parked until the first
-        /// delivery, the end of its hold, or a detach.
+        /// delivery, the end of its hold, or a detach. Such a connection may become an EventSource stream.
         case polling
-        /// An open stream that only carries events (its connects come by polling without a hold).
-        case eventSource
     }
 
     /// Why the machine asks for the connection to end.
@@ -57,29 +62,34 @@ struct ConnectionStateMachine {
         }
     }
 
+    /// What to do, in the order its fields are listed.
     enum Action {
+        case none
         /// Send replies, then events: one frame, one response, or stream writes.
         case write(replies: [Message], events: CircularBuffer<ByteBuffer>)
-        /// Send the reply of the held connect (after the outgoing extensions); cancels its hold timer.
+        /// Send the reply of the held connect (after the outgoing extensions).
         case answer(Answer)
-        /// A connect is held: answer it (`holdTimerFired`) after this long.
-        case armHoldTimer(TimeAmount)
-        /// The held connect went away unanswered (the connection closed).
-        case cancelHoldTimer
-        /// Reading was withheld while writes drained: ask for the read now.
-        case resumeReading
+        /// A connect is held from now on: answer the one it supersedes (`previous`), send `replies` and `events`
+        /// (when there are any), and answer it (`holdTimerFired`) after `hold`.
+        case hold(TimeAmount, previous: Answer?, replies: [Message], events: CircularBuffer<ByteBuffer>)
+        /// Writes drained: send what waited (when anything did), then ask for the read withheld (when one was).
+        case drained(CircularBuffer<ByteBuffer>, resumeReading: Bool)
         /// Too many events wait: drop the client (`Broker.drop`: the session ends, its next request is told to
         /// handshake again) and close the connection with `.overflow`.
         case drop(clientId: String)
-        /// The sink of this session must stop receiving (its waiting events stay queued for the next connection).
-        case detach(clientId: String)
-        /// End the connection (a WebSocket close frame, the end of a stream).
-        case close(CloseReason)
+        /// The socket now carries another client's events: detach the old client's sink, then answer its held
+        /// connect (when there was one).
+        case rebind(detach: String, answer: Answer?)
+        /// End the connection: answer the held connect, send what waits, then close (a WebSocket close frame, the
+        /// end of a stream).
+        case close(CloseReason, answer: Answer?, flush: CircularBuffer<ByteBuffer>)
         /// Write a heartbeat (an EventSource comment line).
         case heartbeat
+        /// The connection is gone: the hold ends unanswered, and the sink attached to `detach` lets go.
+        case release(detach: String?)
     }
 
-    /// What a delivery means; the one event of the fan-out path, so it allocates nothing and returns one action.
+    /// What a delivery means; the one event of the fan-out path, so it allocates nothing.
     enum DeliverAction {
         case none
         case write(CircularBuffer<ByteBuffer>)
@@ -90,132 +100,186 @@ struct ConnectionStateMachine {
 
     enum ReadAction: Equatable {
         case read
-        /// Not writable: the read is remembered and asked for (`.resumeReading`) once writes drain.
+        /// Not writable: the read is remembered and asked for (`.drained`) once writes drain.
         case withhold
     }
 
-    private enum Phase: Equatable {
-        case open
-        /// Closing (a close frame sent, a stream ended): nothing more is written.
-        case closing
-        case closed
-    }
-
-    private struct Held {
+    struct Parked {
         var connect: PendingConnect
+        /// The other replies of the request, sent before the connect's.
         var replies: [Message]
     }
 
-    private(set) var transport: Transport
+    struct Socket {
+        /// The client of the socket's latest connect (nil before the first, or once its session ended).
+        var clientId: String?
+        var held: PendingConnect?
+        var backlog: CircularBuffer<ByteBuffer>
+        /// The session ended while a frame was handled: the frame's replies go first (the disconnect's own
+        /// reply), then the socket closes (`frameFinished`).
+        var closeAfterFrame: CloseReason?
+    }
+
+    enum State {
+        case idle
+        case awaiting(backlog: CircularBuffer<ByteBuffer>, detach: DetachReason?)
+        case parked(Parked)
+        case socket(Socket)
+        case stream(clientId: String, backlog: CircularBuffer<ByteBuffer>)
+        /// Nothing more is written; `attached`, the session whose sink lets go when the connection is gone.
+        case closing(attached: String?)
+        case closed
+        /// Only while a transition runs: the state's data is moved out, not copied (no copy on write).
+        case modifying
+    }
+
     let maxQueue: Int
-    private var phase = Phase.open
-    /// The session whose events this connection receives (WebSocket bound by a connect, an EventSource stream).
-    private(set) var clientId: String?
-    private var held: Held?
-    /// Polling: the broker is handling a request that offered a sink; what arrives before it parks waits here.
-    private var awaiting = false
-    private var earlyDetach: DetachReason?
-    /// Events not yet written (persistent transports while not writable; polling: delivered before parking).
-    private(set) var backlog = CircularBuffer<ByteBuffer>.noEvents
+    private(set) var state: State
     private(set) var isWritable = true
     private var readPending = false
     /// WebSocket: the messages of a frame are with the broker. The next frame waits for them, and so does
     /// reading: a client's publishes reach the engine in the order it sent them, whatever the engine's latency
     /// (a Redis round trip), and what waits is at most one read's worth of bytes in the frame parser.
     private(set) var isHandlingFrame = false
-    /// A WebSocket session ended (its own `/meta/disconnect`, a kick, an expiry) while a frame was handled: the
-    /// frame's replies go out first (the disconnect's own reply), then the socket closes (`frameFinished`).
-    private var closeAfterFrame: CloseReason?
     /// Draining: a polling connect is answered as soon as it parks.
     private var quiescing = false
 
     init(transport: Transport, maxQueue: Int) {
-        self.transport = transport
         self.maxQueue = maxQueue
+        switch transport {
+        case .polling: state = .idle
+        case .webSocket: state = .socket(Socket(clientId: nil, held: nil, backlog: .noEvents))
+        }
     }
 
-    var isHolding: Bool { held != nil }
-    /// The client of the held connect.
-    var heldClientId: String? { held?.connect.clientId }
-    var isOpen: Bool { phase == .open }
-    var isStreaming: Bool { transport == .eventSource && clientId != nil }
+    var isOpen: Bool {
+        switch state {
+        case .closing, .closed: false
+        default: true
+        }
+    }
+
+    /// Whether a connect is held (parked, or on the socket).
+    var isHolding: Bool {
+        switch state {
+        case .parked: true
+        case .socket(let socket): socket.held != nil
+        default: false
+        }
+    }
+
+    /// The session whose events this connection receives: the socket's client, the stream's, the parked connect's.
+    var clientId: String? {
+        switch state {
+        case .socket(let socket): socket.clientId
+        case .stream(let clientId, _): clientId
+        case .parked(let parked): parked.connect.clientId
+        default: nil
+        }
+    }
+
+    var isStream: Bool {
+        if case .stream = state { return true }
+        return false
+    }
+
+    /// Events not yet written.
+    var backlog: CircularBuffer<ByteBuffer> {
+        switch state {
+        case .awaiting(let backlog, _), .stream(_, let backlog): backlog
+        case .socket(let socket): socket.backlog
+        default: .noEvents
+        }
+    }
 
     // MARK: Binding
 
     /// A WebSocket frame carries a connect for `clientId`: the socket now receives that session's events.
-    /// A connect of an earlier client bound to the socket is answered, and its sink detached.
-    mutating func bind(clientId: String) -> [Action] {
-        guard clientId != self.clientId else { return [] }
-        var actions: [Action] = []
-        if let old = self.clientId {
-            actions.append(.detach(clientId: old))
-            if let answer = takeHeld(failure: nil, takeEvents: false) { actions.append(.answer(answer)) }
+    mutating func bind(clientId: String) -> Action {
+        guard case .socket(var socket) = state else {
+            precondition(!isOpen, "bind(clientId:) on a connection that is not a WebSocket: \(state)")
+            return .none
         }
-        self.clientId = clientId
-        return actions
+        guard clientId != socket.clientId else { return .none }
+        let old = socket.clientId
+        socket.clientId = clientId
+        let answer = old == nil ? nil : Self.take(&socket.held)
+        state = .socket(socket)
+        guard let old else { return .none }
+        return .rebind(detach: old, answer: answer)
     }
 
-    /// A polling connection becomes an EventSource stream of `clientId`.
+    /// A polling connection between requests becomes an EventSource stream of `clientId`.
     mutating func streamOpened(clientId: String) {
-        transport = .eventSource
-        self.clientId = clientId
+        guard case .idle = state else { preconditionFailure("an EventSource stream opened in state \(state)") }
+        state = .stream(clientId: clientId, backlog: .noEvents)
     }
 
     // MARK: Messages
 
     /// Polling: a request is about to be handled with a sink offered to its connect.
     mutating func requestStarted() {
-        awaiting = true
-        earlyDetach = nil
-        backlog.removeAll(keepingCapacity: true)
+        guard case .idle = state else { preconditionFailure("a request started in state \(state)") }
+        state = .awaiting(backlog: .noEvents, detach: nil)
     }
 
     /// The broker handled the messages of a request or frame: `replies` and `events` go now; `pending`, a
     /// connect whose reply is held (on polling only when its sink was attached).
     mutating func messagesHandled(replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
-        -> [Action]
+        -> Action
     {
-        guard phase == .open else { return [] }
-        switch transport {
-        case .polling:
-            awaiting = false
+        switch state {
+        case .awaiting(let backlog, let detach):
             guard let pending, pending.result.attached else {
-                backlog = .noEvents
-                return [.write(replies: replies, events: events)]
+                state = .idle
+                return .write(replies: replies, events: events)
             }
-            held = Held(connect: pending, replies: replies)
-            if !backlog.isEmpty || earlyDetach != nil {
-                let failure = earlyDetach == .overflow ? BayeuxError(.queueOverflow, pending.clientId) : nil
-                var answer = takeHeld(failure: failure, takeEvents: false)!
-                answer.kicked = earlyDetach == .kicked
-                earlyDetach = nil
-                return [.answer(answer)]
+            if !backlog.isEmpty || detach != nil {
+                state = .idle
+                let failure = detach == .overflow ? BayeuxError(.queueOverflow, pending.clientId) : nil
+                var answer = Answer(connect: pending, replies: replies, events: backlog, failure: failure, takeEvents: false)
+                answer.kicked = detach == .kicked
+                return .answer(answer)
             }
-            if quiescing { return [.answer(takeHeld(failure: nil, takeEvents: true)!)] }
-            return [.armHoldTimer(pending.hold)]
-        case .webSocket, .eventSource:
-            var actions: [Action] = []
+            if quiescing {
+                state = .idle
+                return .answer(Answer(connect: pending, replies: replies, events: .noEvents, failure: nil, takeEvents: true))
+            }
+            state = .parked(Parked(connect: pending, replies: replies))
+            return .hold(pending.hold, previous: nil, replies: [], events: .noEvents)
+        case .socket(var socket):
+            state = .modifying
+            var previous: Answer?
             if let pending {
+                previous = Self.take(&socket.held)
                 // The same id as the bound one: keep the engine's copy (one string per client, not one per connect).
-                if clientId == pending.clientId { clientId = pending.clientId }
-                if let previous = takeHeld(failure: nil, takeEvents: false) { actions.append(.answer(previous)) }
-                held = Held(connect: pending, replies: [])
-                actions.append(.armHoldTimer(pending.hold))
+                if socket.clientId == pending.clientId { socket.clientId = pending.clientId }
+                socket.held = pending
             }
+            var out = CircularBuffer<ByteBuffer>.noEvents
             if !replies.isEmpty {
                 // Replies always go: reading stops while the socket is not writable, so they stay bounded.
-                var all = backlog
-                backlog = .noEvents
-                all.append(contentsOf: events)
-                actions.append(.write(replies: replies, events: all))
+                swap(&out, &socket.backlog)
+                out.append(contentsOf: events)
             } else if !events.isEmpty {
-                switch eventsDelivered(events) {
-                case .write(let events): actions.append(.write(replies: [], events: events))
-                case .drop(let clientId): actions.append(.drop(clientId: clientId))
+                switch Self.deliver(events, to: &socket.backlog, isWritable: isWritable, maxQueue: maxQueue) {
+                case .write(let events): out = events
+                case .drop:
+                    if let clientId = socket.clientId {
+                        state = .closing(attached: nil)
+                        return .drop(clientId: clientId)
+                    }
                 case .none, .answer: break
                 }
             }
-            return actions
+            state = .socket(socket)
+            if let pending { return .hold(pending.hold, previous: previous, replies: replies, events: out) }
+            if replies.isEmpty, out.isEmpty { return .none }
+            return .write(replies: replies, events: out)
+        case .closing, .closed:
+            return .none
+        case .idle, .parked, .stream, .modifying:
+            preconditionFailure("messages handled in state \(state)")
         }
     }
 
@@ -223,113 +287,162 @@ struct ConnectionStateMachine {
 
     /// The engine delivers events of the attached session.
     mutating func eventsDelivered(_ events: CircularBuffer<ByteBuffer>) -> DeliverAction {
-        guard phase == .open else { return .none }
-        switch transport {
-        case .polling:
-            if held != nil {
-                var answer = takeHeld(failure: nil, takeEvents: false)!
-                answer.events = events
-                return .answer(answer)
-            }
-            if awaiting { backlog.append(contentsOf: events) }
-            return .none
-        case .webSocket, .eventSource:
-            if isWritable, backlog.isEmpty { return .write(events) }
+        switch state {
+        case .parked(let parked):
+            state = .idle
+            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: events, failure: nil, takeEvents: false))
+        case .awaiting(var backlog, let detach):
+            state = .modifying
             backlog.append(contentsOf: events)
-            if backlog.count > maxQueue, let clientId {
-                phase = .closing
-                backlog = .noEvents
-                self.clientId = nil
+            state = .awaiting(backlog: backlog, detach: detach)
+            return .none
+        case .socket(var socket):
+            state = .modifying
+            let action = Self.deliver(events, to: &socket.backlog, isWritable: isWritable, maxQueue: maxQueue)
+            if case .drop = action, let clientId = socket.clientId {
+                state = .closing(attached: nil)
                 return .drop(clientId: clientId)
             }
-            if isWritable {
-                let all = backlog
-                backlog = .noEvents
-                return .write(all)
+            state = .socket(socket)
+            return action
+        case .stream(let clientId, var backlog):
+            state = .modifying
+            let action = Self.deliver(events, to: &backlog, isWritable: isWritable, maxQueue: maxQueue)
+            if case .drop = action {
+                state = .closing(attached: nil)
+                return .drop(clientId: clientId)
             }
+            state = .stream(clientId: clientId, backlog: backlog)
+            return action
+        case .closing, .closed:
             return .none
+        case .idle, .modifying:
+            preconditionFailure("events delivered in state \(state): the driver passes only its current sink's")
         }
     }
 
+    /// A persistent connection's delivery: written at once, or kept while not writable; past `maxQueue`, `.drop`
+    /// (the caller fills in the client).
+    private static func deliver(
+        _ events: CircularBuffer<ByteBuffer>, to backlog: inout CircularBuffer<ByteBuffer>, isWritable: Bool, maxQueue: Int
+    ) -> DeliverAction {
+        if isWritable, backlog.isEmpty { return .write(events) }
+        backlog.append(contentsOf: events)
+        if backlog.count > maxQueue {
+            backlog = .noEvents
+            return .drop(clientId: "")
+        }
+        guard isWritable else { return .none }
+        let all = backlog
+        backlog = .noEvents
+        return .write(all)
+    }
+
     /// The sink is no longer attached to its session.
-    mutating func detached(_ reason: DetachReason) -> [Action] {
-        guard phase == .open else { return [] }
-        let failure = reason == .overflow ? clientIdForFailure().map { BayeuxError(.queueOverflow, $0) } : nil
-        switch transport {
-        case .polling:
-            if var answer = takeHeld(failure: failure, takeEvents: false) {
-                answer.kicked = reason == .kicked
-                return [.answer(answer)]
-            }
-            if awaiting { earlyDetach = reason }
-            return []
-        case .webSocket:
-            clientId = nil
-            var actions: [Action] = []
-            if var answer = takeHeld(failure: failure, takeEvents: false) {
-                answer.kicked = reason == .kicked
-                actions.append(.answer(answer))
-            }
+    mutating func detached(_ reason: DetachReason) -> Action {
+        switch state {
+        case .awaiting(let backlog, _):
+            state = .awaiting(backlog: backlog, detach: reason)
+            return .none
+        case .parked(let parked):
+            state = .idle
+            var answer = Answer(
+                connect: parked.connect, replies: parked.replies, events: .noEvents,
+                failure: Self.failure(reason, parked.connect.clientId), takeEvents: false)
+            answer.kicked = reason == .kicked
+            return .answer(answer)
+        case .socket(var socket):
+            state = .modifying
+            let failure = (socket.held?.clientId ?? socket.clientId).flatMap { Self.failure(reason, $0) }
+            socket.clientId = nil
+            var answer = Self.take(&socket.held)
+            answer?.failure = failure
+            answer?.kicked = reason == .kicked
             switch reason {
-            case .superseded, .overflow: break
+            case .superseded, .overflow:
+                state = .socket(socket)
+                return answer.map { .answer($0) } ?? .none
             case .disconnected, .kicked, .expired:
                 if isHandlingFrame {
                     // An engine that answers later than it detaches (Redis) would otherwise close the socket
                     // before the reply to the frame's `/meta/disconnect` is written.
-                    closeAfterFrame = .normal
-                } else {
-                    phase = .closing
-                    actions.append(.close(.normal))
+                    socket.closeAfterFrame = .normal
+                    state = .socket(socket)
+                    return answer.map { .answer($0) } ?? .none
                 }
+                state = .closing(attached: nil)
+                return .close(.normal, answer: answer, flush: .noEvents)
             case .shutdown:
-                actions.append(contentsOf: closeFlushing(.goingAway))
+                state = .closing(attached: nil)
+                return .close(.goingAway, answer: answer, flush: socket.backlog)
             }
-            return actions
-        case .eventSource:
-            clientId = nil
-            return closeFlushing(reason == .shutdown ? .goingAway : .normal)
+        case .stream(_, let backlog):
+            state = .closing(attached: nil)
+            return .close(reason == .shutdown ? .goingAway : .normal, answer: nil, flush: backlog)
+        case .closing, .closed:
+            return .none
+        case .idle, .modifying:
+            preconditionFailure("a detach in state \(state): the driver passes only its current sink's")
         }
     }
 
-    private func clientIdForFailure() -> String? { held?.connect.clientId ?? clientId }
+    private static func failure(_ reason: DetachReason, _ clientId: String) -> BayeuxError? {
+        reason == .overflow ? BayeuxError(.queueOverflow, clientId) : nil
+    }
 
     // MARK: Timers
 
     /// The hold of the held connect ended.
-    mutating func holdTimerFired() -> [Action] {
-        guard phase == .open, let answer = takeHeld(failure: nil, takeEvents: transport == .polling) else { return [] }
-        return [.answer(answer)]
+    mutating func holdTimerFired() -> Action {
+        switch state {
+        case .parked(let parked):
+            state = .idle
+            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+        case .socket(var socket):
+            guard socket.held != nil else { return .none }
+            state = .modifying
+            let answer = Self.take(&socket.held)
+            state = .socket(socket)
+            return answer.map { .answer($0) } ?? .none
+        default:
+            return .none
+        }
     }
 
     /// Time for a heartbeat: only an open stream that can take it writes one (a backlog says enough already).
-    mutating func heartbeatDue() -> [Action] {
-        guard phase == .open, isStreaming, isWritable else { return [] }
-        return [.heartbeat]
+    func heartbeatDue() -> Action {
+        guard isStream, isWritable else { return .none }
+        return .heartbeat
     }
 
     // MARK: Backpressure
 
     /// The channel's writability changed (its outbound bytes crossed a water mark).
-    mutating func writabilityChanged(isWritable: Bool) -> [Action] {
+    mutating func writabilityChanged(isWritable: Bool) -> Action {
         self.isWritable = isWritable
-        guard isWritable else { return [] }
-        var actions: [Action] = []
-        if phase == .open, transport != .polling, !backlog.isEmpty {
-            let events = backlog
-            backlog = .noEvents
-            actions.append(.write(replies: [], events: events))
+        guard isWritable else { return .none }
+        var events = CircularBuffer<ByteBuffer>.noEvents
+        switch state {
+        case .socket(var socket):
+            state = .modifying
+            swap(&events, &socket.backlog)
+            state = .socket(socket)
+        case .stream(let clientId, let backlog):
+            events = backlog
+            state = .stream(clientId: clientId, backlog: .noEvents)
+        default:
+            break
         }
-        if readPending, !isHandlingFrame {
-            readPending = false
-            actions.append(.resumeReading)
-        }
-        return actions
+        let resume = readPending && !isHandlingFrame
+        if resume { readPending = false }
+        if events.isEmpty, !resume { return .none }
+        return .drained(events, resumeReading: resume)
     }
 
     /// The pipeline asks to read more: withheld while writes drain, as NIO's `BackPressureHandler` does, and
     /// while a frame is handled.
     mutating func readRequested() -> ReadAction {
-        if (isWritable && !isHandlingFrame) || phase != .open { return .read }
+        if (isWritable && !isHandlingFrame) || !isOpen { return .read }
         readPending = true
         return .withhold
     }
@@ -338,81 +451,76 @@ struct ConnectionStateMachine {
 
     /// A frame's messages go to the broker: no other frame is taken until `frameFinished`.
     mutating func frameStarted() {
-        isHandlingFrame = true
+        precondition(!isHandlingFrame, "a frame started while another was handled")
+        switch state {
+        case .socket, .closing, .closed: isHandlingFrame = true
+        default: preconditionFailure("a frame started in state \(state)")
+        }
     }
 
     /// The broker handled the frame: the next one may be taken, and a read withheld meanwhile is asked for.
-    mutating func frameFinished() -> [Action] {
+    mutating func frameFinished() -> Action {
+        precondition(isHandlingFrame, "a frame finished that had not started")
         isHandlingFrame = false
-        if let reason = closeAfterFrame {
-            closeAfterFrame = nil
-            if phase == .open { return closeFlushing(reason) }
+        if case .socket(var socket) = state, let reason = socket.closeAfterFrame {
+            socket.closeAfterFrame = nil
+            state = .closing(attached: nil)
+            return .close(reason, answer: nil, flush: socket.backlog)
         }
-        guard readPending, isWritable || phase != .open else { return [] }
+        guard readPending, isWritable || !isOpen else { return .none }
         readPending = false
-        return [.resumeReading]
+        return .drained(.noEvents, resumeReading: true)
     }
 
     // MARK: Ending
 
-    /// The server is draining: a held connect is answered, what waits is sent, persistent connections close.
-    mutating func quiesce() -> [Action] {
+    /// The server is draining: a held connect is answered (and any polling connect that parks later), what
+    /// waits is sent, persistent connections close.
+    mutating func quiesce() -> Action {
         quiescing = true
-        guard phase == .open else { return [] }
-        switch transport {
-        case .polling:
-            if let answer = takeHeld(failure: nil, takeEvents: true) { return [.answer(answer)] }
-            return []
-        case .webSocket, .eventSource:
-            var actions: [Action] = []
-            if let answer = takeHeld(failure: nil, takeEvents: false) { actions.append(.answer(answer)) }
-            actions.append(contentsOf: closeFlushing(.goingAway))
-            return actions
+        switch state {
+        case .parked(let parked):
+            state = .idle
+            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+        case .socket(var socket):
+            let answer = Self.take(&socket.held)
+            state = .closing(attached: socket.clientId)
+            return .close(.goingAway, answer: answer, flush: socket.backlog)
+        case .stream(let clientId, let backlog):
+            state = .closing(attached: clientId)
+            return .close(.goingAway, answer: nil, flush: backlog)
+        case .idle, .awaiting, .closing, .closed, .modifying:
+            return .none
         }
     }
 
-    /// The handler closes the connection on its own (a close frame received, a protocol error).
+    /// The handler closes the connection on its own (a close frame received, a protocol error, a stream ended).
+    /// The socket's or stream's session stays attached until `closed()`.
     mutating func closing() {
-        if phase == .open { phase = .closing }
+        switch state {
+        case .socket(let socket): state = .closing(attached: socket.clientId)
+        case .stream(let clientId, _): state = .closing(attached: clientId)
+        default: break
+        }
     }
 
-    /// The connection is gone: the sink is detached, the hold timer cancelled.
-    mutating func closed() -> [Action] {
-        guard phase != .closed else { return [] }
-        phase = .closed
-        var actions: [Action] = []
-        if let held {
-            self.held = nil
-            actions.append(.cancelHoldTimer)
-            if transport == .polling { actions.append(.detach(clientId: held.connect.clientId)) }
+    /// The connection is gone: the hold ends, and the sink lets go of its session.
+    mutating func closed() -> Action {
+        let previous = state
+        state = .closed
+        switch previous {
+        case .parked(let parked): return .release(detach: parked.connect.clientId)
+        case .socket(let socket): return .release(detach: socket.clientId)
+        case .stream(let clientId, _): return .release(detach: clientId)
+        case .closing(let attached): return .release(detach: attached)
+        case .closed: return .none
+        case .idle, .awaiting, .modifying: return .release(detach: nil)
         }
-        if let clientId {
-            self.clientId = nil
-            actions.append(.detach(clientId: clientId))
-        }
-        backlog = .noEvents
-        return actions
     }
 
-    private mutating func closeFlushing(_ reason: CloseReason) -> [Action] {
-        phase = .closing
-        var actions: [Action] = []
-        if !backlog.isEmpty {
-            actions.append(.write(replies: [], events: backlog))
-            backlog = .noEvents
-        }
-        actions.append(.close(reason))
-        return actions
-    }
-
-    private mutating func takeHeld(failure: BayeuxError?, takeEvents: Bool) -> Answer? {
-        guard let held else { return nil }
-        self.held = nil
-        var events = CircularBuffer<ByteBuffer>.noEvents
-        if transport == .polling {
-            swap(&events, &backlog)
-        }
-        return Answer(
-            connect: held.connect, replies: held.replies, events: events, failure: failure, takeEvents: takeEvents)
+    private static func take(_ held: inout PendingConnect?) -> Answer? {
+        guard let connect = held else { return nil }
+        held = nil
+        return Answer(connect: connect, replies: [], events: .noEvents, failure: nil, takeEvents: false)
     }
 }

@@ -5,6 +5,20 @@ import PubSubCore
 /// Builds the JSON array a request or frame is answered with: replies first, then events. Events are already
 /// encoded as one-element arrays; their inner bytes are spliced in, never re-encoded.
 enum ReplyEncoder {
+    /// The reply to a message that is not JSON or not a message: `400::Bad request`.
+    static let badRequest: Message = {
+        var m = Message()
+        m.fail(BayeuxError.badRequest)
+        return m
+    }()
+
+    /// The reply when the broker failed on a frame.
+    static let serverError: Message = {
+        var m = Message()
+        m.fail(BayeuxError(.serverError))
+        return m
+    }()
+
     /// `headroom`: bytes left free before the array (a WebSocket frame header is written there in place).
     static func encode(
         replies: [Message],

@@ -1,3 +1,4 @@
+import Bayeux
 import NIOCore
 import NIOWebSocket
 
@@ -194,5 +195,44 @@ enum WebSocketFrameHeader {
         let written = set(opcode: opcode, payloadLength: count, in: &header, at: 0)
         header.moveWriterIndex(to: written)
         return header
+    }
+
+    /// The bytes of one final, unmasked frame: an event shared by every recipient carries its header already
+    /// (`EventFrame`, written when it was encoded) and goes as it is; a payload with room in front gets its header
+    /// there; any other gets a small header buffer of its own, first (a shared buffer is never written into).
+    static func frame(opcode: WebSocketOpcode, payload: ByteBuffer, allocator: ByteBufferAllocator)
+        -> (ByteBuffer, ByteBuffer?)
+    {
+        if opcode == .text, let frame = EventFrame.webSocketFrame(of: payload) { return (frame, nil) }
+        var payload = payload
+        if prepend(opcode: opcode, to: &payload) { return (payload, nil) }
+        let header = buffer(opcode: opcode, payloadLength: payload.readableBytes, allocator: allocator)
+        return (header, payload.readableBytes == 0 ? nil : payload)
+    }
+
+    /// A close frame's payload, with room for its header: the status code, if any.
+    static func closePayload(_ code: WebSocketErrorCode?, allocator: ByteBufferAllocator) -> ByteBuffer {
+        var data = allocator.buffer(capacity: 2 + maxLength)
+        data.moveWriterIndex(forwardBy: maxLength)
+        data.moveReaderIndex(forwardBy: maxLength)
+        if let code { data.write(webSocketErrorCode: code) }
+        return data
+    }
+}
+
+extension WebSocketFrameParser {
+    static func isValidUTF8(_ buffer: ByteBuffer) -> Bool {
+        buffer.withUnsafeReadableBytes { String(validating: $0, as: UTF8.self) != nil }
+    }
+}
+
+extension ConnectionStateMachine.CloseReason {
+    /// The status code of the close frame that ends a WebSocket for this reason.
+    var webSocketCode: WebSocketErrorCode {
+        switch self {
+        case .normal: .normalClosure
+        case .goingAway: .goingAway
+        case .overflow: .policyViolation
+        }
     }
 }

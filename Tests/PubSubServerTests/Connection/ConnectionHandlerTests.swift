@@ -66,11 +66,15 @@ import Testing
     }
 
     static func publish(_ n: Int, on channelName: String, shared: ServerShared, channel: EmbeddedChannel) {
+        publish(n, on: channelName, shared: shared, loop: channel.embeddedEventLoop)
+    }
+
+    static func publish(_ n: Int, on channelName: String, shared: ServerShared, loop: EmbeddedEventLoop) {
         var event = Message()
         event.channel = channelName
         event["data"] = JSONValue(n)
-        _ = shared.broker.engine.publish(event, to: channelName, now: .now(), on: channel.eventLoop)
-        channel.embeddedEventLoop.run()
+        _ = shared.broker.engine.publish(event, to: channelName, now: .now(), on: loop)
+        loop.run()
     }
 
     /// An embedded channel that is active (connected), so that a close shows.
@@ -116,7 +120,11 @@ import Testing
     static func webSocket(maxQueue: Int, recorder: LogRecorder) throws
         -> (EmbeddedChannel, ReadCounter, ServerShared, String)
     {
-        let shared = makeShared(maxQueue: maxQueue, recorder: recorder)
+        try webSocket(shared: makeShared(maxQueue: maxQueue, recorder: recorder))
+    }
+
+    /// A WebSocket whose client is subscribed to `/x` and holds a connect.
+    static func webSocket(shared: ServerShared) throws -> (EmbeddedChannel, ReadCounter, ServerShared, String) {
         let reads = ReadCounter()
         let channel = try Self.connectedChannel()
         try channel.pipeline.syncOperations.addHandler(reads)

@@ -39,3 +39,36 @@ enum HTTPReply {
 protocol HTTPResponder {
     func reply(to request: RoutedRequest, on loop: any EventLoop) -> HTTPReply
 }
+
+/// What a response needs from its request's head: a few fields instead of the head's headers and URI, kept
+/// while the request is handled (a parked connect keeps this, not the head).
+struct ResponseTarget {
+    var version: HTTPVersion
+    var keepAlive: Bool
+    var isHEAD: Bool
+    /// The request's `Origin`, echoed on CORS responses.
+    var origin: String?
+
+    init(_ head: HTTPRequestHead) {
+        version = head.version
+        keepAlive = head.isKeepAlive
+        isHEAD = head.method == .HEAD
+        origin = head.headers.first(name: "origin")
+    }
+
+    /// The head of `response` with what every response carries (CORS, `Content-Length`, `nosniff`, `Connection:
+    /// close` unless `keepAlive`), and the body to send (none for a HEAD or an empty one).
+    func complete(_ response: HTTPResponse, keepAlive: Bool) -> (HTTPResponseHead, ByteBuffer?) {
+        var headers = response.headers
+        if response.crossOrigin, let origin {
+            headers.add(name: "Access-Control-Allow-Origin", value: origin)
+            headers.add(name: "Access-Control-Allow-Credentials", value: "true")
+        }
+        // The length a GET would have, on a HEAD too, whose body is not sent.
+        headers.add(name: "Content-Length", value: String(response.body.readableBytes))
+        if !headers.contains(name: "x-content-type-options") { headers.add(name: "X-Content-Type-Options", value: "nosniff") }
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
+        let sendsBody = response.body.readableBytes > 0 && !isHEAD
+        return (HTTPResponseHead(version: version, status: response.status, headers: headers), sendsBody ? response.body : nil)
+    }
+}

@@ -1,0 +1,364 @@
+import Bayeux
+import NIOCore
+import PubSubCore
+
+/// What differs between the transports that carry a connection's Bayeux delivery: WebSocket frames, HTTP
+/// responses (long-polling, cross-origin, JSON-P) and EventSource stream writes. The `ConnectionDriver` decides;
+/// its transport only writes and closes. Called on the connection's event loop.
+protocol ConnectionTransport: AnyObject {
+    /// Writes replies, then events: one WebSocket frame, one HTTP response, or events on the stream.
+    func send(replies: [Message], events: CircularBuffer<ByteBuffer>)
+    /// A sign of life: an EventSource comment line, a WebSocket ping.
+    func sendHeartbeat()
+    /// Ends the connection for `reason`: a WebSocket close frame, the end of a stream.
+    func close(_ reason: ConnectionStateMachine.CloseReason)
+    /// Asks the channel for the read that was withheld while writes drained or a frame was handled.
+    func resumeReading()
+    /// The broker failed on a request or frame (its messages are lost): a 500, an error reply.
+    func requestFailed(_ error: any Error)
+    /// The broker handled a request or frame: the next may be taken.
+    func batchHandled()
+    /// Closes at once, without a goodbye: a keep-alive timeout came (`keepAlive`).
+    func abort(_ reason: ConnectionGuardState.CloseReason)
+    /// Bytes written to the channel and not yet taken by the socket (for the send timeout).
+    var unsentBytes: Int { get }
+}
+
+extension ConnectionTransport {
+    func batchHandled() {}
+    func abort(_ reason: ConnectionGuardState.CloseReason) { close(.normal) }
+    var unsentBytes: Int { 0 }
+}
+
+/// Drives one connection's `ConnectionStateMachine` and performs every action it returns, in this one place,
+/// for every transport: it owns the connection's sink (by generation), its entry in the loop's `LoopTimers` (the
+/// held connect's hold, EventSource heartbeats, a WebSocket's pings and silence), and its count among the
+/// attached clients. The handlers decode and encode; this decides when and what.
+///
+/// The handler owns its driver; the driver points back at it unowned, and reaches it only through `live`, which
+/// is nil once the connection is closed: a sink an engine still holds, or a broker answer that comes late, may
+/// keep the driver past its handler, never calling it.
+final class ConnectionDriver: TimerQueueOwner {
+    enum Kind {
+        case polling
+        case webSocket
+        case stream
+    }
+
+    private var machine: ConnectionStateMachine
+    private var kind: Kind
+    private unowned let transport: any ConnectionTransport
+    private let shared: ServerShared
+    private let timers: LoopTimers
+    /// This loop's counters (bytes out, attached clients).
+    let counters: LoopCounters
+    /// The sink offered to the connect of the request being handled, parked, of the socket or of the stream.
+    private var sink: ConnectionSink?
+    /// The generation of `sink`; moved on whenever it is let go, so that the calls of older sinks are ignored.
+    private var generation: UInt32 = 0
+    var timerQueueIndex = -1
+    /// When the held connect's hold ends. The timer entry may be earlier (left from a hold answered before: it
+    /// fires early and is moved), never later, so answering a poll and parking the next take no heap work.
+    private var holdDeadline: NIODeadline?
+    /// When the stream's next heartbeat is due.
+    private var heartbeatDeadline: NIODeadline?
+    /// A WebSocket's pings, silence and send timeouts, handed over by the `ConnectionGuard`.
+    private var keepAlive: ConnectionGuardState?
+    /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
+    private var requestContext: RequestContext
+    /// How the attached client is counted (`pubsub_clients`): an open WebSocket, a parked connect, a stream.
+    private var attachedType: ConnectionType? {
+        didSet {
+            if let oldValue, oldValue != attachedType { counters.detached(oldValue) }
+            if let attachedType, attachedType != oldValue { counters.attached(attachedType) }
+        }
+    }
+
+    /// `context`: a WebSocket's, for all its frames; a polling connection's are its requests'.
+    init(transport: any ConnectionTransport, context: RequestContext, shared: ServerShared, eventLoop: any EventLoop) {
+        let kind: Kind = context.connectionType == .websocket ? .webSocket : .polling
+        self.kind = kind
+        self.machine = ConnectionStateMachine(
+            transport: kind == .webSocket ? .webSocket : .polling, maxQueue: shared.configuration.broker.maxQueue)
+        self.transport = transport
+        self.shared = shared
+        self.timers = shared.guardSettings.loopTimers.timers(for: eventLoop)
+        self.counters = shared.operations.loopCounters.counters(for: eventLoop)
+        self.requestContext = context
+        if kind == .webSocket { setAttached(.websocket) }
+    }
+
+    private var isPolling: Bool { kind == .polling }
+    private var eventLoop: any EventLoop { timers.eventLoop }
+
+    /// The transport while the connection is open or closing; nil once it is closed.
+    private var live: (any ConnectionTransport)? {
+        if case .closed = machine.state { return nil }
+        return transport
+    }
+
+    private func setAttached(_ type: ConnectionType?) { attachedType = type }
+
+    var isOpen: Bool { machine.isOpen }
+    /// The current sink (for tests).
+    var currentSink: ConnectionSink? { sink }
+    var isHandlingFrame: Bool { machine.isHandlingFrame }
+    var isStream: Bool { machine.isStream }
+
+    // MARK: Events from the handler
+
+    /// Hands a request's or frame's messages to the broker, with this connection's sink offered to its connect.
+    /// A WebSocket is bound to the client of the first connect of the frame.
+    func handle(_ elements: [MessageBatch.Element], context: RequestContext) {
+        requestContext = context
+        if isPolling {
+            // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
+            if shared.operations.isDraining { _ = machine.quiesce() }
+            machine.requestStarted()
+            newSink(persistent: false)
+        } else {
+            if let clientId = Self.connectClientId(elements), clientId != machine.clientId {
+                perform(machine.bind(clientId: clientId))
+                newSink(persistent: true)
+            }
+            machine.frameStarted()
+        }
+        let (sink, generation, broker) = (sink, generation, shared.broker)
+        broker.handle(elements, context: context, sink: sink, now: .now(), on: eventLoop).assumeIsolated()
+            .whenComplete { result in self.handled(result, sink: sink, generation: generation, context: context) }
+    }
+
+    private func handled(
+        _ result: Result<[Outcome], any Error>, sink: ConnectionSink?, generation: UInt32, context: RequestContext
+    ) {
+        let broker = shared.broker
+        if isPolling {
+            guard generation == self.generation else {
+                // The connection closed while the broker worked: a connect that attached the sink lets go.
+                if case .success(let outcomes) = result, let sink {
+                    for case .connect(let pending) in outcomes where pending.result.attached {
+                        broker.detach(pending.clientId, sink: sink, takeEvents: false)
+                    }
+                }
+                return
+            }
+            switch result {
+            case .failure(let error):
+                releaseSink()
+                live?.requestFailed(error)
+            case .success(let outcomes):
+                let (replies, events, pending) = broker.split(outcomes, context: context)
+                perform(machine.messagesHandled(replies: replies, events: events, pending: pending))
+            }
+            return
+        }
+        switch result {
+        case .success(let outcomes):
+            let (replies, events, pending) = broker.split(outcomes, context: context)
+            perform(machine.messagesHandled(replies: replies, events: events, pending: pending))
+        case .failure(let error):
+            if machine.isOpen { live?.requestFailed(error) }
+        }
+        perform(machine.frameFinished())
+        live?.batchHandled()
+    }
+
+    /// The client of the first connect among `elements`.
+    private static func connectClientId(_ elements: [MessageBatch.Element]) -> String? {
+        for case .message(let message) in elements where message.channel == Channel.connect {
+            return message.clientId
+        }
+        return nil
+    }
+
+    /// A polling connection becomes an EventSource stream of `clientId`, with heartbeats every `pingInterval`.
+    func openStream(clientId: String) {
+        machine.streamOpened(clientId: clientId)
+        kind = .stream
+        newSink(persistent: true)
+        setAttached(.eventSource)
+        let interval = shared.configuration.pingInterval
+        if interval > .zero {
+            heartbeatDeadline = eventLoop.now + interval
+            rearm()
+        }
+        let (sink, generation) = (sink!, generation)
+        shared.broker.attach(clientId, sink: sink, on: eventLoop).assumeIsolated().whenSuccess { attached in
+            // An unknown client: the stream ends as if its session had.
+            if !attached { self.detached(.disconnected, generation: generation) }
+        }
+    }
+
+    /// A WebSocket is timed here from now on (pings, silence, blocked writes): the connection guard's state,
+    /// handed over as it leaves the pipeline.
+    func keepAlive(_ state: ConnectionGuardState, isWritable: Bool) {
+        var state = state
+        let now = eventLoop.now
+        state.upgraded(now: now)
+        state.writabilityChanged(isWritable: isWritable, unsentBytes: live?.unsentBytes ?? 0, now: now)
+        keepAlive = state
+        rearm()
+    }
+
+    /// Bytes arrived: any byte is a sign of life (a later deadline: the armed entry stays as it is).
+    func bytesReceived(_ count: Int) {
+        if keepAlive != nil { _ = keepAlive!.bytesReceived(count, now: eventLoop.now) }
+    }
+
+    func writabilityChanged(isWritable: Bool) {
+        if keepAlive != nil, let live {
+            keepAlive!.writabilityChanged(isWritable: isWritable, unsentBytes: live.unsentBytes, now: eventLoop.now)
+            rearm()
+        }
+        perform(machine.writabilityChanged(isWritable: isWritable))
+    }
+
+    /// Whether the pipeline's read goes on now (it is withheld while writes drain or a frame is handled).
+    func readRequested() -> Bool { machine.readRequested() == .read }
+
+    /// The server is draining: a held connect is answered, what waits is sent, persistent connections close.
+    func quiesce() { perform(machine.quiesce()) }
+
+    /// The handler closes the connection on its own (a close frame, a protocol error): nothing more is written.
+    func closing() { machine.closing() }
+
+    /// The connection is gone (or its handler left the pipeline): the transport is not called again.
+    func closed() { perform(machine.closed()) }
+
+    // MARK: Events from the sink and the timers
+
+    func deliver(_ events: CircularBuffer<ByteBuffer>, generation: UInt32) {
+        guard generation == self.generation, sink != nil else { return }
+        switch machine.eventsDelivered(events) {
+        case .none: break
+        case .write(let events): live?.send(replies: [], events: events)
+        case .answer(let answer): self.answer(answer)
+        case .drop(let clientId): drop(clientId)
+        }
+    }
+
+    func detached(_ reason: DetachReason, generation: UInt32) {
+        guard generation == self.generation, sink != nil else { return }
+        if reason == .overflow, let clientId = machine.clientId {
+            shared.broker.logDropped(clientId, transport: attachedType ?? requestContext.connectionType)
+        }
+        // A persistent sink is attached no more; a polling one is let go with the answer.
+        if !isPolling { releaseSink() }
+        perform(machine.detached(reason))
+    }
+
+    func timerQueueDeadlineReached() {
+        let now = eventLoop.now
+        if let holdDeadline, now >= holdDeadline {
+            self.holdDeadline = nil
+            perform(machine.holdTimerFired())
+        }
+        if let heartbeatDeadline, now >= heartbeatDeadline {
+            self.heartbeatDeadline = machine.isStream ? now + shared.configuration.pingInterval : nil
+            perform(machine.heartbeatDue())
+        }
+        if keepAlive != nil, let live {
+            switch keepAlive!.timerFired(now: now, unsentBytes: live.unsentBytes) {
+            case .none: break
+            case .ping: if machine.isOpen { live.sendHeartbeat() }
+            case .close(let reason):
+                live.abort(reason)
+                return
+            }
+        }
+        rearm()
+    }
+
+    /// Arms the connection's one timer entry for the earliest of its deadlines. A later deadline leaves the entry
+    /// as it is: it comes early, finds nothing due and re-arms.
+    private func rearm() {
+        guard live != nil else { return }
+        var next = holdDeadline
+        if let deadline = heartbeatDeadline { next = min(next ?? deadline, deadline) }
+        if let deadline = keepAlive?.deadline { next = min(next ?? deadline, deadline) }
+        guard let next else { return }
+        if let armed = timers.deadline(of: self), armed <= next { return }
+        timers.schedule(self, at: next)
+    }
+
+    // MARK: Actions
+
+    private func perform(_ action: ConnectionStateMachine.Action) {
+        switch action {
+        case .none:
+            break
+        case .write(let replies, let events):
+            if isPolling { releaseSink() }
+            live?.send(replies: replies, events: events)
+        case .answer(let answer):
+            self.answer(answer)
+        case .hold(let hold, let previous, let replies, let events):
+            if let previous { answer(previous) }
+            if !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
+            if isPolling { setAttached(requestContext.connectionType) }
+            let deadline = eventLoop.now + hold
+            holdDeadline = deadline
+            rearm()
+        case .drained(let events, let resumeReading):
+            if !events.isEmpty { live?.send(replies: [], events: events) }
+            if resumeReading { live?.resumeReading() }
+        case .drop(let clientId):
+            drop(clientId)
+        case .rebind(let clientId, let answer):
+            if let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
+            releaseSink()
+            if let answer { self.answer(answer) }
+        case .close(let reason, let answer, let flush):
+            if let answer { self.answer(answer) }
+            if !flush.isEmpty { live?.send(replies: [], events: flush) }
+            live?.close(reason)
+        case .heartbeat:
+            live?.sendHeartbeat()
+        case .release(let clientId):
+            holdDeadline = nil
+            heartbeatDeadline = nil
+            keepAlive?.closed()
+            timers.cancel(self)
+            if let clientId, let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
+            releaseSink()
+            setAttached(nil)
+        }
+    }
+
+    /// Sends the reply of the held connect: its hold ended, a delivery or a detach came, it was superseded, or the
+    /// server drains. A polling connect lets its sink go with it, and at the hold's end takes what the session holds.
+    private func answer(_ answer: ConnectionStateMachine.Answer) {
+        holdDeadline = nil
+        var events = answer.events
+        if isPolling {
+            if answer.takeEvents, let sink {
+                events.append(contentsOf: shared.broker.detach(answer.connect.clientId, sink: sink, takeEvents: true))
+            }
+            releaseSink()
+        }
+        var replies = answer.replies
+        if let finished = shared.broker.finish(answer.reply, context: requestContext) { replies.append(finished) }
+        if isPolling || !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
+    }
+
+    /// A slow consumer: more than `maxQueue` events wait on a connection that is not writable.
+    private func drop(_ clientId: String) {
+        let type = attachedType ?? requestContext.connectionType
+        releaseSink()
+        shared.broker.drop(clientId, transport: type, on: eventLoop)
+        live?.close(.overflow)
+    }
+
+    private func newSink(persistent: Bool) {
+        releaseSink()
+        sink = ConnectionSink(driver: self, generation: generation, isPersistent: persistent, eventLoop: eventLoop)
+    }
+
+    /// Lets go of the current sink: its calls are no longer wanted (answered, rebound, detached, closed).
+    private func releaseSink() {
+        guard sink != nil else { return }
+        sink = nil
+        generation &+= 1
+        if kind != .webSocket { setAttached(nil) }
+    }
+}
