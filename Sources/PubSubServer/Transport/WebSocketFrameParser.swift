@@ -10,16 +10,23 @@ import NIOWebSocket
 ///
 /// Limits, as before: a frame longer than `maxFrameSize`, or a fragmented message longer than
 /// `maxMessageSize` or of more than `maxFragments` frames, is an error (answered with close 1009 or 1002).
-/// As RFC 6455 §5.1–5.2 require of a server, a client frame that is not masked, or that sets a reserved bit (no
-/// extension is ever negotiated), is a protocol error too.
+/// What RFC 6455 says a server MUST fail the connection for is an error too: a client frame that is not masked
+/// (§5.1), that sets a reserved bit no extension allows or has a reserved opcode (§5.2), a close frame whose body
+/// is not a status code a peer may send followed by a UTF-8 reason (§5.5.1, §7.4), and text that is not UTF-8,
+/// found in the fragment that holds it (§8.1). A text message of one frame is not read twice for that: the
+/// handler's JSON parser checks its UTF-8 as it reads it.
 struct WebSocketFrameParser {
     enum ParseError: Error, Equatable {
         /// A frame, or a message of several frames, over the size limit (close code 1009).
         case tooLarge
         /// A control frame fragmented or longer than 125 bytes, a continuation with no message to continue, a new
-        /// message before the last one ended, too many fragments, an unmasked client frame or a reserved bit set
+        /// message before the last one ended, too many fragments, an unmasked client frame, a reserved bit set, a
+        /// reserved opcode, or a close body that is one byte, an invalid status code or a reason that is not UTF-8
         /// (close code 1002).
         case protocolError
+        /// A fragment of a text message that is not UTF-8, or a text message that ends inside a character (close
+        /// code 1007).
+        case invalidUTF8
     }
 
     let maxFrameSize: Int
@@ -33,6 +40,8 @@ struct WebSocketFrameParser {
     private var fragments: [ByteBuffer] = []
     private var fragmentsOpcode: WebSocketOpcode = .text
     private var fragmentsSize = 0
+    /// Where the text of a fragmented text message stands: three bytes, not a buffer.
+    private var fragmentsText = UTF8Validator()
 
     init(maxFrameSize: Int, maxMessageSize: Int? = nil, maxFragments: Int = 4096, requiresMask: Bool = true) {
         self.maxFrameSize = maxFrameSize
@@ -73,8 +82,11 @@ struct WebSocketFrameParser {
                 if frame.fin { return frame }
                 fragmentsOpcode = frame.opcode
                 try addFragment(frame)
+            case .connectionClose:
+                guard Self.isValidCloseBody(frame.data) else { throw .protocolError }
+                return frame
             default:
-                // Control frames, and opcodes this server does not know (the handler ignores those).
+                // Ping and pong (`nextFrame` refuses reserved opcodes).
                 return frame
             }
         }
@@ -85,6 +97,13 @@ struct WebSocketFrameParser {
         fragmentsSize += frame.data.readableBytes
         guard fragmentsSize <= maxMessageSize else { throw .tooLarge }
         guard fragments.count < maxFragments else { throw .protocolError }
+        if fragmentsOpcode == .text {
+            // §8.1: failed as soon as the bytes are in, not when the message ends; a character may be split
+            // between fragments, but not left unfinished by the last one.
+            guard fragmentsText.validate(frame.data), !frame.fin || fragmentsText.isComplete else {
+                throw .invalidUTF8
+            }
+        }
         fragments.append(frame.data)
     }
 
@@ -94,6 +113,7 @@ struct WebSocketFrameParser {
         let opcode = fragmentsOpcode
         fragments = []
         fragmentsSize = 0
+        fragmentsText = UTF8Validator()
         return WebSocketFrame(fin: true, opcode: opcode, data: data)
     }
 
@@ -105,8 +125,8 @@ struct WebSocketFrameParser {
         let second = buffer.getInteger(at: index + 1, as: UInt8.self)!
         index += 2
         let fin = first & 0x80 != 0
-        guard let opcode = WebSocketOpcode(encodedWebSocketOpcode: first & 0x0F) else { throw .protocolError }
-        guard first & 0x70 == 0 else { throw .protocolError }
+        guard let opcode = Self.definedOpcode(first & 0x0F) else { throw .protocolError }
+        guard Self.reservedBitsAllowed(first, opcode: opcode) else { throw .protocolError }
         let masked = second & 0x80 != 0
         guard masked || !requiresMask else { throw .protocolError }
         var length = Int(second & 0x7F)
@@ -221,8 +241,107 @@ enum WebSocketFrameHeader {
 }
 
 extension WebSocketFrameParser {
+    /// The opcodes of RFC 6455 §5.2; nil for the reserved ones (3–7, 0xB–0xF), which fail the connection.
+    static func definedOpcode(_ bits: UInt8) -> WebSocketOpcode? {
+        switch bits {
+        case 0x0...0x2, 0x8...0xA: WebSocketOpcode(encodedWebSocketOpcode: bits)
+        default: nil
+        }
+    }
+
+    /// Whether the reserved bits (RSV1–3) of a frame's first byte are the ones the negotiated extensions allow:
+    /// none, as no extension is ever negotiated (RFC 6455 §5.2). The one place to allow RSV1 on the first frame of
+    /// a data message once permessage-deflate (RFC 7692) is.
+    static func reservedBitsAllowed(_ first: UInt8, opcode: WebSocketOpcode) -> Bool {
+        first & 0x70 == 0
+    }
+
+    /// A close frame's body (RFC 6455 §5.5.1): empty, or a status code a peer may send, then a UTF-8 reason. A
+    /// body of one byte is neither.
+    static func isValidCloseBody(_ body: ByteBuffer) -> Bool {
+        guard body.readableBytes != 0 else { return true }
+        guard let code = body.getInteger(at: body.readerIndex, as: UInt16.self), isValidCloseCode(code) else {
+            return false
+        }
+        var reason = UTF8Validator()
+        return reason.validate(body.getSlice(at: body.readerIndex + 2, length: body.readableBytes - 2)!)
+            && reason.isComplete
+    }
+
+    /// The status codes a peer may put in a close frame (RFC 6455 §7.4). 1012 (service restart), 1013 (try again
+    /// later) and 1014 (bad gateway) came after the RFC, in the IANA registry that §11.7 set up for 1000–2999:
+    /// they are accepted, since proxies and servers that restart or shed load send them and refusing them would
+    /// fail a connection its peer closed correctly (Python's `websockets` accepts them too, and the Autobahn
+    /// suite no longer counts them as invalid). 1015 stays refused with 1005 and 1006: the RFC says those are
+    /// never sent in a close frame.
+    static func isValidCloseCode(_ code: UInt16) -> Bool {
+        switch code {
+        case 1000...1003, 1007...1011: true  // §7.4.1 (1004 is reserved)
+        case 1012...1014: true  // registered with IANA since
+        case 3000...4999: true  // §7.4.2: libraries, frameworks and applications (3000–3999), private use
+        default: false  // 0–999 unused; 1004, 1005, 1006, 1015; 1016–2999 reserved; 5000 and over undefined
+        }
+    }
+
     static func isValidUTF8(_ buffer: ByteBuffer) -> Bool {
         buffer.withUnsafeReadableBytes { String(validating: $0, as: UTF8.self) != nil }
+    }
+}
+
+/// UTF-8 read in pieces that may split a character (RFC 3629, as Unicode's table 3-7 of well-formed byte
+/// sequences has it: no overlong forms, no surrogates, nothing past U+10FFFF). Rather than the bytes of an
+/// unfinished character it keeps what they allow next: how many continuation bytes are still due and the range
+/// of the next one, so a split character costs no storage.
+struct UTF8Validator {
+    /// Continuation bytes still due for the character begun.
+    private var due: UInt8 = 0
+    /// The range of the next continuation byte (narrower than 0x80–0xBF after E0, ED, F0 and F4).
+    private var lower: UInt8 = 0x80
+    private var upper: UInt8 = 0xBF
+
+    /// Whether the bytes so far end between characters.
+    var isComplete: Bool { due == 0 }
+
+    /// Takes the next bytes; false when they cannot be the continuation of UTF-8 (the validator is then spent).
+    mutating func validate(_ buffer: ByteBuffer) -> Bool {
+        buffer.withUnsafeReadableBytes { validate($0) }
+    }
+
+    mutating func validate(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var index = 0
+        let count = bytes.count
+        while index < count {
+            if due == 0 {
+                // ASCII eight bytes at a time.
+                while index + 8 <= count,
+                    bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) & 0x8080_8080_8080_8080 == 0
+                {
+                    index += 8
+                }
+                guard index < count else { break }
+            }
+            let byte = bytes[index]
+            index += 1
+            if due > 0 {
+                guard byte >= lower, byte <= upper else { return false }
+                due -= 1
+                lower = 0x80
+                upper = 0xBF
+                continue
+            }
+            switch byte {
+            case 0x00...0x7F: continue
+            case 0xC2...0xDF: due = 1
+            case 0xE0: (due, lower) = (2, 0xA0)  // no overlong forms
+            case 0xE1...0xEC, 0xEE...0xEF: due = 2
+            case 0xED: (due, upper) = (2, 0x9F)  // no surrogates
+            case 0xF0: (due, lower) = (3, 0x90)  // no overlong forms
+            case 0xF1...0xF3: due = 3
+            case 0xF4: (due, upper) = (3, 0x8F)  // nothing past U+10FFFF
+            default: return false  // a continuation byte with no lead, C0, C1, F5–FF
+            }
+        }
+        return true
     }
 }
 

@@ -104,17 +104,20 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         case .ping:
             writeFrame(.pong, frame.data, context: context)
         case .connectionClose:
-            close(code: nil, context: context)
+            // The client's status code echoed (RFC 6455 §5.5.1; the parser checked it), or none to none.
+            close(code: frame.data.peekWebSocketErrorCode(), context: context)
         default:
             break
         }
     }
 
-    /// A frame or message over the limit (1009), or a frame that breaks the protocol (1002).
+    /// A frame or message over the limit (1009), a frame that breaks the protocol (1002), text that is not UTF-8
+    /// (1007).
     private func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
         switch error {
         case .tooLarge: fail(.messageTooLarge, .websocketTooLarge, "websocket message over the limit", context: context)
         case .protocolError: fail(.protocolError, .websocketProtocol, "websocket protocol error", context: context)
+        case .invalidUTF8: fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket text not UTF-8", context: context)
         }
     }
 

@@ -174,14 +174,27 @@ struct FrameStream: Sendable, CustomStringConvertible {
     ) -> FrameStream {
         var frames: [RandomFrame] = []
         var inMessage = false
+        var inText = false
+        var text = TextStream()
         for _ in 0..<Int.random(in: count, using: &rng) {
             var frame = randomFrame(using: &rng, limits: limits, inMessage: inMessage)
+            if frame.opcode == 1 { text = TextStream() }
+            // The fragments of a text message carry UTF-8, a character sometimes split between two of them;
+            // random bytes (mostly not UTF-8) are a fault.
+            let textFragment = frame.opcode == 1 || (frame.opcode == 0 && inText)
+            if textFragment, Double.random(in: 0..<1, using: &rng) >= faults {
+                // No longer than before, or than the few bytes carried: the length encoding still fits.
+                frame.payload = text.next(frame.payload.count, fin: frame.fin, limits: limits, using: &rng)
+                frame.declaredLength = UInt64(frame.payload.count)
+            }
             if Double.random(in: 0..<1, using: &rng) < faults {
                 frame = fault(frame, using: &rng, limits: limits)
             }
             frames.append(frame)
             switch frame.opcode {
-            case 1, 2: inMessage = !frame.fin
+            case 1, 2:
+                inMessage = !frame.fin
+                inText = frame.opcode == 1
             case 0: if frame.fin { inMessage = false }
             default: break
             }
@@ -235,7 +248,8 @@ struct FrameStream: Sendable, CustomStringConvertible {
             opcode = Bool.random(using: &rng) ? 1 : 2
             fin = Int.random(in: 0..<3, using: &rng) != 0
         }
-        let payload = randomPayload(using: &rng, limits: limits, control: opcode & 0x8 != 0)
+        var payload = randomPayload(using: &rng, limits: limits, control: opcode & 0x8 != 0)
+        if opcode == 8 { payload = randomCloseBody(using: &rng, limits: limits) }
         var frame = RandomFrame(fin: fin, opcode: opcode, mask: randomMask(using: &rng, limits: limits), payload: payload)
         // A longer length encoding than needed: RFC 6455 asks for the shortest, the parser takes any (but a control
         // frame's 7-bit field must hold its length).
@@ -245,10 +259,21 @@ struct FrameStream: Sendable, CustomStringConvertible {
         return frame
     }
 
+    /// A close body RFC 6455 allows: empty, or a status code a peer may send and a short UTF-8 reason.
+    static func randomCloseBody(using rng: inout some RandomNumberGenerator, limits: FrameLimits) -> [UInt8] {
+        let bound = min(125, limits.maxFrameSize)
+        guard bound >= 2, Int.random(in: 0..<4, using: &rng) != 0 else { return [] }
+        let codes: [UInt16] = [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 4321, 4999]
+        let code = codes[Int.random(in: 0..<codes.count, using: &rng)]
+        var reason = Array(Array("bye, ça va 👋".utf8).prefix(Int.random(in: 0...(bound - 2), using: &rng)))
+        while String(validating: reason, as: UTF8.self) == nil { reason.removeLast() }  // not inside a character
+        return [UInt8(code >> 8), UInt8(code & 0xFF)] + reason
+    }
+
     /// `frame` made to break one rule or limit.
     static func fault(_ frame: RandomFrame, using rng: inout some RandomNumberGenerator, limits: FrameLimits) -> RandomFrame {
         var frame = frame
-        switch Int.random(in: 0..<9, using: &rng) {
+        switch Int.random(in: 0..<10, using: &rng) {
         case 0: frame.reserved = [0x10, 0x20, 0x40, 0x70][Int.random(in: 0..<4, using: &rng)]
         case 1: frame.mask = nil
         case 2: frame.fin = false  // a fragmented control frame, or a data frame that leaves a message open
@@ -267,6 +292,15 @@ struct FrameStream: Sendable, CustomStringConvertible {
             frame.payload = (0..<Int.random(in: 126...200, using: &rng)).map { _ in 0x61 }
             frame.declaredLength = UInt64(frame.payload.count)
             frame.encoding = .medium
+        case 8:  // a close body of one byte, an invalid code, or a reason that is not UTF-8
+            frame.opcode = 8
+            frame.fin = true
+            frame.payload = [
+                [0x03], [0x03, 0xEC], [0x03, 0xED], [0x00, 0x00], [0x0B, 0xB7], [0x13, 0x88], [0x03, 0xE8, 0xFF],
+                [0x03, 0xE8, 0x61, 0xC3],
+            ][Int.random(in: 0..<8, using: &rng)]
+            frame.declaredLength = UInt64(frame.payload.count)
+            frame.encoding = .short
         default:  // a control frame whose short length has a longer encoding
             frame.opcode = 9
             frame.fin = true
@@ -298,8 +332,10 @@ struct FrameStream: Sendable, CustomStringConvertible {
             outcome.end = .failed(error)
             return outcome
         }
+        var text: [UInt8] = []
         for frame in frames {
             // Header checks, in the order the header is read.
+            if ![0, 1, 2, 8, 9, 10].contains(frame.opcode) { return fail(.protocolError) }
             if frame.reserved != 0 { return fail(.protocolError) }
             if frame.mask == nil, limits.requiresMask { return fail(.protocolError) }
             if frame.isControl, !frame.fin || frame.lengthField > 125 { return fail(.protocolError) }
@@ -316,19 +352,105 @@ struct FrameStream: Sendable, CustomStringConvertible {
                 size += frame.payload.count
                 if size > limits.maxMessageSize { return fail(.tooLarge) }
                 if fragments.count >= limits.maxFragments { return fail(.protocolError) }
+                if fragmentsOpcode == 1 {
+                    // UTF-8 so far, found wrong in the fragment that makes it so.
+                    text += frame.payload
+                    let valid = frame.fin ? String(validating: text, as: UTF8.self) != nil : isUTF8Prefix(text)
+                    if !valid { return fail(.invalidUTF8) }
+                }
                 fragments.append(frame.payload)
                 if frame.opcode == 0, frame.fin {
                     outcome.messages.append(.init(fin: true, opcode: fragmentsOpcode, data: fragments.flatMap { $0 }))
                     fragments = []
                     size = 0
+                    text = []
                 }
             default:
-                // Control frames and unknown opcodes come out as they are, also between fragments.
+                // Control frames come out as they are, also between fragments; a close body must be one a peer may
+                // send.
+                if frame.opcode == 8, !isValidCloseBody(frame.payload) { return fail(.protocolError) }
                 outcome.messages.append(.init(fin: frame.fin, opcode: frame.opcode, data: frame.payload))
             }
         }
         outcome.end = fragments.isEmpty ? .idle : .waiting
         return outcome
+    }
+}
+
+/// Text that more bytes could make UTF-8: whole characters, then the start of one (told by its lead byte, and, past
+/// it, by the character that 0x80s complete it to). Independent of the parser's validator, for the model.
+func isUTF8Prefix(_ bytes: [UInt8]) -> Bool {
+    for unfinished in 0...min(3, bytes.count) {
+        guard String(validating: bytes.dropLast(unfinished), as: UTF8.self) != nil else { continue }
+        if unfinished == 0 { return true }
+        let tail = Array(bytes.suffix(unfinished))
+        let length: Int
+        switch tail[0] {
+        case 0xC2...0xDF: length = 2
+        case 0xE0...0xEF: length = 3
+        case 0xF0...0xF4: length = 4
+        default: continue
+        }
+        guard unfinished < length else { continue }
+        if unfinished == 1 { return true }
+        let completed = tail + [UInt8](repeating: 0x80, count: length - unfinished)
+        if String(validating: completed, as: UTF8.self) != nil { return true }
+    }
+    return false
+}
+
+/// A close body as RFC 6455 §5.5.1 and §7.4 allow (with 1012–1014, registered since), for the model.
+func isValidCloseBody(_ body: [UInt8]) -> Bool {
+    if body.isEmpty { return true }
+    guard body.count >= 2 else { return false }
+    let code = Int(body[0]) << 8 | Int(body[1])
+    let valid = (1000...1003).contains(code) || (1007...1014).contains(code) || (3000...4999).contains(code)
+    return valid && String(validating: body.dropFirst(2), as: UTF8.self) != nil
+}
+
+/// The text of one message cut into fragments anywhere, also inside a character: the bytes of random characters
+/// of one to four bytes, a character cut by the end of one fragment going on at the start of the next.
+struct TextStream {
+    private var carry: [UInt8] = []
+
+    /// `count` bytes for a fragment that is not the last; for the last, whole characters up to `count` (or what is
+    /// carried, if more), so that the message ends between characters.
+    mutating func next(
+        _ count: Int, fin: Bool, limits: FrameLimits, using rng: inout some RandomNumberGenerator
+    ) -> [UInt8] {
+        var out = carry
+        carry = []
+        let room = fin ? max(count, out.count) : count
+        while out.count < room {
+            // Characters no longer than a frame, so that what is carried fits in the next one.
+            let character = Self.randomCharacter(maxLength: min(4, limits.maxFrameSize), using: &rng)
+            if character[0] < 0x80 {
+                out += character.prefix(room - out.count)  // ASCII is cut anywhere, never carried
+                continue
+            }
+            if fin, out.count + character.count > room { break }
+            out += character
+        }
+        if out.count > room {
+            carry = Array(out[room...])
+            out.removeSubrange(room...)
+        }
+        return out
+    }
+
+    /// A character of up to `maxLength` bytes, or a run of ASCII ones (long payloads are made quickly).
+    static func randomCharacter(maxLength: Int, using rng: inout some RandomNumberGenerator) -> [UInt8] {
+        let length = Int.random(in: 1...maxLength, using: &rng)
+        if length == 1 {
+            return randomBytes(Int.random(in: 1...16, using: &rng), using: &rng).map { 0x20 + $0 % 0x5F }
+        }
+        let value: UInt32
+        switch length {
+        case 2: value = UInt32.random(in: 0x80...0x7FF, using: &rng)
+        case 3: value = Bool.random(using: &rng) ? .random(in: 0x800...0xD7FF, using: &rng) : .random(in: 0xE000...0xFFFF, using: &rng)
+        default: value = UInt32.random(in: 0x10000...0x10FFFF, using: &rng)
+        }
+        return Array(String(Character(Unicode.Scalar(value)!)).utf8)
     }
 }
 
