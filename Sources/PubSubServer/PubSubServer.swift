@@ -9,7 +9,6 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
-import Prometheus
 import PubSubCore
 
 /// What every connection handler of one server shares.
@@ -54,23 +53,24 @@ public final class PubSubServer: Sendable {
     let group: MultiThreadedEventLoopGroup
     private let state = NIOLockedValueBox<(channel: (any Channel)?, sweeper: RepeatedTask?)>((nil, nil))
 
-    /// `metrics` is the registry `/metrics` renders; pass the one swift-metrics is bootstrapped with so that
-    /// metrics of other components (a relay, a clustered engine) appear beside the broker's. Without `engine`,
-    /// the broker uses a memory engine.
+    /// `metrics` is where the server's metrics are made and how `/metrics` renders them: by default a Prometheus
+    /// registry of this server's own. `pubsub serve` passes `.prometheus(registry)` with the registry swift-metrics
+    /// is bootstrapped with, so that metrics of other components (a relay, the auth hook) appear beside the
+    /// broker's. Without `engine`, the broker uses a memory engine.
     public init(
         configuration: ServerConfiguration,
         logger: Logger = Logger(label: "pubsub"),
-        metrics: PrometheusCollectorRegistry = PrometheusCollectorRegistry(),
+        metrics: MetricsBackend = .prometheus(),
         engine: (any Engine)? = nil
     ) {
         self.configuration = configuration
         self.group = MultiThreadedEventLoopGroup(
             numberOfThreads: configuration.threads > 0 ? configuration.threads : System.coreCount)
         let operations = ServerOperations(
-            configuration: configuration.operations, loops: group.makeIterator().map { $0 }, registry: metrics,
+            configuration: configuration.operations, loops: group.makeIterator().map { $0 }, metrics: metrics,
             timeouts: configuration.timeouts, logger: logger)
         var extensions = configuration.extensions
-        extensions.extensions.append(MetricsExtension(registry: metrics))
+        extensions.extensions.append(MetricsExtension(backend: metrics))
         self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
         self.shared = ServerShared(
             configuration: configuration, broker: broker, logger: logger, operations: operations,

@@ -206,7 +206,8 @@ struct Serve: AsyncParsableCommand {
         // the server's connections: the soft descriptor limit raised, and the connection limit it allows.
         configuration.operations.maxConnections = try descriptorBudget(logger: logger)
         let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
-        let server = PubSubServer(configuration: configuration, logger: logger, metrics: registry, engine: engine)
+        let server = PubSubServer(
+            configuration: configuration, logger: logger, metrics: .prometheus(registry), engine: engine)
         let port: Int
         do {
             port = try await server.start()

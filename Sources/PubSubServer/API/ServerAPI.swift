@@ -1,8 +1,8 @@
 import Bayeux
+import CoreMetrics
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
-import Prometheus
 import PubSubCore
 
 /// The server API (`/api/*`) and the dashboard page (`/admin`): another transport of the same server, served on

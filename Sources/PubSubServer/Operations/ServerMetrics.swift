@@ -6,9 +6,9 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import CoreMetrics
 import NIOConcurrencyHelpers
 import NIOCore
-import Prometheus
 import PubSubCore
 
 /// Counters kept by the handlers of one event loop and touched on that loop only: plain integers, no atomics
@@ -82,38 +82,40 @@ enum RequestErrorKind: String, CaseIterable, Sendable {
     case connection = "connection"
 }
 
-/// Every metric of the server, in a Prometheus registry. Handles are made once. Values that the engine and the
-/// event loops keep themselves (clients, subscriptions, messages, bytes) are read when `/metrics` is scraped,
-/// so the fan-out path makes no metric call per recipient, or at all.
+/// Every metric of the server, made with swift-metrics types from the server's `MetricsBackend` (gauges are
+/// `Meter`s). Handles are made once. Values that the engine and the event loops keep themselves (clients,
+/// subscriptions, messages, bytes) are read when `/metrics` is scraped, so the fan-out path makes no metric call
+/// per recipient, or at all.
 final class ServerMetrics: Sendable {
     /// The last request errors, for the server API's `/api/errors` and the dashboard.
     let recentErrors = RecentErrors()
-    let registry: PrometheusCollectorRegistry
+    let backend: MetricsBackend
 
-    let connectionsOpen: Gauge
+    let connectionsOpen: Meter
     let connectionsAccepted: Counter
     let connectionsRefused: Counter
     /// Connections accepted into the reserve descriptor's slot at the descriptor ceiling, answered 503.
     let connectionsShed: Counter
     /// Failed accepts by errno (`AcceptGuard`).
     let acceptErrors: [CInt: Counter]
-    let descriptorLimit: Gauge
-    let maxConnections: Gauge
-    let clients: [Gauge]
-    let sessions: Gauge
-    let subscriptions: Gauge
-    let channels: Gauge
-    let queueDepth: Gauge
+    let descriptorLimit: Meter
+    let maxConnections: Meter
+    let clients: [Meter]
+    let sessions: Meter
+    let subscriptions: Meter
+    let channels: Meter
+    let queueDepth: Meter
     let published: Counter
     let delivered: Counter
     let bytesOut: Counter
     let slowConsumerDrops: Counter
     let sessionsExpired: Counter
     let requestErrors: [RequestErrorKind: Counter]
-    let rateLimited: [PublishRateLimiter.Scope: Counter]
-    let ready: Gauge
-    let draining: Gauge
-    let tlsNotAfter: Gauge
+    /// Counted by the HTTP transport's handlers (`HandlerCounter`).
+    let rateLimited: [PublishRateLimiter.Scope: HandlerCounter]
+    let ready: Meter
+    let draining: Meter
+    let tlsNotAfter: Meter
     let tlsReloads: Counter
     let tlsReloadFailures: Counter
     /// `/api` requests without the right key, and those answered 429 for too many of them from one address.
@@ -121,122 +123,112 @@ final class ServerMetrics: Sendable {
     let apiAuthThrottled: Counter
     /// The heap in use and the resident set (`ProcessMemory`), read at each scrape; nil where the platform does
     /// not tell (then the metric is not served).
-    let heapAllocated: Gauge?
-    let resident: Gauge?
+    let heapAllocated: Meter?
+    let resident: Meter?
 
     /// The engine's own metrics, made at their first scrape; counters with the total already added.
-    private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Gauge?, seen: UInt64)]>([:])
+    private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Meter?, seen: UInt64)]>([:])
 
     /// Engine and loop totals already turned into counter increments.
     private let seen = NIOLockedValueBox<(published: UInt64, delivered: UInt64, bytes: UInt64, drops: UInt64, expired: UInt64)>(
         (0, 0, 0, 0, 0))
 
-    init(registry: PrometheusCollectorRegistry) {
-        self.registry = registry
-        let r = registry
-        connectionsOpen = r.gauge(name: "pubsub_connections", help: "Open TCP connections on the broker port.")
-        connectionsAccepted = r.counter(
-            name: "pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
+    init(backend: MetricsBackend) {
+        self.backend = backend
+        let r = backend
+        connectionsOpen = r.gauge("pubsub_connections", help: "Open TCP connections on the broker port.")
+        connectionsAccepted = r.counter("pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
         let refusedHelp =
             "Connections answered 503: max_connections when --max-connections were open, descriptors when no file descriptor was left (accepted through the reserve descriptor)."
-        connectionsRefused = r.counter(
-            name: "pubsub_connections_refused_total", labels: [("reason", "max_connections")], help: refusedHelp)
-        connectionsShed = r.counter(
-            name: "pubsub_connections_refused_total", labels: [("reason", "descriptors")], help: refusedHelp)
+        connectionsRefused = r.counter("pubsub_connections_refused_total", [("reason", "max_connections")], help: refusedHelp)
+        connectionsShed = r.counter("pubsub_connections_refused_total", [("reason", "descriptors")], help: refusedHelp)
         var acceptErrors: [CInt: Counter] = [:]
         for (code, name) in [(EMFILE, "EMFILE"), (ENFILE, "ENFILE"), (ENOBUFS, "ENOBUFS"), (ENOMEM, "ENOMEM")] {
             acceptErrors[code] = r.counter(
-                name: "pubsub_accept_errors_total", labels: [("error", name)],
+                "pubsub_accept_errors_total", [("error", name)],
                 help: "Accepts that failed on a listening socket, by errno; each one backs off or sheds a connection.")
         }
         self.acceptErrors = acceptErrors
-        descriptorLimit = r.gauge(
-            name: "pubsub_file_descriptor_limit", help: "The soft file descriptor limit (RLIMIT_NOFILE) of the process; 0 when unlimited.")
-        if let limit = DescriptorLimit.current() { descriptorLimit.set(to: limit.soft == Int.max ? 0 : Double(limit.soft)) }
-        maxConnections = r.gauge(name: "pubsub_max_connections", help: "The --max-connections in force; 0 when unlimited.")
+        descriptorLimit = r.gauge("pubsub_file_descriptor_limit", help: "The soft file descriptor limit (RLIMIT_NOFILE) of the process; 0 when unlimited.")
+        if let limit = DescriptorLimit.current() { descriptorLimit.set(limit.soft == Int.max ? 0 : Double(limit.soft)) }
+        maxConnections = r.gauge("pubsub_max_connections", help: "The --max-connections in force; 0 when unlimited.")
         clients = ConnectionType.allCases.map {
             r.gauge(
-                name: "pubsub_clients", labels: [("transport", $0.rawValue)],
+                "pubsub_clients", [("transport", $0.rawValue)],
                 help: "Clients attached now by transport: open WebSockets and EventSource streams, held long-poll connects.")
         }
-        sessions = r.gauge(name: "pubsub_sessions", help: "Bayeux sessions (client ids) alive in the engine.")
-        subscriptions = r.gauge(name: "pubsub_subscriptions", help: "Subscriptions of all sessions.")
-        channels = r.gauge(name: "pubsub_channels", help: "Channels and patterns with at least one subscriber.")
-        queueDepth = r.gauge(
-            name: "pubsub_queue_depth", help: "Events waiting in per-client queues, summed over all sessions.")
-        published = r.counter(name: "pubsub_messages_published_total", help: "Messages published.")
+        sessions = r.gauge("pubsub_sessions", help: "Bayeux sessions (client ids) alive in the engine.")
+        subscriptions = r.gauge("pubsub_subscriptions", help: "Subscriptions of all sessions.")
+        channels = r.gauge("pubsub_channels", help: "Channels and patterns with at least one subscriber.")
+        queueDepth = r.gauge("pubsub_queue_depth", help: "Events waiting in per-client queues, summed over all sessions.")
+        published = r.counter("pubsub_messages_published_total", help: "Messages published.")
         delivered = r.counter(
-            name: "pubsub_messages_delivered_total",
+            "pubsub_messages_delivered_total",
             help: "Events queued for delivery to subscribers (one per recipient).")
-        bytesOut = r.counter(
-            name: "pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
-        slowConsumerDrops = r.counter(
-            name: "pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
-        sessionsExpired = r.counter(
-            name: "pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
+        bytesOut = r.counter("pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
+        slowConsumerDrops = r.counter("pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
+        sessionsExpired = r.counter("pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
         var errors: [RequestErrorKind: Counter] = [:]
         for kind in RequestErrorKind.allCases {
             errors[kind] = r.counter(
-                name: "pubsub_request_errors_total", labels: [("kind", kind.rawValue)],
+                "pubsub_request_errors_total", [("kind", kind.rawValue)],
                 help: "Requests and connections that failed, by kind.")
         }
         requestErrors = errors
         rateLimited = [
-            .ip: r.counter(
-                name: "pubsub_publish_rate_limited_total", labels: [("scope", "ip")],
-                help: "HTTP publish requests answered 429, by the limit that refused them."),
-            .token: r.counter(
-                name: "pubsub_publish_rate_limited_total", labels: [("scope", "token")],
-                help: "HTTP publish requests answered 429, by the limit that refused them."),
+            .ip: HandlerCounter(r.counter(
+                "pubsub_publish_rate_limited_total", [("scope", "ip")],
+                help: "HTTP publish requests answered 429, by the limit that refused them.")),
+            .token: HandlerCounter(r.counter(
+                "pubsub_publish_rate_limited_total", [("scope", "token")],
+                help: "HTTP publish requests answered 429, by the limit that refused them.")),
         ]
-        ready = r.gauge(name: "pubsub_ready", help: "1 while the broker accepts connections and its engine is ready.")
-        draining = r.gauge(name: "pubsub_draining", help: "1 while the broker drains before exiting.")
+        ready = r.gauge("pubsub_ready", help: "1 while the broker accepts connections and its engine is ready.")
+        draining = r.gauge("pubsub_draining", help: "1 while the broker drains before exiting.")
         tlsNotAfter = r.gauge(
-            name: "pubsub_tls_certificate_not_after_seconds",
+            "pubsub_tls_certificate_not_after_seconds",
             help: "Expiry of the served TLS certificate, seconds since the epoch (0 without TLS).")
-        tlsReloads = r.counter(
-            name: "pubsub_tls_reloads_total", labels: [("result", "ok")], help: "Certificate reloads (SIGHUP).")
-        tlsReloadFailures = r.counter(
-            name: "pubsub_tls_reloads_total", labels: [("result", "failed")], help: "Certificate reloads (SIGHUP).")
+        tlsReloads = r.counter("pubsub_tls_reloads_total", [("result", "ok")], help: "Certificate reloads (SIGHUP).")
+        tlsReloadFailures = r.counter("pubsub_tls_reloads_total", [("result", "failed")], help: "Certificate reloads (SIGHUP).")
         let apiAuthHelp = "Server API requests refused for their key: wrong or missing (401), or too many failures from one address (429)."
-        apiAuthFailures = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "wrong_key")], help: apiAuthHelp)
-        apiAuthThrottled = r.counter(name: "pubsub_api_auth_refused_total", labels: [("reason", "throttled")], help: apiAuthHelp)
+        apiAuthFailures = r.counter("pubsub_api_auth_refused_total", [("reason", "wrong_key")], help: apiAuthHelp)
+        apiAuthThrottled = r.counter("pubsub_api_auth_refused_total", [("reason", "throttled")], help: apiAuthHelp)
         let memory = ProcessMemory.current()
         heapAllocated = memory.heapAllocated.map { _ in
             r.gauge(
-                name: "pubsub_heap_allocated_bytes",
+                "pubsub_heap_allocated_bytes",
                 help: "Bytes allocated with malloc and not freed (glibc mallinfo2 uordblks + hblkhd): the heap in use, without page granularity.")
         }
         resident = memory.resident.map { _ in
-            r.gauge(name: "process_resident_memory_bytes", help: "Resident memory size in bytes (VmRSS).")
+            r.gauge("process_resident_memory_bytes", help: "Resident memory size in bytes (VmRSS).")
         }
         update(memory: memory)
     }
 
     /// Sets the memory gauges; called for each scrape with `ProcessMemory.current()`.
     func update(memory: ProcessMemory) {
-        if let bytes = memory.heapAllocated { heapAllocated?.set(to: Double(bytes)) }
-        if let bytes = memory.resident { resident?.set(to: Double(bytes)) }
+        if let bytes = memory.heapAllocated { heapAllocated?.set(Double(bytes)) }
+        if let bytes = memory.resident { resident?.set(Double(bytes)) }
     }
 
     func acceptFailed(_ failure: AcceptBackoffState.Failure, errno code: CInt) {
         acceptErrors[code]?.increment()
     }
 
-    func clients(_ type: ConnectionType) -> Gauge { clients[LoopCounters.index(type)] }
+    func clients(_ type: ConnectionType) -> Meter { clients[LoopCounters.index(type)] }
 
     func error(_ kind: RequestErrorKind) {
         requestErrors[kind]?.increment()
         recentErrors.record(kind)
     }
 
-    /// Copies what the engine and the loops counted into the registry; called for each scrape.
+    /// Copies what the engine and the loops counted into the metrics; called for each scrape.
     func update(engine stats: EngineStatistics, loops: LoopCounters.Snapshot) {
-        sessions.set(to: Double(stats.clients))
-        subscriptions.set(to: Double(stats.subscriptions))
-        channels.set(to: Double(stats.channels))
-        queueDepth.set(to: Double(stats.queueDepth))
-        for (i, gauge) in clients.enumerated() { gauge.set(to: Double(loops.clients[i])) }
+        sessions.set(Double(stats.clients))
+        subscriptions.set(Double(stats.subscriptions))
+        channels.set(Double(stats.channels))
+        queueDepth.set(Double(stats.queueDepth))
+        for (i, gauge) in clients.enumerated() { gauge.set(Double(loops.clients[i])) }
         let deltas = seen.withLockedValue { s in
             func delta(_ now: UInt64, _ before: inout UInt64) -> Int64 {
                 defer { before = max(before, now) }
@@ -257,19 +249,19 @@ final class ServerMetrics: Sendable {
     /// Copies what an engine counts beyond the common statistics (the Redis engine's outages and losses).
     func update(engineMetrics samples: [EngineMetric]) {
         guard !samples.isEmpty else { return }
-        let registry = self.registry
+        let backend = self.backend
         engineMetrics.withLockedValue { known in
             for sample in samples {
                 var entry = known[sample.name] ?? {
                     switch sample.kind {
-                    case .counter: (registry.counter(name: sample.name, help: sample.help), nil, 0)
-                    case .gauge: (nil, registry.gauge(name: sample.name, help: sample.help), 0)
+                    case .counter: (backend.counter(sample.name, help: sample.help), nil, 0)
+                    case .gauge: (nil, backend.gauge(sample.name, help: sample.help), 0)
                     }
                 }()
                 if let counter = entry.counter, sample.value > entry.seen {
                     counter.increment(by: Int64(clamping: sample.value - entry.seen))
                 }
-                entry.gauge?.set(to: Double(sample.value))
+                entry.gauge?.set(Double(sample.value))
                 entry.seen = max(entry.seen, sample.value)
                 known[sample.name] = entry
             }
@@ -282,7 +274,7 @@ final class ServerMetrics: Sendable {
 struct MetricsExtension: BayeuxExtension {
     let authRefusals: [String: Counter]
     let bayeuxErrors: NIOLockedValueBox<[String: Counter]>
-    let registry: PrometheusCollectorRegistry
+    let backend: MetricsBackend
 
     /// PrivatePub's refusal texts and the `reason` label each is counted under.
     static let authReasons: [(text: String, reason: String)] = [
@@ -292,12 +284,12 @@ struct MetricsExtension: BayeuxExtension {
         (PrivatePubAuth.incorrectToken, "bad_token"),
     ]
 
-    init(registry: PrometheusCollectorRegistry) {
-        self.registry = registry
+    init(backend: MetricsBackend) {
+        self.backend = backend
         var refusals: [String: Counter] = [:]
         for (text, reason) in Self.authReasons {
-            refusals[text] = registry.counter(
-                name: "pubsub_auth_refusals_total", labels: [("reason", reason)],
+            refusals[text] = backend.counter(
+                "pubsub_auth_refusals_total", [("reason", reason)],
                 help: "Subscribes and publishes refused by the PrivatePub/HMAC check, by reason.")
         }
         authRefusals = refusals
@@ -314,8 +306,8 @@ struct MetricsExtension: BayeuxExtension {
         let counter = bayeuxErrors.withLockedValue { counters in
             if let existing = counters[code] { return existing }
             let label = code.count == 3 && code.allSatisfy(\.isNumber) ? code : "other"
-            let made = registry.counter(
-                name: "pubsub_bayeux_errors_total", labels: [("code", label)],
+            let made = backend.counter(
+                "pubsub_bayeux_errors_total", [("code", label)],
                 help: "Bayeux replies with an error, by error code (auth refusals are counted apart).")
             counters[code] = made
             return made
@@ -325,14 +317,14 @@ struct MetricsExtension: BayeuxExtension {
     }
 }
 
-extension PrometheusCollectorRegistry {
-    func counter(name: String, labels: [(String, String)] = [], help: String) -> Counter {
-        makeCounter(descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: help), labels: labels)
-    }
+/// A counter that the transport handlers bump (`rateLimited`): `increment()` is declared here, so that a handler
+/// counts without importing CoreMetrics itself.
+struct HandlerCounter: Sendable {
+    let counter: Counter
 
-    func gauge(name: String, labels: [(String, String)] = [], help: String) -> Gauge {
-        makeGauge(descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: help), labels: labels)
-    }
+    init(_ counter: Counter) { self.counter = counter }
+
+    func increment() { counter.increment() }
 }
 
 extension ServerOperations {

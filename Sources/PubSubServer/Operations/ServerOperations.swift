@@ -1,10 +1,10 @@
 import Atomics
+import CoreMetrics
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOSSL
-import Prometheus
 import PubSubCore
 
 #if canImport(Glibc)
@@ -47,13 +47,14 @@ final class ServerOperations: Sendable {
     private let timers = NIOLockedValueBox<[RepeatedTask]>([])
     private let watchdogBox = NIOLockedValueBox<Watchdog?>(nil)
 
+    /// `metrics`: where the server's metrics are made and how `/metrics` renders them.
     init(
-        configuration: OperationsConfiguration, loops: [any EventLoop], registry: PrometheusCollectorRegistry,
+        configuration: OperationsConfiguration, loops: [any EventLoop], metrics backend: MetricsBackend,
         timeouts: ConnectionTimeouts = ConnectionTimeouts(), logger: Logger
     ) {
         self.configuration = configuration
         self.loops = loops
-        self.metrics = ServerMetrics(registry: registry)
+        self.metrics = ServerMetrics(backend: backend)
         self.loopCounters = LoopCounterTable(loops: loops)
         self.logger = logger
         self.systemd = configuration.systemd ? Systemd() : Systemd.disabled
@@ -71,7 +72,7 @@ final class ServerOperations: Sendable {
         shedTimeouts.header = min(shedTimeouts.header, .seconds(1))
         shedTimeouts.lingerTime = min(shedTimeouts.lingerTime, .seconds(1))
         self.shedGuardSettings = ConnectionGuardSettings(timeouts: shedTimeouts, pingInterval: .seconds(30), logger: logger)
-        metrics.maxConnections.set(to: Double(configuration.maxConnections))
+        metrics.maxConnections.set(Double(configuration.maxConnections))
         if configuration.publishLimitPerIP != nil || configuration.publishLimitPerToken != nil {
             limiter = PublishRateLimiter(
                 .init(
@@ -89,7 +90,7 @@ final class ServerOperations: Sendable {
 
     func setPhase(_ phase: Phase) {
         phaseBox.store(phase, ordering: .relaxed)
-        metrics.draining.set(to: phase == .draining ? 1 : 0)
+        metrics.draining.set(phase == .draining ? 1.0 : 0.0)
     }
 
     /// Moves to `.draining`; false when a drain has already begun.
@@ -98,7 +99,7 @@ final class ServerOperations: Sendable {
             let current = phaseBox.load(ordering: .relaxed)
             if current.rawValue >= Phase.draining.rawValue { return false }
             if phaseBox.compareExchange(expected: current, desired: .draining, ordering: .relaxed).exchanged {
-                metrics.draining.set(to: 1)
+                metrics.draining.set(1.0)
                 return true
             }
         }
@@ -138,7 +139,7 @@ final class ServerOperations: Sendable {
         guard let files = configuration.tls else { return }
         let certificates = try TLSCertificates(certificatePath: files.certificatePath, keyPath: files.keyPath)
         tlsBox.withLockedValue { $0 = certificates }
-        metrics.tlsNotAfter.set(to: Double(certificates.notValidAfter))
+        metrics.tlsNotAfter.set(Double(certificates.notValidAfter))
     }
 
     /// Reads the certificate and key again; the running ones stay when that fails.
@@ -147,7 +148,7 @@ final class ServerOperations: Sendable {
         do {
             try certificates.reload()
             metrics.tlsReloads.increment()
-            metrics.tlsNotAfter.set(to: Double(certificates.notValidAfter))
+            metrics.tlsNotAfter.set(Double(certificates.notValidAfter))
         } catch {
             metrics.tlsReloadFailures.increment()
             throw error
@@ -284,11 +285,11 @@ final class ServerOperations: Sendable {
         return loopCounters.collect(on: loop).map { [metrics] loops in
             metrics.update(engine: stats, loops: loops)
             metrics.update(engineMetrics: extra)
-            metrics.ready.set(to: ready ? 1 : 0)
+            metrics.ready.set(ready ? 1.0 : 0.0)
             metrics.update(memory: .current())
             var bytes: [UInt8] = []
             bytes.reserveCapacity(8192)
-            metrics.registry.emit(into: &bytes)
+            metrics.backend.render(&bytes)
             return ByteBuffer(bytes: bytes)
         }
     }

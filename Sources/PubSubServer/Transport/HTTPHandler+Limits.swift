@@ -4,7 +4,6 @@ import NIOCore
 import NIOHTTP1
 import NIOSSL
 import NIOWebSocket
-import Prometheus
 import PubSubCore
 
 /// The publish rate limits of the HTTP transports, and how connection problems are reported.

@@ -16,7 +16,7 @@ import Testing
 
     @Test func engineTotalsBecomeCounterIncrements() {
         let registry = PrometheusCollectorRegistry()
-        let metrics = ServerMetrics(registry: registry)
+        let metrics = ServerMetrics(backend: .prometheus(registry))
         var stats = EngineStatistics()
         stats.clients = 3
         stats.subscriptions = 4
@@ -38,9 +38,52 @@ import Testing
         #expect(text.contains(#"pubsub_clients{transport="long-polling"} 1.0"#))
     }
 
+    /// Recorded through swift-metrics, rendered by the registry: help, type and labels as Prometheus metrics made
+    /// on the registry directly.
+    @Test func thePrometheusBackendKeepsHelpTypesAndLabels() {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = ServerMetrics(backend: .prometheus(registry))
+        metrics.error(.badRequest)
+        var stats = EngineStatistics()
+        stats.clients = 3
+        metrics.update(engine: stats, loops: LoopCounters.Snapshot(bytesOut: 0, clients: [0, 0, 0, 1, 0, 0]))
+        metrics.rateLimited[.ip]?.increment()
+        metrics.update(engineMetrics: [
+            EngineMetric(name: "pubsub_test_losses_total", help: "Test losses.", kind: .counter, value: 4),
+            EngineMetric(name: "pubsub_test_level", help: "Test level.", kind: .gauge, value: 9),
+        ])
+        let text = render(registry)
+        #expect(
+            text.contains(
+                "# HELP pubsub_request_errors_total Requests and connections that failed, by kind.\n"
+                    + "# TYPE pubsub_request_errors_total counter\n"))
+        #expect(text.contains(#"pubsub_request_errors_total{kind="bad_request"} 1"#))
+        #expect(text.contains(#"pubsub_request_errors_total{kind="tls"} 0"#))
+        #expect(
+            text.contains(
+                "# HELP pubsub_sessions Bayeux sessions (client ids) alive in the engine.\n"
+                    + "# TYPE pubsub_sessions gauge\npubsub_sessions 3.0\n"))
+        #expect(text.contains(#"pubsub_clients{transport="websocket"} 1.0"#))
+        #expect(text.contains(#"pubsub_publish_rate_limited_total{scope="ip"} 1"#))
+        #expect(text.contains("# HELP pubsub_test_losses_total Test losses.\n# TYPE pubsub_test_losses_total counter\n"))
+        #expect(text.contains("pubsub_test_losses_total 4\n"))
+        #expect(text.contains("# TYPE pubsub_test_level gauge\npubsub_test_level 9.0\n"))
+    }
+
+    /// Each server of a process has metrics of its own (tests start several; `MetricsSystem` is bootstrapped once).
+    @Test func serversOfOneProcessCountApart() {
+        let first = PrometheusCollectorRegistry()
+        let second = PrometheusCollectorRegistry()
+        let a = ServerMetrics(backend: .prometheus(first))
+        _ = ServerMetrics(backend: .prometheus(second))
+        a.error(.tls)
+        #expect(render(first).contains(#"pubsub_request_errors_total{kind="tls"} 1"#))
+        #expect(render(second).contains(#"pubsub_request_errors_total{kind="tls"} 0"#))
+    }
+
     @Test func repliesWithErrorsAreCountedByReasonAndCode() {
         let registry = PrometheusCollectorRegistry()
-        let ext = MetricsExtension(registry: registry)
+        let ext = MetricsExtension(backend: .prometheus(registry))
         let context = RequestContext(connectionType: .longPolling)
         for error in [PrivatePubAuth.incorrectToken, PrivatePubAuth.incorrectToken, "401:abc:Unknown client", "oops"] {
             var reply = Message()
@@ -93,7 +136,7 @@ import Testing
 
     @Test func memoryGaugesAreServed() throws {
         let registry = PrometheusCollectorRegistry()
-        let metrics = ServerMetrics(registry: registry)
+        let metrics = ServerMetrics(backend: .prometheus(registry))
         metrics.update(memory: ProcessMemory(heapAllocated: 123_456, resident: 7_654_321))
         let text = render(registry)
         #expect(text.contains("pubsub_heap_allocated_bytes 123456.0"))
