@@ -29,16 +29,7 @@ public enum EventFrame {
         let count = buffer.readableBytes
         let start = buffer.readerIndex - headerLength(ofPayload: count)
         precondition(start >= 0, "an encoded event has room for its frame header")
-        buffer.setInteger(finalText, at: start)
-        if count <= 125 {
-            buffer.setInteger(UInt8(count), at: start + 1)
-        } else if count <= 0xFFFF {
-            buffer.setInteger(UInt8(126), at: start + 1)
-            buffer.setInteger(UInt16(count), at: start + 2)
-        } else {
-            buffer.setInteger(UInt8(127), at: start + 1)
-            buffer.setInteger(UInt64(count), at: start + 2)
-        }
+        writeHeader(first: finalText, payloadLength: count, in: &buffer, at: start)
     }
 
     /// `event` as every recipient can share it: as it is when its frame header is in front already, else copied
@@ -79,5 +70,73 @@ public enum EventFrame {
             else { return nil }
         }
         return frame
+    }
+}
+
+/// The permessage-deflate frame of an event (RFC 7692), compressed once per publish and shared by every WebSocket
+/// recipient that negotiated it, as the plain frame is by the others. It sits in the event's buffer, before the
+/// plain frame's header and out of sight of every reader:
+///
+///     [compressed frame: header (FIN, RSV1, text) + deflated bytes][its length: UInt32][tag: 16 bytes][header][event]
+///
+/// The tag is a secret of this process, drawn at start: bytes before an event's reader index that came from
+/// elsewhere (a slice of what another node sent) cannot pass for a compressed frame, whatever they hold.
+extension EventFrame {
+    /// The first byte of a final, compressed text frame: FIN, RSV1 and opcode 1.
+    static let compressedText: UInt8 = 0xC1
+
+    private static let tag: (UInt64, UInt64) = (UInt64.random(in: .min ... .max), UInt64.random(in: .min ... .max))
+
+    /// `event` (with its plain frame header in front, as `encodedEvent()` or `framed` leave it) and, before it,
+    /// the compressed frame whose payload is `deflated`: the event's bytes compressed with DEFLATE, the final
+    /// `00 00 ff ff` of the sync flush removed. One copy of the event, once per publish.
+    public static func withCompressedFrame(_ event: ByteBuffer, deflated: ByteBuffer) -> ByteBuffer {
+        let count = event.readableBytes
+        let compressedHeader = headerLength(ofPayload: deflated.readableBytes)
+        let frameLength = compressedHeader + deflated.readableBytes
+        var buffer = ByteBufferAllocator().buffer(capacity: frameLength + 20 + headroom + count)
+        buffer.moveWriterIndex(forwardBy: compressedHeader)
+        buffer.writeImmutableBuffer(deflated)
+        writeHeader(first: compressedText, payloadLength: deflated.readableBytes, in: &buffer, at: 0)
+        buffer.writeInteger(UInt32(frameLength))
+        buffer.writeInteger(tag.0)
+        buffer.writeInteger(tag.1)
+        buffer.moveWriterIndex(forwardBy: headerLength(ofPayload: count))
+        buffer.moveReaderIndex(to: buffer.writerIndex)
+        buffer.writeImmutableBuffer(event)
+        writeHeader(before: &buffer)
+        return buffer
+    }
+
+    /// The compressed frame `withCompressedFrame` put before `event`, sharing its storage; nil when there is none
+    /// (compression off, an event under the minimum size, or one that did not shrink).
+    public static func compressedFrame(of event: ByteBuffer) -> ByteBuffer? {
+        guard webSocketFrame(of: event) != nil else { return nil }
+        let tagEnd = event.readerIndex - headerLength(ofPayload: event.readableBytes)
+        guard tagEnd >= 20 else { return nil }
+        // What lies before the reader index is read through a copy whose reader index is moved back to it.
+        var frame = event
+        frame.moveReaderIndex(to: tagEnd - 20)
+        guard frame.getInteger(at: tagEnd - 16, as: UInt64.self) == tag.0,
+            frame.getInteger(at: tagEnd - 8, as: UInt64.self) == tag.1,
+            let length = frame.getInteger(at: tagEnd - 20, as: UInt32.self).map(Int.init),
+            tagEnd - 20 - length >= 0
+        else { return nil }
+        frame.moveReaderIndex(to: tagEnd - 20 - length)
+        frame.moveWriterIndex(to: tagEnd - 20)
+        return frame
+    }
+
+    static func writeHeader(first: UInt8, payloadLength count: Int, in buffer: inout ByteBuffer, at start: Int) {
+        buffer.setInteger(first, at: start)
+        if count <= 125 {
+            buffer.setInteger(UInt8(count), at: start + 1)
+        } else if count <= 0xFFFF {
+            buffer.setInteger(UInt8(126), at: start + 1)
+            buffer.setInteger(UInt16(count), at: start + 2)
+        } else {
+            buffer.setInteger(UInt8(127), at: start + 1)
+            buffer.setInteger(UInt64(count), at: start + 2)
+        }
     }
 }

@@ -18,6 +18,9 @@ public struct BrokerConfiguration: Sendable {
     /// Bytes the history may hold (each event's encoded bytes plus its channel name, summed); the oldest go
     /// first. 0: bounded by `historySize` only. An event larger than this alone is delivered but not kept.
     public var historyBytes: Int
+    /// WebSocket compression (permessage-deflate): events are compressed once per publish for the subscribers that
+    /// negotiated it; nil turns it off (no 101 response then offers it).
+    public var eventCompression: EventCompression?
 
     /// 64 MiB: 1000 events of 64 KiB, or 64 of 1 MiB.
     public static let defaultHistoryBytes = 64 << 20
@@ -31,7 +34,8 @@ public struct BrokerConfiguration: Sendable {
         maxMessagesPerRequest: Int = 1000,
         historySize: Int = 1000,
         historyTTL: TimeAmount? = nil,
-        historyBytes: Int = BrokerConfiguration.defaultHistoryBytes
+        historyBytes: Int = BrokerConfiguration.defaultHistoryBytes,
+        eventCompression: EventCompression? = EventCompression()
     ) {
         self.timeout = timeout
         self.interval = interval
@@ -42,6 +46,7 @@ public struct BrokerConfiguration: Sendable {
         self.historySize = historySize
         self.historyTTL = historyTTL
         self.historyBytes = historyBytes
+        self.eventCompression = eventCompression
     }
 
     var timeoutMilliseconds: Int64 { timeout.nanoseconds / 1_000_000 }

@@ -58,10 +58,10 @@ extension MemoryEngine {
 
     /// Queues an event encoded elsewhere for every local subscriber of `channel` (no history, no statistics of
     /// publishing); returns the ids of the clients dropped because their queue was full. An event read from
-    /// another node is framed once here (`EventFrame.framed`), not once per WebSocket recipient.
+    /// another node is framed (and compressed) once here (`EventFrame.framed`), not once per WebSocket recipient.
     package func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
         let keys = Channel.expand(channel)
-        let event = EventFrame.framed(event)
+        let event = compressed(EventFrame.framed(event))
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }

@@ -351,11 +351,11 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
                 var positioned = message
                 position = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
                 positioned.setPosition(position!)
-                event = positioned.encodedEvent()
+                event = compressed(positioned.encodedEvent())
                 history.prune(now: now)
                 history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
             } else {
-                event = message.encodedEvent()
+                event = compressed(message.encodedEvent())
             }
             stats.published += 1
             dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
@@ -365,6 +365,11 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         if !notifications.isEmpty { notify(notifications) }
         if dropped { report() }
         return loop.makeSucceededFuture(position)
+    }
+
+    /// `event` with its WebSocket-compressed frame when compression is on (`EventCompression`): once per publish.
+    func compressed(_ event: ByteBuffer) -> ByteBuffer {
+        configuration.eventCompression.map { $0.compress(event) } ?? event
     }
 
     /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.

@@ -82,6 +82,7 @@ public final class PubSubServer: Sendable {
     public func start() async throws -> Int {
         let shared = self.shared
         let upgrader = WebSocketUpgrader(
+            compression: configuration.broker.eventCompression != nil,
             shouldUpgrade: { _, head in
                 switch Route(path: head.uri, mount: shared.mount) {
                 case .bayeux, .bayeuxWithSuffix:
@@ -153,7 +154,8 @@ public final class PubSubServer: Sendable {
                     context.pipeline.syncOperations.removeHandler(handler, promise: nil)
                 })
         }
-        // The guard stays after an upgrade (timing the WebSocket); the probe leaves with the HTTP handlers.
+        // After an upgrade the guard hands its timing to the WebSocket's driver and leaves; the probe leaves with
+        // the HTTP handlers.
         try sync.addHandler(shared.makeConnectionGuard())
         // No HTTPServerProtocolErrorHandler: the probe answers what the decoder cannot parse.
         try sync.addHandlers([encoder, decoder, pipelining, probe, handler])

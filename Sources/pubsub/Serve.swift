@@ -36,6 +36,10 @@ struct Serve: AsyncParsableCommand {
     var maxRequestBytes: Int?
     @Option(help: "Largest WebSocket message in bytes; larger closes with 1009 (PUBSUB_MAX_FRAME_BYTES).")
     var maxFrameBytes: Int?
+    @Option(help: "WebSocket compression (permessage-deflate), on or off: each event is compressed once per publish for the clients that negotiate it (PUBSUB_WEBSOCKET_COMPRESSION).")
+    var websocketCompression: String?
+    @Option(help: "Events shorter than this many bytes go uncompressed (PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES).")
+    var websocketCompressionMinBytes: Int?
     @Option(help: "Events queued per client before it is dropped (PUBSUB_MAX_QUEUE).") var maxQueue: Int?
     @Option(help: "Bytes waiting to be written to one connection before it stops being read and its events queue (PUBSUB_MAX_OUTBOUND_BYTES).")
     var maxOutboundBytes: Int?
@@ -108,7 +112,8 @@ struct Serve: AsyncParsableCommand {
                 "max-messages-per-request"),
             historySize: historySize,
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
-            historyBytes: historyBytes
+            historyBytes: historyBytes,
+            eventCompression: try resolvedCompression(defaults.broker.eventCompression, pick)
         )
         _ = try auth.resolve()
         let access = try auth.modes.resolve()
@@ -152,6 +157,23 @@ struct Serve: AsyncParsableCommand {
         withAccess.origins = access.origins
         withAccess.callbackPolling = access.callbackPolling
         return (withAccess, level)
+    }
+
+    /// `--websocket-compression` and its minimum size; nil when off.
+    func resolvedCompression(
+        _ fallback: EventCompression?, _ pick: (String?, String, String) throws -> String
+    ) throws -> EventCompression? {
+        switch try pick(websocketCompression, "PUBSUB_WEBSOCKET_COMPRESSION", fallback == nil ? "off" : "on") {
+        case "off": return nil
+        case "on":
+            let fallbackBytes = String(fallback?.minimumBytes ?? EventCompression.defaultMinimumBytes)
+            let text = try pick(websocketCompressionMinBytes.map(String.init), "PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES", fallbackBytes)
+            guard let bytes = Int(text), bytes >= 0 else {
+                throw ValidationError("--websocket-compression-min-bytes must be a number of bytes, 0 or more")
+            }
+            return EventCompression(minimumBytes: bytes)
+        default: throw ValidationError("--websocket-compression must be on or off")
+        }
     }
 
     /// `--api-key`, then PUBSUB_API_KEY; a key shorter than 16 bytes is refused (it guards kicking clients).

@@ -27,6 +27,9 @@ struct WebSocketFrameParser {
         /// A fragment of a text message that is not UTF-8, or a text message that ends inside a character (close
         /// code 1007).
         case invalidUTF8
+        /// A compressed message (permessage-deflate) that does not inflate (close code 1007). Raised by the
+        /// handler, which inflates; a message that inflates past the limit is `tooLarge`.
+        case corruptCompression
     }
 
     let maxFrameSize: Int
@@ -34,20 +37,28 @@ struct WebSocketFrameParser {
     let maxFragments: Int
     /// Frames must be masked (a server reading a client); false to read what a server wrote (tests, clients).
     let requiresMask: Bool
+    /// permessage-deflate was negotiated: the first frame of a message may set RSV1 (the message is compressed;
+    /// it comes out with `rsv1` set, to be inflated, and its text is checked once inflated, not here).
+    let compressed: Bool
     /// Bytes received and not yet parsed (a frame cut by the end of a read); nil when there are none.
     private var pending: ByteBuffer?
     /// The fragments of a message still in progress.
     private var fragments: [ByteBuffer] = []
     private var fragmentsOpcode: WebSocketOpcode = .text
     private var fragmentsSize = 0
+    private var fragmentsCompressed = false
     /// Where the text of a fragmented text message stands: three bytes, not a buffer.
     private var fragmentsText = UTF8Validator()
 
-    init(maxFrameSize: Int, maxMessageSize: Int? = nil, maxFragments: Int = 4096, requiresMask: Bool = true) {
+    init(
+        maxFrameSize: Int, maxMessageSize: Int? = nil, maxFragments: Int = 4096, requiresMask: Bool = true,
+        compressed: Bool = false
+    ) {
         self.maxFrameSize = maxFrameSize
         self.maxMessageSize = maxMessageSize ?? maxFrameSize
         self.maxFragments = maxFragments
         self.requiresMask = requiresMask
+        self.compressed = compressed
     }
 
     /// Whether bytes or fragments wait for more input (for tests).
@@ -81,6 +92,7 @@ struct WebSocketFrameParser {
                 guard fragments.isEmpty else { throw .protocolError }
                 if frame.fin { return frame }
                 fragmentsOpcode = frame.opcode
+                fragmentsCompressed = frame.rsv1
                 try addFragment(frame)
             case .connectionClose:
                 guard Self.isValidCloseBody(frame.data) else { throw .protocolError }
@@ -97,7 +109,7 @@ struct WebSocketFrameParser {
         fragmentsSize += frame.data.readableBytes
         guard fragmentsSize <= maxMessageSize else { throw .tooLarge }
         guard fragments.count < maxFragments else { throw .protocolError }
-        if fragmentsOpcode == .text {
+        if fragmentsOpcode == .text, !fragmentsCompressed {
             // §8.1: failed as soon as the bytes are in, not when the message ends; a character may be split
             // between fragments, but not left unfinished by the last one.
             guard fragmentsText.validate(frame.data), !frame.fin || fragmentsText.isComplete else {
@@ -110,11 +122,12 @@ struct WebSocketFrameParser {
     private mutating func takeMessage() -> WebSocketFrame {
         var data = ByteBufferAllocator().buffer(capacity: fragmentsSize)
         for var fragment in fragments { data.writeBuffer(&fragment) }
-        let opcode = fragmentsOpcode
+        let (opcode, rsv1) = (fragmentsOpcode, fragmentsCompressed)
         fragments = []
         fragmentsSize = 0
+        fragmentsCompressed = false
         fragmentsText = UTF8Validator()
-        return WebSocketFrame(fin: true, opcode: opcode, data: data)
+        return WebSocketFrame(fin: true, rsv1: rsv1, opcode: opcode, data: data)
     }
 
     /// One frame off `pending`, unmasked; nil when it is not all there yet.
@@ -126,7 +139,7 @@ struct WebSocketFrameParser {
         index += 2
         let fin = first & 0x80 != 0
         guard let opcode = Self.definedOpcode(first & 0x0F) else { throw .protocolError }
-        guard Self.reservedBitsAllowed(first, opcode: opcode) else { throw .protocolError }
+        guard Self.reservedBitsAllowed(first, opcode: opcode, compressed: compressed) else { throw .protocolError }
         let masked = second & 0x80 != 0
         guard masked || !requiresMask else { throw .protocolError }
         var length = Int(second & 0x7F)
@@ -162,7 +175,7 @@ struct WebSocketFrameParser {
             // client keeps a partial frame pending (a stream of frames that never lines up with the reads).
             if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
         }
-        return WebSocketFrame(fin: fin, opcode: opcode, data: data)
+        return WebSocketFrame(fin: fin, rsv1: first & 0x40 != 0, opcode: opcode, data: data)
     }
 }
 
@@ -249,11 +262,12 @@ extension WebSocketFrameParser {
         }
     }
 
-    /// Whether the reserved bits (RSV1–3) of a frame's first byte are the ones the negotiated extensions allow:
-    /// none, as no extension is ever negotiated (RFC 6455 §5.2). The one place to allow RSV1 on the first frame of
-    /// a data message once permessage-deflate (RFC 7692) is.
-    static func reservedBitsAllowed(_ first: UInt8, opcode: WebSocketOpcode) -> Bool {
-        first & 0x70 == 0
+    /// Whether the reserved bits (RSV1–3) of a frame's first byte are the ones the negotiated extensions allow
+    /// (RFC 6455 §5.2): none, but RSV1 on the first frame of a data message once permessage-deflate is
+    /// (RFC 7692 §6: never on a control frame or a continuation).
+    static func reservedBitsAllowed(_ first: UInt8, opcode: WebSocketOpcode, compressed: Bool = false) -> Bool {
+        let allowed: UInt8 = compressed && (opcode == .text || opcode == .binary) ? 0x40 : 0
+        return first & 0x70 & ~allowed == 0
     }
 
     /// A close frame's body (RFC 6455 §5.5.1): empty, or a status code a peer may send, then a UTF-8 reason. A

@@ -7,17 +7,14 @@ import PubSubCore
 
 /// Bayeux over one WebSocket. Each text frame holds one message or an array; the replies to a frame go out as
 /// one frame, at once, except a held `/meta/connect`, whose reply follows when its hold ends or a newer connect
-/// supersedes it. Events are pushed as they arrive: everything pending for the socket in one frame. A binary
+/// supersedes it. Events are pushed as they arrive: everything pending for the socket in one frame (with
+/// compression, each event in the frame compressed once per publish: `WebSocketHandler+Compression`). A binary
 /// frame is read as UTF-8 JSON like a text frame (as Faye's Node server does; iOS and Java clients send them).
-///
 /// What to send when is the `ConnectionStateMachine`'s, performed by the connection's `ConnectionDriver`: this
 /// handler decodes frames, hands their messages to the driver, and writes and closes as it says. While the socket
 /// is not writable (`maxOutboundBytes` waiting) it is not read, and delivered events wait in the machine, up to
-/// `maxQueue`, past which the client is dropped.
-///
-/// It reads and writes the socket's bytes itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler
-/// where NIO's frame encoder, decoder, aggregator and error handler were four, each with its pipeline context,
-/// kept for as long as the socket is open.
+/// `maxQueue`, past which the client is dropped. It reads and writes the socket's bytes itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler
+/// where NIO's frame encoder, decoder, aggregator and error handler were four, each with its pipeline context.
 final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = IOData
@@ -36,7 +33,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
         self.shared = shared
         let maxFrame = shared.configuration.maxFrameBytes
-        self.parser = WebSocketFrameParser(maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096)
+        self.parser = WebSocketFrameParser(
+            maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096,
+            compressed: Self.compresses(upgradeHeaders, shared.configuration))
         self.requestContext = RequestContext(
             connectionType: .websocket, remoteAddress: remoteAddress,
             headers: RequestContext.authorizationHeaders(upgradeHeaders))
@@ -97,10 +96,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
 
     private func handleFrame(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
         switch frame.opcode {
-        case .text:
-            handleMessage(frame.data, binary: false, context: context)
-        case .binary:
-            handleMessage(frame.data, binary: true, context: context)
+        case .text, .binary:
+            guard let payload = payload(of: frame, context: context) else { return }
+            handleMessage(payload, binary: frame.opcode == .binary, context: context)
         case .ping:
             writeFrame(.pong, frame.data, context: context)
         case .connectionClose:
@@ -113,11 +111,13 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
 
     /// A frame or message over the limit (1009), a frame that breaks the protocol (1002), text that is not UTF-8
     /// (1007).
-    private func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
+    func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
         switch error {
         case .tooLarge: fail(.messageTooLarge, .websocketTooLarge, "websocket message over the limit", context: context)
         case .protocolError: fail(.protocolError, .websocketProtocol, "websocket protocol error", context: context)
         case .invalidUTF8: fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket text not UTF-8", context: context)
+        case .corruptCompression:
+            fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket message does not inflate", context: context)
         }
     }
 
@@ -219,6 +219,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
 
     private func write(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
         guard !closing else { return }
+        if parser.compressed, writeCompressed(replies: replies, events: events, context: context) { return }
         let payload = ReplyEncoder.encode(
             replies: replies, events: events, allocator: context.channel.allocator,
             headroom: WebSocketFrameHeader.maxLength)
@@ -226,7 +227,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         writeFrame(.text, payload, context: context)
     }
 
-    private func writeFrame(
+    func writeFrame(
         _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
         promise: EventLoopPromise<Void>? = nil
     ) {

@@ -16,11 +16,15 @@ final class WebSocketUpgrader: HTTPServerProtocolUpgrader, Sendable {
 
     private let shouldUpgrade: @Sendable (any Channel, HTTPRequestHead) -> Bool
     private let upgradePipeline: @Sendable (any Channel, HTTPRequestHead) throws -> Void
+    /// Whether permessage-deflate is offered back to a client that asks for it (`PerMessageDeflate`).
+    private let compression: Bool
 
     init(
+        compression: Bool = false,
         shouldUpgrade: @escaping @Sendable (any Channel, HTTPRequestHead) -> Bool,
         upgradePipeline: @escaping @Sendable (any Channel, HTTPRequestHead) throws -> Void
     ) {
+        self.compression = compression
         self.shouldUpgrade = shouldUpgrade
         self.upgradePipeline = upgradePipeline
     }
@@ -44,6 +48,9 @@ final class WebSocketUpgrader: HTTPServerProtocolUpgrader, Sendable {
         headers.add(name: "Upgrade", value: "websocket")
         headers.add(name: "Sec-WebSocket-Accept", value: Self.acceptValue(key: keys[0]))
         headers.add(name: "Connection", value: "upgrade")
+        if compression, let extensions = PerMessageDeflate.negotiate(upgradeRequest.headers) {
+            headers.add(name: "Sec-WebSocket-Extensions", value: extensions)
+        }
         return channel.eventLoop.makeSucceededFuture(headers)
     }
 

@@ -1,0 +1,60 @@
+import Bayeux
+import CompressNIO
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// WebSocket compression of events (permessage-deflate, RFC 7692), paid once per publish: an encoded event of
+/// at least `minimumBytes` is compressed when it is queued, and the compressed frame travels in the event's
+/// buffer (`EventFrame.withCompressedFrame`) beside the plain one. Every WebSocket recipient that negotiated
+/// compression writes those same bytes; the others, and every other transport, never see them.
+///
+/// Compression keeps no context from one event to the next (`server_no_context_takeover`): a recipient needs no
+/// earlier message to inflate one, and nothing is held per connection.
+public struct EventCompression: Sendable, Equatable {
+    /// Events shorter than this go uncompressed (a frame header and deflate's own framing outweigh the gain).
+    public var minimumBytes: Int
+
+    public static let defaultMinimumBytes = 256
+
+    public init(minimumBytes: Int = EventCompression.defaultMinimumBytes) {
+        self.minimumBytes = minimumBytes
+    }
+
+    /// `event` with its compressed frame, or `event` as it is when it is too short or does not shrink.
+    public func compress(_ event: ByteBuffer) -> ByteBuffer {
+        guard event.readableBytes >= minimumBytes, EventFrame.compressedFrame(of: event) == nil,
+            let deflated = Self.deflaters.deflate(event), deflated.readableBytes < event.readableBytes
+        else { return event }
+        return EventFrame.withCompressedFrame(EventFrame.framed(event), deflated: deflated)
+    }
+
+    private static let deflaters = DeflaterPool()
+}
+
+/// Raw-deflate streams reused across publishes (zlib's state is about 256 KiB; making one per event would cost
+/// more than the compression): taken from the pool for one event, reset, and given back.
+/// Unchecked: a stream is used by one thread at a time, handed over under the lock.
+final class DeflaterPool: @unchecked Sendable {
+    private let idle = NIOLockedValueBox<[ZlibCompressor]>([])
+    /// At most this many streams wait in the pool (one per thread that publishes at once is enough).
+    private let keep = 8
+
+    /// `event`'s readable bytes compressed and sync-flushed, the trailing `00 00 ff ff` removed (RFC 7692 §7.2.1).
+    func deflate(_ event: ByteBuffer) -> ByteBuffer? {
+        guard let compressor = idle.withLockedValue({ $0.popLast() }) ?? (try? ZlibCompressor(algorithm: .deflate))
+        else { return nil }
+        defer {
+            if (try? compressor.reset()) != nil {
+                idle.withLockedValue { if $0.count < keep { $0.append(compressor) } }
+            }
+        }
+        var input = event
+        var output = ByteBufferAllocator().buffer(capacity: compressor.maxSize(from: input))
+        guard (try? compressor.deflate(from: &input, to: &output, flush: .sync)) != nil, input.readableBytes == 0,
+            output.readableBytes >= 4,
+            output.getInteger(at: output.writerIndex - 4, as: UInt32.self) == 0x0000_FFFF
+        else { return nil }
+        output.moveWriterIndex(to: output.writerIndex - 4)
+        return output
+    }
+}
