@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from pubsubtest.compression import job_progress
 from pubsubtest.process import stop_group
 
 FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
@@ -195,6 +196,56 @@ def test_firefox_client_both_ways_and_across_a_broker_restart(make_broker, trans
         assert server.values("received")[-1] == "after the restart"
         assert server.values("subscribed") == [transport, transport]
         assert server.values("down"), "the restart was seen as the transport going down"
+    finally:
+        firefox.close()
+        server.close()
+
+
+# ---- WebSocket compression (permessage-deflate): the extension Firefox negotiated, read in the page from the browser
+# client's own WebSocket (`client._socket._ws.extensions`, see client/client.js), and a large event received. Firefox
+# names the extension alone in `.extensions` ("permessage-deflate"), without the parameters of the server's answer
+# (Chromium gives the whole answer; test_browser_compression.py).
+
+COMPRESSION_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>pubsub compression in Firefox</title>
+<script src="{broker}/client.js"></script>
+</head><body>
+<script>
+var reports = 0;
+function report(what) {{
+  what.seq = reports++;
+  fetch('/report', {{method: 'POST', headers: {{'Content-Type': 'application/json'}}, body: JSON.stringify(what)}});
+}}
+window.onerror = function (message) {{ report({{error: String(message)}}); }};
+var client = new Faye.Client({broker_json}, {{timeout: 10}});
+client.subscribe('/jobs/progress', function (data) {{ report({{received: data}}); }}).then(function () {{
+  var ws = client._socket && client._socket._ws;
+  report({{subscribed: client.getTransport(),
+           socket: ws ? {{extensions: ws.extensions, readyState: ws.readyState, url: ws.url}} : null}});
+}}, function (e) {{ report({{error: 'subscribe: ' + e}}); }});
+</script></body></html>
+"""
+
+
+@pytest.mark.parametrize("compression", ["on", "off"])
+def test_firefox_negotiates_permessage_deflate_and_receives_a_large_event(make_broker, compression):
+    b = make_broker(timeout=10, extra_args=["--websocket-compression", compression])
+    server = ReportServer(COMPRESSION_PAGE.format(broker=b.url, broker_json=json.dumps(b.url)))
+    firefox = Firefox(server.url)
+    try:
+        try:
+            server.wait(lambda s: s.values("subscribed"), "subscription", timeout=60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nfirefox:\n{firefox.output()}") from None
+        assert server.values("subscribed") == ["websocket"], server.all()
+        socket = server.values("socket")[0]
+        expected = "permessage-deflate" if compression == "on" else ""
+        assert socket == {"extensions": expected, "readyState": 1, "url": b.ws_url}, socket
+
+        large = job_progress(4096, job="encode-9", step=21)
+        publish(b, "/jobs/progress", [large, {"job": "encode-9", "percent": 52.5}])
+        server.wait(lambda s: len(s.values("received")) >= 2, "the large and the short event")
+        assert server.values("received") == [large, {"job": "encode-9", "percent": 52.5}]
     finally:
         firefox.close()
         server.close()

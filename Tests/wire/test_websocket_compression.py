@@ -1,0 +1,544 @@
+"""WebSocket compression (permessage-deflate, RFC 7692) with clients nobody here wrote, and byte for byte.
+
+Two kinds of client:
+
+- Python's `websockets` library, which offers `permessage-deflate; client_max_window_bits` by default (and nothing
+  with `compression=None`), compresses every message it sends once the extension is negotiated and inflates what
+  the server marks compressed (RSV1). Its handshake response is read for the server's answer.
+- A raw socket, which offers what the test says, reads every frame's RSV bits and payload, inflates with Python's
+  zlib itself, and sends frames with RSV1 where RFC 7692 and RFC 6455 say a server must fail the connection.
+
+The broker compresses each event of `--websocket-compression-min-bytes` (256) or more once per publish and keeps no
+context (`server_no_context_takeover; client_no_context_takeover`); shorter events and replies go uncompressed; a
+client's compressed message is inflated within `--max-frame-bytes` (1009 past it, 1007 when it does not inflate).
+"""
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import time
+import zlib
+
+import pytest
+import requests
+
+from pubsubtest.broker import Broker
+from pubsubtest.compression import ANSWER, TAIL, WebSocketSession, deflate_alone, flat, inflate, job_progress
+from wirekit import HTTP_TIMEOUT, server_answers_handshake
+
+pytestmark = [pytest.mark.pubsub_only, pytest.mark.timeout(120)]
+
+MAX_FRAME = 65536
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+RSV1, RSV2, RSV3 = 0x40, 0x20, 0x10
+
+
+@pytest.fixture(scope="module")
+def deflate_broker():
+    """Compression on (the default: no flag given), messages limited to 64 KiB."""
+    with Broker(timeout=45, extra_args=["--max-frame-bytes", str(MAX_FRAME)]) as b:
+        yield b
+
+
+def publish_http(b, channel, data, id="p"):
+    r = requests.post(b.url, json=[{"channel": channel, "data": data, "id": id}], timeout=HTTP_TIMEOUT)
+    assert r.status_code == 200, r.text
+    assert r.json()[0].get("successful") is True, r.json()
+
+
+def unique(name):
+    return f"/compression/{name}/{os.getpid()}{time.monotonic_ns()}"
+
+
+# ---------------------------------------------------------------- the websockets library
+
+def test_websockets_negotiates_and_receives_a_large_and_a_short_event(deflate_broker):
+    with WebSocketSession(deflate_broker) as s:
+        assert s.offered and s.offered[0].startswith("permessage-deflate"), s.offered
+        assert s.answered == [ANSWER]
+        assert s.extensions == ["permessage-deflate"]
+        channel = unique("lib")
+        s.subscribe(channel)
+
+        large = job_progress(1024)
+        assert len(json.dumps(large)) >= 1024
+        publish_http(deflate_broker, channel, large)
+        assert s.event(channel)["data"] == large
+
+        short = {"job": "render-42", "percent": 17.5}
+        publish_http(deflate_broker, channel, short)
+        assert s.event(channel)["data"] == short
+
+        big = job_progress(40_000)
+        publish_http(deflate_broker, channel, big)
+        assert s.event(channel)["data"] == big
+
+
+def test_websockets_own_compressed_publish_is_accepted_and_delivered_to_a_plain_client(deflate_broker):
+    """The library compresses every message it sends once negotiated: the publish itself arrives with RSV1."""
+    channel = unique("own")
+    with WebSocketSession(deflate_broker) as s, WebSocketSession(deflate_broker, compression=None) as plain:
+        assert s.extensions == ["permessage-deflate"] and plain.extensions == [] and plain.answered == []
+        s.subscribe(channel)
+        plain.subscribe(channel)
+        data = job_progress(2048, step=9)
+        s.send([{"channel": channel, "clientId": s.cid, "data": data, "id": "own-1"}])
+        reply = s.wait(lambda m: m.get("id") == "own-1", what="the publish's reply")
+        assert reply["successful"] is True, reply
+        assert s.event(channel)["data"] == data
+        assert plain.event(channel)["data"] == data
+
+
+def test_websockets_large_and_short_events_of_one_batch_arrive_in_order(deflate_broker):
+    """Compressed and plain events of one flush go in frames of their own; their order is kept."""
+    channel = unique("order")
+    with WebSocketSession(deflate_broker) as s:
+        s.subscribe(channel)
+        batch = []
+        for n in range(12):
+            data = job_progress(1500, step=n) if n % 3 == 0 else {"n": n}
+            batch.append({"channel": channel, "data": data})
+        r = requests.post(deflate_broker.url, json=batch, timeout=HTTP_TIMEOUT)
+        assert r.status_code == 200 and all(m.get("successful") for m in r.json()), r.text
+        got = [s.event(channel)["data"] for _ in batch]
+        assert got == [m["data"] for m in batch]
+
+
+def test_websockets_without_compression_gets_no_extension_and_plain_events(deflate_broker):
+    with WebSocketSession(deflate_broker, compression=None) as s:
+        assert s.offered == [] and s.answered == [] and s.extensions == []
+        channel = unique("none")
+        s.subscribe(channel)
+        large = job_progress(1024)
+        publish_http(deflate_broker, channel, large)
+        assert s.event(channel)["data"] == large
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_compression_off_negotiates_nothing_and_everything_works(make_broker, monkeypatch, how):
+    if how == "flag":
+        b = make_broker(extra_args=["--websocket-compression", "off"])
+    else:
+        monkeypatch.setenv("PUBSUB_WEBSOCKET_COMPRESSION", "off")
+        b = make_broker()
+    channel = unique("off")
+    with WebSocketSession(b) as s:
+        assert s.offered and s.offered[0].startswith("permessage-deflate"), s.offered
+        assert s.answered == [] and s.extensions == []
+        s.subscribe(channel)
+        large = job_progress(1024)
+        publish_http(b, channel, large)
+        assert s.event(channel)["data"] == large
+        publish_http(b, channel, "short")
+        assert s.event(channel)["data"] == "short"
+        own = job_progress(3000, step=3)
+        s.send([{"channel": channel, "clientId": s.cid, "data": own, "id": "own"}])
+        assert s.wait(lambda m: m.get("id") == "own")["successful"] is True
+        assert s.event(channel)["data"] == own
+    # and a raw client's offer gets no answer either; its event comes in a plain frame
+    with Raw(b, "permessage-deflate") as raw:
+        assert raw.extensions is None
+        raw.bayeux_subscribe(channel)
+        publish_http(b, channel, job_progress(1024))
+        rsv, payload = raw.event_frame(channel)
+        assert rsv == 0 and flat(payload)[0]["data"] == job_progress(1024)
+
+
+# ---------------------------------------------------------------- a raw socket
+
+class Raw:
+    """An upgraded TCP socket with an optional `Sec-WebSocket-Extensions` offer; sends masked frames with any RSV
+    bits and reads the server's frames with theirs."""
+
+    def __init__(self, b, offer=None, timeout=HTTP_TIMEOUT):
+        self.b = b
+        self.sock = socket.create_connection(("127.0.0.1", b.port), timeout=timeout)
+        key = base64.b64encode(os.urandom(16))
+        extra = b"" if offer is None else b"Sec-WebSocket-Extensions: " + offer.encode() + b"\r\n"
+        self.sock.sendall(b"GET /faye HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n%s\r\n" % (b.port, key, extra))
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            chunk = self.sock.recv(4096)
+            assert chunk, f"connection closed during the upgrade: {self.buffer!r}"
+            self.buffer += chunk
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        assert lines[0].startswith("HTTP/1.1 101"), lines[0]
+        self.headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            self.headers.setdefault(k.strip().lower(), []).append(v.strip())
+        accept = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
+        assert self.headers.get("sec-websocket-accept") == [accept], self.headers
+        ext = self.headers.get("sec-websocket-extensions")
+        assert ext is None or len(ext) == 1, ext
+        self.extensions = ext[0] if ext else None
+        self.cid = None
+        self.frames = []     # (rsv, opcode, payload) of every data frame read, in order
+
+    @staticmethod
+    def frame(opcode, payload=b"", fin=True, rsv=0, mask=b"\x5a\x13\xc4\x7e"):
+        n = len(payload)
+        first = (0x80 if fin else 0) | rsv | opcode
+        if n < 126:
+            head = bytes([first, 0x80 | n])
+        elif n < 1 << 16:
+            head = bytes([first, 0x80 | 126]) + n.to_bytes(2, "big")
+        else:
+            head = bytes([first, 0x80 | 127]) + n.to_bytes(8, "big")
+        key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
+        return head + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
+
+    def send(self, opcode, payload=b"", fin=True, rsv=0):
+        self.sock.sendall(self.frame(opcode, payload, fin, rsv))
+
+    def send_json(self, messages, compressed=False):
+        text = json.dumps(messages).encode()
+        if compressed:
+            self.send(TEXT, deflate_alone(text), rsv=RSV1)
+        else:
+            self.send(TEXT, text)
+
+    def _read(self, n, deadline):
+        while len(self.buffer) < n:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise AssertionError(f"nothing more from the server in time ({self.buffer[:200]!r} so far)") from None
+            except ConnectionResetError:
+                return None
+            if not chunk:
+                return None
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def recv_frame(self, timeout=HTTP_TIMEOUT):
+        """(fin, rsv bits, opcode, payload, bytes on the wire) of the server's next frame; None at the end."""
+        deadline = time.monotonic() + timeout
+        head = self._read(2, deadline)
+        if head is None:
+            return None
+        assert head[1] & 0x80 == 0, "a server frame is never masked"
+        n = head[1] & 0x7F
+        extended = b""
+        if n == 126:
+            extended = self._read(2, deadline)
+            n = int.from_bytes(extended, "big")
+        elif n == 127:
+            extended = self._read(8, deadline)
+            n = int.from_bytes(extended, "big")
+        payload = self._read(n, deadline) if n else b""
+        return bool(head[0] & 0x80), head[0] & 0x70, head[0] & 0x0F, payload, 2 + len(extended) + n
+
+    def recv_close_code(self, timeout=HTTP_TIMEOUT):
+        """The status code of the server's close frame (data frames before it are skipped), then the end."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.recv_frame(max(0.01, deadline - time.monotonic()))
+            assert frame is not None, "the connection ended without a close frame"
+            fin, rsv, opcode, payload, _ = frame
+            if opcode == CLOSE:
+                assert fin and rsv == 0, frame
+                assert len(payload) >= 2, f"a close frame without a status code: {payload!r}"
+                assert self.recv_frame(timeout) is None, "a frame after the close"
+                return int.from_bytes(payload[:2], "big")
+            assert opcode in (TEXT, PING), f"unexpected frame before the close: {frame!r}"
+
+    def messages(self, timeout=HTTP_TIMEOUT):
+        """The Bayeux messages of the next data frame (inflated when RSV1), with (rsv, wire size)."""
+        while True:
+            frame = self.recv_frame(timeout)
+            assert frame is not None, "the connection ended"
+            fin, rsv, opcode, payload, size = frame
+            if opcode == PING:
+                self.send(PONG, payload)
+                continue
+            assert fin and opcode == TEXT, f"expected one whole text frame, got {frame[:3]} {payload[:100]!r}"
+            self.frames.append((rsv, opcode, payload, size))
+            text = inflate(payload) if rsv & RSV1 else payload
+            return flat(text), rsv, payload, size
+
+    def wait(self, predicate, timeout=HTTP_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while True:
+            msgs, rsv, payload, size = self.messages(max(0.01, deadline - time.monotonic()))
+            for m in msgs:
+                if m.get("channel") == "/meta/connect" and m.get("successful") is True:
+                    self.send_json([{"channel": "/meta/connect", "clientId": self.cid,
+                                     "connectionType": "websocket"}])
+                if predicate(m):
+                    return m, rsv, payload, size
+
+    def bayeux_subscribe(self, channel):
+        self.send_json([{"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}])
+        hs, rsv, _, _ = self.wait(lambda m: m.get("channel") == "/meta/handshake")
+        assert hs["successful"] is True and rsv == 0, (hs, rsv)
+        self.cid = hs["clientId"]
+        self.send_json([{"channel": "/meta/connect", "clientId": self.cid, "connectionType": "websocket"},
+                        {"channel": "/meta/subscribe", "clientId": self.cid, "subscription": channel}])
+        reply, rsv, _, _ = self.wait(lambda m: m.get("channel") == "/meta/subscribe")
+        assert reply["successful"] is True and rsv == 0, (reply, rsv)
+
+    def event_frame(self, channel):
+        """(rsv, payload as sent) of the frame that carries the next event on `channel`, checked to carry it alone."""
+        m, rsv, payload, size = self.wait(lambda m: m.get("channel") == channel and "successful" not in m)
+        self.last_size = size
+        text = inflate(payload) if rsv & RSV1 else payload
+        assert len(flat(text)) == 1, f"the event's frame holds more than the event: {text[:300]!r}"
+        return rsv, text
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def test_raw_large_event_is_one_compressed_frame_that_zlib_inflates(deflate_broker):
+    channel = unique("raw-large")
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        assert raw.extensions == ANSWER
+        raw.bayeux_subscribe(channel)
+        data = job_progress(1024)
+        publish_http(deflate_broker, channel, data)
+        m, rsv, payload, size = raw.wait(lambda m: m.get("channel") == channel and "successful" not in m)
+        assert rsv == RSV1, f"the event's frame has RSV bits {rsv:#x}, not RSV1"
+        # zlib.decompressobj(-15) of the payload with 00 00 ff ff appended is the event's JSON, on its own
+        d = zlib.decompressobj(-15)
+        text = d.decompress(payload + TAIL)
+        assert d.unused_data == b"" and not d.eof
+        event = json.loads(text)
+        event = event[0] if isinstance(event, list) else event
+        assert len(flat(text)) == 1
+        assert event["channel"] == channel and event["data"] == data
+        assert len(payload) < len(text) / 2, (len(payload), len(text))
+        # The replies of that socket (handshake, connect, subscribe) all came uncompressed.
+        assert all(r == 0 for r, *_ in raw.frames[:-1]), raw.frames[:-1]
+
+
+def test_raw_short_event_and_replies_are_not_compressed(deflate_broker):
+    channel = unique("raw-short")
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        assert raw.extensions == ANSWER
+        raw.bayeux_subscribe(channel)
+        data = {"job": "render-42", "percent": 42.5}
+        publish_http(deflate_broker, channel, data)
+        rsv, text = raw.event_frame(channel)
+        assert len(text) < 256, len(text)
+        assert rsv == 0, f"a {len(text)}-byte event came with RSV bits {rsv:#x}"
+        assert flat(text)[0]["data"] == data
+        # a publish over the socket: its reply (short) is plain, the large event it publishes compressed
+        big = job_progress(1500)
+        raw.send_json([{"channel": channel, "clientId": raw.cid, "data": big, "id": "pub"}])
+        reply, rsv_reply, _, _ = raw.wait(lambda m: m.get("id") == "pub" and "successful" in m)
+        assert reply["successful"] is True and rsv_reply == 0, (reply, rsv_reply)
+        rsv, text = raw.event_frame(channel)
+        assert rsv == RSV1 and flat(text)[0]["data"] == big
+
+
+def test_raw_events_around_the_minimum_size(make_broker):
+    """--websocket-compression-min-bytes N: events shorter than N bytes are sent plain, N bytes or more compressed."""
+    b = make_broker(extra_args=["--websocket-compression-min-bytes", "2048"])
+    channel = unique("raw-min")
+    with Raw(b, "permessage-deflate") as raw:
+        assert raw.extensions == ANSWER
+        raw.bayeux_subscribe(channel)
+        sizes = {}
+        for n, size in enumerate([1024, 1900, 2100, 4096]):
+            data = job_progress(size, step=n)
+            publish_http(b, channel, data)
+            rsv, text = raw.event_frame(channel)
+            assert flat(text)[0]["data"] == data
+            sizes[len(text)] = rsv
+        for length, rsv in sizes.items():
+            assert rsv == (RSV1 if length >= 2048 else 0), sizes
+
+
+@pytest.mark.parametrize("offer", [
+    "permessage-deflate; server_max_window_bits=10",
+    "permessage-deflate; server_max_window_bits=14",
+    "permessage-deflate; unknown_parameter",
+    "permessage-deflate; server_no_context_takeover; server_no_context_takeover",
+    "permessage-deflate; client_max_window_bits=7",
+    "x-webkit-deflate-frame",
+])
+def test_raw_declined_offer_gets_no_extension_and_plain_frames(deflate_broker, offer):
+    channel = unique("raw-declined")
+    with Raw(deflate_broker, offer) as raw:
+        assert raw.extensions is None, f"offer {offer!r} answered with {raw.extensions!r}"
+        raw.bayeux_subscribe(channel)
+        data = job_progress(1024)
+        publish_http(deflate_broker, channel, data)
+        rsv, text = raw.event_frame(channel)
+        assert rsv == 0 and flat(text)[0]["data"] == data
+
+
+@pytest.mark.parametrize("offer", [
+    "permessage-deflate",
+    "permessage-deflate; client_max_window_bits",
+    "permessage-deflate; server_max_window_bits=15; client_max_window_bits=10",
+    'permessage-deflate; server_max_window_bits="15"',
+    "permessage-deflate; server_no_context_takeover; client_no_context_takeover",
+    "permessage-deflate; server_max_window_bits=10, permessage-deflate",
+    "x-webkit-deflate-frame, permessage-deflate; client_max_window_bits",
+])
+def test_raw_accepted_offer_gets_the_one_answer(deflate_broker, offer):
+    channel = unique("raw-accepted")
+    with Raw(deflate_broker, offer) as raw:
+        assert raw.extensions == ANSWER, f"offer {offer!r} answered with {raw.extensions!r}"
+        raw.bayeux_subscribe(channel)
+        data = job_progress(1024)
+        publish_http(deflate_broker, channel, data)
+        rsv, text = raw.event_frame(channel)
+        assert rsv == RSV1 and flat(text)[0]["data"] == data
+
+
+def test_raw_compressed_publish_within_the_limit_is_accepted_even_fragmented(deflate_broker):
+    """A compressed message whose inflated size is under --max-frame-bytes (64 KiB) is taken, also when its
+    compressed bytes come in two frames (RSV1 on the first only, RFC 7692 section 6.1)."""
+    channel = unique("raw-publish")
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.bayeux_subscribe(channel)
+        data = job_progress(60_000)
+        text = json.dumps([{"channel": channel, "clientId": raw.cid, "data": data, "id": "big"}]).encode()
+        assert 60_000 < len(text) < MAX_FRAME
+        raw.send(TEXT, deflate_alone(text), rsv=RSV1)
+        reply, _, _, _ = raw.wait(lambda m: m.get("id") == "big" and "successful" in m)
+        assert reply["successful"] is True, reply
+        _, got = raw.event_frame(channel)
+        assert flat(got)[0]["data"] == data
+
+        data2 = job_progress(5000, step=2)
+        body = deflate_alone(json.dumps([{"channel": channel, "clientId": raw.cid, "data": data2,
+                                          "id": "frag"}]).encode())
+        half = len(body) // 2
+        raw.send(TEXT, body[:half], fin=False, rsv=RSV1)
+        raw.send(CONT, body[half:])
+        reply, _, _, _ = raw.wait(lambda m: m.get("id") == "frag" and "successful" in m)
+        assert reply["successful"] is True, reply
+        _, got = raw.event_frame(channel)
+        assert flat(got)[0]["data"] == data2
+
+
+def spaces_message(length):
+    """A publish of exactly `length` bytes of JSON, nearly all spaces (it deflates to a few hundred bytes)."""
+    text = json.dumps([{"channel": "/x", "data": " " * (length - 31)}]).encode()
+    assert len(text) == length
+    return text
+
+
+def test_raw_compressed_message_inflating_to_exactly_the_limit_is_accepted(deflate_broker):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.send(TEXT, deflate_alone(spaces_message(MAX_FRAME)), rsv=RSV1)
+        msgs, rsv, _, _ = raw.messages()
+        assert msgs == [{"channel": "/x", "successful": True}], msgs
+
+
+@pytest.mark.parametrize("inflated", [MAX_FRAME + 1, MAX_FRAME + 4096, 100_000, 2 * MAX_FRAME, 16 * MAX_FRAME])
+def test_raw_compressed_message_inflating_past_the_limit_is_closed_with_1009(deflate_broker, inflated):
+    """--max-frame-bytes 65536 bounds the inflated message as it bounds a plain one (65,537 plain bytes get 1009)."""
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        assert raw.extensions == ANSWER
+        body = deflate_alone(spaces_message(inflated))
+        assert len(body) < 1024 * (inflated // MAX_FRAME + 1), len(body)
+        raw.send(TEXT, body, rsv=RSV1)
+        first = raw.recv_frame()
+        assert first is not None and first[2] == CLOSE, (
+            f"a compressed message of {len(body)} bytes inflating to {inflated} bytes (limit {MAX_FRAME}) was "
+            f"answered with {first and first[3][:100]!r} instead of close 1009")
+        assert int.from_bytes(first[3][:2], "big") == 1009, first
+    server_answers_handshake(deflate_broker)
+
+
+def test_raw_plain_message_past_the_limit_is_closed_with_1009(deflate_broker):
+    """The reference for the compressed case: the same message uncompressed, one byte over the limit."""
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.send(TEXT, spaces_message(MAX_FRAME + 1))
+        assert raw.recv_close_code() == 1009
+    server_answers_handshake(deflate_broker)
+
+
+def test_raw_corrupt_compressed_message_is_closed_with_1007(deflate_broker):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        # BFINAL=1, BTYPE=11: a reserved block type, which no inflater accepts
+        raw.send(TEXT, b"\x07" + os.urandom(64), rsv=RSV1)
+        assert raw.recv_close_code() == 1007
+    server_answers_handshake(deflate_broker)
+
+
+def test_raw_compressed_message_inflating_to_invalid_utf8_is_closed_with_1007(deflate_broker):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.send(TEXT, deflate_alone(b'[{"channel":"/x","data":"\xff\xfe"}]'), rsv=RSV1)
+        assert raw.recv_close_code() == 1007
+    server_answers_handshake(deflate_broker)
+
+
+def test_raw_rsv1_on_a_continuation_frame_is_closed_with_1002(deflate_broker):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        body = deflate_alone(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
+                                          "supportedConnectionTypes": ["websocket"]}]).encode())
+        raw.send(TEXT, body[:5], fin=False, rsv=RSV1)
+        raw.send(CONT, body[5:], rsv=RSV1)
+        assert raw.recv_close_code() == 1002
+    server_answers_handshake(deflate_broker)
+
+
+@pytest.mark.parametrize("opcode", [PING, PONG, CLOSE], ids=["ping", "pong", "close"])
+def test_raw_rsv1_on_a_control_frame_is_closed_with_1002(deflate_broker, opcode):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.send(opcode, (1000).to_bytes(2, "big") if opcode == CLOSE else b"hi", rsv=RSV1)
+        assert raw.recv_close_code() == 1002
+    server_answers_handshake(deflate_broker)
+
+
+@pytest.mark.parametrize("offer", [None, "permessage-deflate; server_max_window_bits=10"], ids=["no-offer", "declined"])
+def test_raw_rsv1_without_negotiation_is_closed_with_1002(deflate_broker, offer):
+    with Raw(deflate_broker, offer) as raw:
+        assert raw.extensions is None
+        raw.send(TEXT, deflate_alone(b'[{"channel":"/meta/handshake","version":"1.0"}]'), rsv=RSV1)
+        assert raw.recv_close_code() == 1002
+    server_answers_handshake(deflate_broker)
+
+
+@pytest.mark.parametrize("rsv", [RSV2, RSV3], ids=["rsv2", "rsv3"])
+def test_raw_rsv2_and_rsv3_are_closed_with_1002_even_when_negotiated(deflate_broker, rsv):
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        assert raw.extensions == ANSWER
+        raw.send(TEXT, b'[{"channel":"/meta/handshake","version":"1.0"}]', rsv=rsv)
+        assert raw.recv_close_code() == 1002
+    server_answers_handshake(deflate_broker)
+
+
+def test_raw_bytes_on_the_wire_for_a_1kib_event_are_within_10_percent_of_zlib_alone(deflate_broker):
+    """The compressed frame of a 1 KiB job-progress event against zlib (wbits -15, sync flush, tail removed) on the
+    very text the broker sent, alone; and the whole frame (header included) against the plain frame."""
+    channel = unique("raw-ratio")
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.bayeux_subscribe(channel)
+        data = job_progress(1024)
+        publish_http(deflate_broker, channel, data)
+        m, rsv, payload, size = raw.wait(lambda m: m.get("channel") == channel and "successful" not in m)
+        assert rsv == RSV1
+        text = inflate(payload)
+        alone = deflate_alone(text)
+        plain_frame = len(text) + (4 if len(text) > 125 else 2)
+        report = (f"event {len(text)} B; wire payload {len(payload)} B (frame {size} B); zlib alone {len(alone)} B; "
+                  f"payload/zlib {len(payload) / len(alone):.3f}; frame/plain frame {size / plain_frame:.3f}")
+        print(report)
+        assert 1024 <= len(text) < 1400, report
+        assert abs(len(payload) - len(alone)) <= 0.10 * len(alone), report
+        assert size <= 1.10 * (len(alone) + 4), report
+        assert size < 0.6 * plain_frame, report
