@@ -103,7 +103,8 @@ final class ConnectionDriver: TimerQueueOwner {
     /// The current sink (for tests).
     var currentSink: ConnectionSink? { sink }
     var isHandlingFrame: Bool { machine.isHandlingFrame }
-    var isStream: Bool { machine.isStream }
+    /// Whether the connection became an EventSource stream (it stays one while it closes).
+    var isStream: Bool { kind == .stream }
 
     // MARK: Events from the handler
 
@@ -144,6 +145,7 @@ final class ConnectionDriver: TimerQueueOwner {
             }
             switch result {
             case .failure(let error):
+                machine.requestFailed()
                 releaseSink()
                 live?.requestFailed(error)
             case .success(let outcomes):

@@ -223,6 +223,16 @@ struct ConnectionStateMachine {
         state = .awaiting(backlog: .noEvents, detach: nil)
     }
 
+    /// Polling: the broker failed on the request (its messages are lost, a 500 answers it): nothing is parked, the
+    /// next request starts afresh.
+    mutating func requestFailed() {
+        switch state {
+        case .awaiting: state = .idle
+        case .closing, .closed: break
+        default: preconditionFailure("a request failed in state \(state)")
+        }
+    }
+
     /// The broker handled the messages of a request or frame: `replies` and `events` go now; `pending`, a
     /// connect whose reply is held (on polling only when its sink was attached).
     mutating func messagesHandled(replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)

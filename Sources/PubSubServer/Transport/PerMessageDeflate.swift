@@ -63,19 +63,24 @@ enum PerMessageDeflate {
         var input = payload
         input.writeBytes([0x00, 0x00, 0xFF, 0xFF])
         var output = ByteBufferAllocator().buffer(capacity: min(limit + 1, max(256, payload.readableBytes * 4)))
+        // The output may hold a little more than asked for (its storage grows in powers of two), so the limit is
+        // checked on what came out, each time: what is inflated past it is at most that rounding.
         while true {
             do {
                 try inflater.inflate(from: &input, to: &output)
+                guard output.readableBytes <= limit else { throw InflateError.tooLarge }
                 return output
             } catch let error as CompressNIOError where error == .bufferOverflow {
-                guard output.readableBytes <= limit, output.capacity <= limit else { throw .tooLarge }
+                guard output.readableBytes <= limit else { throw .tooLarge }
                 output.reserveCapacity(min(limit + 1, output.capacity * 2))
             } catch let error as CompressNIOError where error == .inputBufferOverflow {
+                guard output.readableBytes <= limit else { throw .tooLarge }
                 return output
+            } catch InflateError.tooLarge {
+                throw .tooLarge
             } catch {
                 throw .corrupt
             }
-            if output.readableBytes > limit { throw .tooLarge }
         }
     }
 

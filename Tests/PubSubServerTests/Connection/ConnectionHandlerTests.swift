@@ -357,6 +357,22 @@ import Testing
         #expect(channel.isActive)
     }
 
+    /// A stream that ends with events still waiting (the server drains) writes them as stream events, then
+    /// ends: nothing of an HTTP response is written into the stream.
+    @Test func eventSourceEndingWithABacklogSendsItAsStreamEvents() async throws {
+        let recorder = LogRecorder()
+        let (channel, _, shared, _) = try await Self.eventSource(maxQueue: 10, recorder: recorder)
+        Self.setWritable(false, channel)
+        for n in 1...2 { Self.publish(n, on: "/x", shared: shared, channel: channel) }
+        #expect(try Self.streamed(channel).body == "")
+        shared.broker.engine.shutdown()
+        channel.embeddedEventLoop.run()
+        let streamed = try Self.streamed(channel)
+        #expect(streamed.head == nil, "no response head inside the stream")
+        #expect(streamed.body.split(separator: "\r\n\r\n").filter { $0.hasPrefix("data: ") }.count == 2)
+        #expect(streamed.ended)
+    }
+
     // MARK: Long-polling
 
     static func post(_ json: String, _ channel: EmbeddedChannel) throws {

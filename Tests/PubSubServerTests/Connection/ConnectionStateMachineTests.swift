@@ -301,6 +301,15 @@ import Testing
         #expect(Self.describe(actions) == ["answer(c events=1)"])
     }
 
+    /// A request the broker failed on (a 500) leaves nothing parked: the connection's next request is handled.
+    @Test func pollingAfterAFailedRequestTakesTheNextOne() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.requestStarted()
+        m.requestFailed()
+        m.requestStarted()
+        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
+    }
+
     @Test func pollingDetachBeforeParkingAnswersAtOnce() {
         var m = Machine(transport: .polling, maxQueue: 10)
         m.requestStarted()

@@ -116,6 +116,20 @@ import Testing
         #expect(fits.readableBytes == 8 << 20)
     }
 
+    /// The limit is exact: one byte over it is refused, whatever room the output buffer rounded up to.
+    @Test func theLimitIsExact() throws {
+        for size in [65_536, 65_537, 69_632, 100_000] {
+            let deflated = try #require(DeflaterPool().deflate(ByteBuffer(repeating: 0x61, count: size)))
+            if size <= 65_536 {
+                #expect(try PerMessageDeflate.inflate(deflated, limit: 65_536).readableBytes == size)
+            } else {
+                #expect(throws: PerMessageDeflate.InflateError.tooLarge, "\(size)") {
+                    try PerMessageDeflate.inflate(deflated, limit: 65_536)
+                }
+            }
+        }
+    }
+
     @Test func aPayloadThatIsNotDeflateIsCorrupt() {
         #expect(throws: PerMessageDeflate.InflateError.corrupt) {
             try PerMessageDeflate.inflate(ByteBuffer(bytes: [0xFF, 0xFF, 0xFF, 0x12, 0x34]), limit: 1 << 20)
