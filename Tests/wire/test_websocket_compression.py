@@ -13,11 +13,8 @@ context (`server_no_context_takeover; client_no_context_takeover`); shorter even
 client's compressed message is inflated within `--max-frame-bytes` (1009 past it, 1007 when it does not inflate).
 """
 
-import base64
-import hashlib
 import json
 import os
-import socket
 import time
 import zlib
 
@@ -26,14 +23,12 @@ import requests
 
 from pubsubtest.broker import Broker
 from pubsubtest.compression import ANSWER, TAIL, WebSocketSession, deflate_alone, flat, inflate, job_progress
-from wirekit import HTTP_TIMEOUT, server_answers_handshake
+from wirekit import (CLOSE, CONT, HTTP_TIMEOUT, PING, PONG, RSV1, RSV2, RSV3, TEXT, RawWebSocket,
+                     server_answers_handshake)
 
 pytestmark = [pytest.mark.pubsub_only, pytest.mark.timeout(120)]
 
 MAX_FRAME = 65536
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
-RSV1, RSV2, RSV3 = 0x40, 0x20, 0x10
 
 
 @pytest.fixture(scope="module")
@@ -149,52 +144,17 @@ def test_compression_off_negotiates_nothing_and_everything_works(make_broker, mo
 
 # ---------------------------------------------------------------- a raw socket
 
-class Raw:
-    """An upgraded TCP socket with an optional `Sec-WebSocket-Extensions` offer; sends masked frames with any RSV
-    bits and reads the server's frames with theirs."""
+class Raw(RawWebSocket):
+    """wirekit's raw WebSocket with the Bayeux side of these tests: JSON sent plain or compressed, every data frame
+    read inflated when it has RSV1, and data frames (text, ping) passed over on the way to a close."""
+
+    MASK = b"\x5a\x13\xc4\x7e"
+    SKIPPED_BEFORE_CLOSE = (TEXT, PING)
 
     def __init__(self, b, offer=None, timeout=HTTP_TIMEOUT):
-        self.b = b
-        self.sock = socket.create_connection(("127.0.0.1", b.port), timeout=timeout)
-        key = base64.b64encode(os.urandom(16))
-        extra = b"" if offer is None else b"Sec-WebSocket-Extensions: " + offer.encode() + b"\r\n"
-        self.sock.sendall(b"GET /faye HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n%s\r\n" % (b.port, key, extra))
-        self.buffer = b""
-        while b"\r\n\r\n" not in self.buffer:
-            chunk = self.sock.recv(4096)
-            assert chunk, f"connection closed during the upgrade: {self.buffer!r}"
-            self.buffer += chunk
-        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
-        lines = head.decode("latin-1").split("\r\n")
-        assert lines[0].startswith("HTTP/1.1 101"), lines[0]
-        self.headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            self.headers.setdefault(k.strip().lower(), []).append(v.strip())
-        accept = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
-        assert self.headers.get("sec-websocket-accept") == [accept], self.headers
-        ext = self.headers.get("sec-websocket-extensions")
-        assert ext is None or len(ext) == 1, ext
-        self.extensions = ext[0] if ext else None
+        super().__init__(b, offer, timeout)
         self.cid = None
         self.frames = []     # (rsv, opcode, payload) of every data frame read, in order
-
-    @staticmethod
-    def frame(opcode, payload=b"", fin=True, rsv=0, mask=b"\x5a\x13\xc4\x7e"):
-        n = len(payload)
-        first = (0x80 if fin else 0) | rsv | opcode
-        if n < 126:
-            head = bytes([first, 0x80 | n])
-        elif n < 1 << 16:
-            head = bytes([first, 0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head = bytes([first, 0x80 | 127]) + n.to_bytes(8, "big")
-        key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
-        return head + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
-
-    def send(self, opcode, payload=b"", fin=True, rsv=0):
-        self.sock.sendall(self.frame(opcode, payload, fin, rsv))
 
     def send_json(self, messages, compressed=False):
         text = json.dumps(messages).encode()
@@ -202,53 +162,6 @@ class Raw:
             self.send(TEXT, deflate_alone(text), rsv=RSV1)
         else:
             self.send(TEXT, text)
-
-    def _read(self, n, deadline):
-        while len(self.buffer) < n:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                raise AssertionError(f"nothing more from the server in time ({self.buffer[:200]!r} so far)") from None
-            except ConnectionResetError:
-                return None
-            if not chunk:
-                return None
-            self.buffer += chunk
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
-
-    def recv_frame(self, timeout=HTTP_TIMEOUT):
-        """(fin, rsv bits, opcode, payload, bytes on the wire) of the server's next frame; None at the end."""
-        deadline = time.monotonic() + timeout
-        head = self._read(2, deadline)
-        if head is None:
-            return None
-        assert head[1] & 0x80 == 0, "a server frame is never masked"
-        n = head[1] & 0x7F
-        extended = b""
-        if n == 126:
-            extended = self._read(2, deadline)
-            n = int.from_bytes(extended, "big")
-        elif n == 127:
-            extended = self._read(8, deadline)
-            n = int.from_bytes(extended, "big")
-        payload = self._read(n, deadline) if n else b""
-        return bool(head[0] & 0x80), head[0] & 0x70, head[0] & 0x0F, payload, 2 + len(extended) + n
-
-    def recv_close_code(self, timeout=HTTP_TIMEOUT):
-        """The status code of the server's close frame (data frames before it are skipped), then the end."""
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = self.recv_frame(max(0.01, deadline - time.monotonic()))
-            assert frame is not None, "the connection ended without a close frame"
-            fin, rsv, opcode, payload, _ = frame
-            if opcode == CLOSE:
-                assert fin and rsv == 0, frame
-                assert len(payload) >= 2, f"a close frame without a status code: {payload!r}"
-                assert self.recv_frame(timeout) is None, "a frame after the close"
-                return int.from_bytes(payload[:2], "big")
-            assert opcode in (TEXT, PING), f"unexpected frame before the close: {frame!r}"
 
     def messages(self, timeout=HTTP_TIMEOUT):
         """The Bayeux messages of the next data frame (inflated when RSV1), with (rsv, wire size)."""
@@ -292,19 +205,6 @@ class Raw:
         text = inflate(payload) if rsv & RSV1 else payload
         assert len(flat(text)) == 1, f"the event's frame holds more than the event: {text[:300]!r}"
         return rsv, text
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def test_raw_large_event_is_one_compressed_frame_that_zlib_inflates(deflate_broker):

@@ -5,119 +5,13 @@ opcode or a bad close body) and reads the server's frames back: the close frame,
 the connection. Every test ends by checking that the server still answers a handshake.
 """
 
-import base64
-import hashlib
 import json
-import os
-import socket
-import time
 
 import pytest
 
-from wirekit import HTTP_TIMEOUT, handshake_msg, server_answers_handshake
+from wirekit import CLOSE, CONT, PING, TEXT, RawWebSocket, handshake_msg, server_answers_handshake
 
 pytestmark = pytest.mark.timeout(120)
-
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-CLOSE, PING, PONG, TEXT, CONT = 0x8, 0x9, 0xA, 0x1, 0x0
-
-
-class RawWebSocket:
-    """An upgraded TCP socket that sends masked frames and reads the server's unmasked ones."""
-
-    def __init__(self, b, timeout=HTTP_TIMEOUT):
-        self.sock = socket.create_connection(("127.0.0.1", b.port), timeout=timeout)
-        key = base64.b64encode(os.urandom(16))
-        self.sock.sendall(b"GET /faye HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (b.port, key))
-        self.buffer = b""
-        while b"\r\n\r\n" not in self.buffer:
-            chunk = self.sock.recv(4096)
-            assert chunk, f"connection closed during the upgrade: {self.buffer!r}"
-            self.buffer += chunk
-        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
-        lines = head.split(b"\r\n")
-        assert lines[0].startswith(b"HTTP/1.1 101"), lines[0]
-        accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
-        headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines[1:])}
-        assert headers.get(b"sec-websocket-accept") == accept, headers
-
-    @staticmethod
-    def frame(opcode, payload=b"", fin=True, mask=b"\x37\xfa\x21\x3d"):
-        n = len(payload)
-        if n < 126:
-            head = bytes([(0x80 if fin else 0) | opcode, 0x80 | n])
-        elif n < 1 << 16:
-            head = bytes([(0x80 if fin else 0) | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head = bytes([(0x80 if fin else 0) | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
-        return head + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(payload))
-
-    def send(self, opcode, payload=b"", fin=True):
-        self.sock.sendall(self.frame(opcode, payload, fin))
-
-    def _read(self, n, deadline):
-        while len(self.buffer) < n:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                raise AssertionError(f"nothing more from the server in time ({self.buffer!r} so far)") from None
-            if not chunk:
-                return None
-            self.buffer += chunk
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
-
-    def recv_frame(self, timeout=HTTP_TIMEOUT):
-        """(fin, opcode, payload) of the server's next frame; None when the connection ended before one."""
-        deadline = time.monotonic() + timeout
-        try:
-            head = self._read(2, deadline)
-            if head is None:
-                return None
-            assert head[1] & 0x80 == 0, "a server frame is never masked"
-            n = head[1] & 0x7F
-            if n == 126:
-                n = int.from_bytes(self._read(2, deadline), "big")
-            elif n == 127:
-                n = int.from_bytes(self._read(8, deadline), "big")
-            payload = self._read(n, deadline) if n else b""
-        except ConnectionResetError:
-            return None
-        return bool(head[0] & 0x80), head[0] & 0x0F, payload
-
-    def recv_close(self, timeout=HTTP_TIMEOUT):
-        """The body of the server's close frame, which must be the next frame, then the end of the connection."""
-        frame = self.recv_frame(timeout)
-        assert frame is not None, "the connection ended without a close frame"
-        fin, opcode, payload = frame
-        assert (fin, opcode) == (True, CLOSE), f"expected a close frame, got opcode {opcode}: {payload!r}"
-        self.assert_ends()
-        return payload
-
-    def recv_close_code(self, timeout=HTTP_TIMEOUT):
-        payload = self.recv_close(timeout)
-        assert len(payload) >= 2, f"a close frame without a status code: {payload!r}"
-        return int.from_bytes(payload[:2], "big")
-
-    def assert_ends(self, timeout=HTTP_TIMEOUT):
-        """The server closes the TCP connection (after its close frame, nothing more)."""
-        frame = self.recv_frame(timeout)
-        assert frame is None, f"a frame after the close: {frame!r}"
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def close_body(code, reason=b""):
@@ -207,7 +101,7 @@ def test_a_character_split_between_fragments_is_read_whole(broker, split):
     with RawWebSocket(broker) as ws:
         ws.send(TEXT, message[:cut], fin=False)
         ws.send(CONT, message[cut:])
-        fin, opcode, payload = ws.recv_frame()
+        fin, _, opcode, payload, _ = ws.recv_frame()
         assert (fin, opcode) == (True, TEXT), (opcode, payload)
         reply = json.loads(payload.decode("utf-8"))
         assert reply[0]["id"] == "\U0001F44B" and reply[0]["successful"] is True, reply
