@@ -96,7 +96,7 @@ public final class PubSubServer: Sendable {
                 try channel.pipeline.syncOperations.addHandler(
                     WebSocketHandler(
                         shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
-                        upgradeHeaders: upgradeHead.headers))
+                        upgradeHeaders: upgradeHead.headers, eventLoop: channel.eventLoop))
             })
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)

@@ -227,6 +227,13 @@ struct Serve: AsyncParsableCommand {
         // After every flag and file was checked (a bad one is a single line on stderr), before the engine's and
         // the server's connections: the soft descriptor limit raised, and the connection limit it allows.
         configuration.operations.maxConnections = try descriptorBudget(logger: logger)
+        // Said before the port opens: whoever can connect meets these rules, and a log read as soon as the port
+        // answers has them.
+        for sentence in authorization.summary { logger.info("auth: \(sentence)") }
+        for warning in authorization.warnings { logger.warning("auth: \(warning)") }
+        if configuration.extensions.authorization.isEmpty {
+            logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
+        }
         let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
         let server = PubSubServer(
             configuration: configuration, logger: logger, metrics: .prometheus(registry), engine: engine)
@@ -249,11 +256,6 @@ struct Serve: AsyncParsableCommand {
         }
         let scheme = configuration.operations.tls == nil ? "http" : "https"
         logger.info("listening on \(scheme)://\(configuration.host):\(port)\(configuration.mount)")
-        for sentence in authorization.summary { logger.info("auth: \(sentence)") }
-        for warning in authorization.warnings { logger.warning("auth: \(warning)") }
-        if configuration.extensions.authorization.isEmpty {
-            logger.notice("no secret set: anyone may subscribe and publish (set --secret or PUBSUB_SECRET)")
-        }
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: CertificateReloader(server: server, signals: reloads, logger: logger))
         ]

@@ -60,10 +60,8 @@ final class ConnectionDriver: TimerQueueOwner {
     /// When the held connect's hold ends. The timer entry may be earlier (left from a hold answered before: it
     /// fires early and is moved), never later, so answering a poll and parking the next take no heap work.
     private var holdDeadline: NIODeadline?
-    /// When the stream's next heartbeat is due.
-    private var heartbeatDeadline: NIODeadline?
-    /// A WebSocket's pings, silence and send timeouts, handed over by the `ConnectionGuard`.
-    private var keepAlive: ConnectionGuardState?
+    /// What else is timed: a stream's heartbeats, or a WebSocket's pings, silence and send timeouts.
+    private var timing = Timing.none
     /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
     private var requestContext: RequestContext
     /// How the attached client is counted (`pubsub_clients`): an open WebSocket, a parked connect, a stream.
@@ -85,6 +83,27 @@ final class ConnectionDriver: TimerQueueOwner {
         self.timers = shared.guardSettings.loopTimers.timers(for: eventLoop)
         self.counters = shared.operations.loopCounters.counters(for: eventLoop)
         self.requestContext = context
+    }
+
+    /// A connection's timing beside the hold: one or the other, never both, in the room of the larger.
+    private enum Timing {
+        case none
+        /// When an EventSource stream's next heartbeat is due.
+        case heartbeat(NIODeadline)
+        /// A WebSocket's keep-alive, handed over by the `ConnectionGuard`.
+        case keepAlive(ConnectionGuardState)
+
+        var deadline: NIODeadline? {
+            switch self {
+            case .none: nil
+            case .heartbeat(let deadline): deadline
+            case .keepAlive(let state): state.deadline
+            }
+        }
+    }
+
+    /// The handler joined its pipeline: an open WebSocket counts as an attached client from now on.
+    func opened() {
         if kind == .webSocket { setAttached(.websocket) }
     }
 
@@ -110,8 +129,10 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// Hands a request's or frame's messages to the broker, with this connection's sink offered to its connect.
     /// A WebSocket is bound to the client of the first connect of the frame.
-    func handle(_ elements: [MessageBatch.Element], context: RequestContext) {
-        requestContext = context
+    /// `context`: the request's (polling); a WebSocket's frames keep the upgrade's.
+    func handle(_ elements: [MessageBatch.Element], context: RequestContext? = nil) {
+        if let context { requestContext = context }
+        let context = requestContext
         if isPolling {
             // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
             if shared.operations.isDraining { _ = machine.quiesce() }
@@ -181,7 +202,7 @@ final class ConnectionDriver: TimerQueueOwner {
         setAttached(.eventSource)
         let interval = shared.configuration.pingInterval
         if interval > .zero {
-            heartbeatDeadline = eventLoop.now + interval
+            timing = .heartbeat(eventLoop.now + interval)
             rearm()
         }
         let (sink, generation) = (sink!, generation)
@@ -198,18 +219,21 @@ final class ConnectionDriver: TimerQueueOwner {
         let now = eventLoop.now
         state.upgraded(now: now)
         state.writabilityChanged(isWritable: isWritable, unsentBytes: live?.unsentBytes ?? 0, now: now)
-        keepAlive = state
+        timing = .keepAlive(state)
         rearm()
     }
 
     /// Bytes arrived: any byte is a sign of life (a later deadline: the armed entry stays as it is).
     func bytesReceived(_ count: Int) {
-        if keepAlive != nil { _ = keepAlive!.bytesReceived(count, now: eventLoop.now) }
+        guard case .keepAlive(var state) = timing else { return }
+        _ = state.bytesReceived(count, now: eventLoop.now)
+        timing = .keepAlive(state)
     }
 
     func writabilityChanged(isWritable: Bool) {
-        if keepAlive != nil, let live {
-            keepAlive!.writabilityChanged(isWritable: isWritable, unsentBytes: live.unsentBytes, now: eventLoop.now)
+        if case .keepAlive(var state) = timing, let live {
+            state.writabilityChanged(isWritable: isWritable, unsentBytes: live.unsentBytes, now: eventLoop.now)
+            timing = .keepAlive(state)
             rearm()
         }
         perform(machine.writabilityChanged(isWritable: isWritable))
@@ -255,18 +279,23 @@ final class ConnectionDriver: TimerQueueOwner {
             self.holdDeadline = nil
             perform(machine.holdTimerFired())
         }
-        if let heartbeatDeadline, now >= heartbeatDeadline {
-            self.heartbeatDeadline = machine.isStream ? now + shared.configuration.pingInterval : nil
+        switch timing {
+        case .heartbeat(let deadline) where now >= deadline:
+            timing = machine.isStream ? .heartbeat(now + shared.configuration.pingInterval) : .none
             perform(machine.heartbeatDue())
-        }
-        if keepAlive != nil, let live {
-            switch keepAlive!.timerFired(now: now, unsentBytes: live.unsentBytes) {
+        case .keepAlive(var state):
+            guard let live else { break }
+            let action = state.timerFired(now: now, unsentBytes: live.unsentBytes)
+            timing = .keepAlive(state)
+            switch action {
             case .none: break
             case .ping: if machine.isOpen { live.sendHeartbeat() }
             case .close(let reason):
                 live.abort(reason)
                 return
             }
+        default:
+            break
         }
         rearm()
     }
@@ -276,8 +305,7 @@ final class ConnectionDriver: TimerQueueOwner {
     private func rearm() {
         guard live != nil else { return }
         var next = holdDeadline
-        if let deadline = heartbeatDeadline { next = min(next ?? deadline, deadline) }
-        if let deadline = keepAlive?.deadline { next = min(next ?? deadline, deadline) }
+        if let deadline = timing.deadline { next = min(next ?? deadline, deadline) }
         guard let next else { return }
         if let armed = timers.deadline(of: self), armed <= next { return }
         timers.schedule(self, at: next)
@@ -318,8 +346,7 @@ final class ConnectionDriver: TimerQueueOwner {
             live?.sendHeartbeat()
         case .release(let clientId):
             holdDeadline = nil
-            heartbeatDeadline = nil
-            keepAlive?.closed()
+            timing = .none
             timers.cancel(self)
             if let clientId, let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
             releaseSink()

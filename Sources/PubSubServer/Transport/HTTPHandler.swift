@@ -37,6 +37,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
         driver = ConnectionDriver(
             transport: self, context: RequestContext(connectionType: .longPolling), shared: shared,
             eventLoop: context.eventLoop)
+        driver.opened()
         if !context.channel.isWritable { driver.writabilityChanged(isWritable: false) }
     }
 

@@ -28,22 +28,23 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     /// Inside `parseFrames` (a frame handled at once finishes within it: the loop goes on by itself).
     private var parsing = false
     private var parser: WebSocketFrameParser
-    private let requestContext: RequestContext
 
-    init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:]) {
+    /// `eventLoop`: the channel's; the driver, made here, keeps the request context of the upgrade for every frame.
+    init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:], eventLoop: any EventLoop) {
         self.shared = shared
         let maxFrame = shared.configuration.maxFrameBytes
         self.parser = WebSocketFrameParser(
             maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096,
             compressed: Self.compresses(upgradeHeaders, shared.configuration))
-        self.requestContext = RequestContext(
+        let context = RequestContext(
             connectionType: .websocket, remoteAddress: remoteAddress,
             headers: RequestContext.authorizationHeaders(upgradeHeaders))
+        driver = ConnectionDriver(transport: self, context: context, shared: shared, eventLoop: eventLoop)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        driver = ConnectionDriver(transport: self, context: requestContext, shared: shared, eventLoop: context.eventLoop)
+        driver.opened()
         if !context.channel.isWritable { driver.writabilityChanged(isWritable: false) }
         // The WebSocket is timed by its driver from now on (pings, silence, blocked writes): the guard hands over
         // and leaves.
@@ -173,7 +174,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             writeFrame(.text, ByteBuffer(string: "[]"), context: context)
             return
         }
-        driver.handle(elements, context: requestContext)
+        driver.handle(elements)
     }
 
     // MARK: ConnectionTransport

@@ -462,7 +462,7 @@ struct WireResponse {
             ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
         let shared = ConnectionHandlerTests.makeShared(maxQueue: 10, recorder: ConnectionHandlerTests.LogRecorder())
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil))
+        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         loop.advanceTime(by: .seconds(29))
         #expect(try WireFrames.written(channel).isEmpty)
         loop.advanceTime(by: .seconds(1))

@@ -12,7 +12,7 @@ import Testing
     private func webSocket() throws -> EmbeddedChannel {
         let shared = ConnectionHandlerTests.makeShared(maxQueue: 100, recorder: ConnectionHandlerTests.LogRecorder())
         let channel = try ConnectionHandlerTests.connectedChannel()
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil))
+        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         try ConnectionHandlerTests.sendFrame(ConnectionHandlerTests.handshake, channel)
         #expect(try WireFrames.written(channel).map(\.opcode) == [.text])
         return channel
