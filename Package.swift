@@ -139,6 +139,7 @@ let package = Package(
             name: "PubSubBench",
             dependencies: [
                 "Bayeux",
+                .product(name: "CompressNIO", package: "compress-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -82,7 +82,7 @@ final class BenchClient: @unchecked Sendable {
         }
     }
 
-    private var isSubscriber: Bool {
+    var isSubscriber: Bool {
         if case .subscriber = role { return true }
         return false
     }
@@ -428,8 +428,6 @@ final class BenchClient: @unchecked Sendable {
         if publishing, plan?.rate == 0 { pump() }
     }
 
-    private static let pad = [UInt8](repeating: UInt8(ascii: "x"), count: 4096)
-
     /// Rooms are picked at random (seeded per publisher), so a batch is spread over the clients as in a chat.
     private func channelFor(message k: Int) -> Int {
         let count = shared.channels.count
@@ -441,7 +439,8 @@ final class BenchClient: @unchecked Sendable {
         guard let wire, !closed else { return }
         let p = publisherIndex
         let size = shared.options.payloadBytes
-        var buffer = ByteBufferAllocator().buffer(capacity: count * (size + 160) + 2)
+        let expectedSize = shared.options.payload == .filler ? size : shared.options.payload == .jobProgress ? 1200 : 4600
+        var buffer = ByteBufferAllocator().buffer(capacity: count * (expectedSize + 160) + 2)
         buffer.writeInteger(UInt8(ascii: "["))
         var expected = 0
         let inWindow = plan.map { sentAt >= $0.windowStart && sentAt < $0.windowEnd } ?? false
@@ -454,23 +453,8 @@ final class BenchClient: @unchecked Sendable {
             buffer.writeStaticString("{\"channel\":\"")
             buffer.writeString(shared.channels[c])
             buffer.writeStaticString("\",\"data\":")
-            let start = buffer.writerIndex
-            buffer.writeStaticString("{\"_pb\":[")
-            buffer.writeString(String(p))
-            buffer.writeInteger(UInt8(ascii: ","))
-            buffer.writeString(String(c))
-            buffer.writeInteger(UInt8(ascii: ","))
-            buffer.writeString(String(sequence))
-            buffer.writeInteger(UInt8(ascii: ","))
-            buffer.writeString(String(sentAt))
-            buffer.writeStaticString("],\"x\":\"")
-            var padding = size - (buffer.writerIndex - start) - 2
-            while padding > 0 {
-                let n = min(padding, Self.pad.count)
-                buffer.writeBytes(Self.pad[0..<n])
-                padding -= n
-            }
-            buffer.writeStaticString("\"}")
+            shared.options.payload.write(
+                into: &buffer, publisher: p, channel: c, sequence: sequence, sentAt: sentAt, size: size)
             if !clientIdBytes.isEmpty {
                 buffer.writeStaticString(",\"clientId\":\"")
                 buffer.writeBytes(clientIdBytes)

@@ -97,6 +97,12 @@ public struct BenchOptions: Sendable {
     /// The channel prefix of the run; the worker processes of one run share it.
     public var runId: String?
 
+    /// WebSocket clients offer permessage-deflate (RFC 7692) and inflate compressed messages (`--compression`).
+    public var compression: Bool = BenchEnvironment.current.compression
+    /// What each publish's `data` holds beside the marker (`--payload`): `--size` bytes of filler, or realistic
+    /// JSON of its own size.
+    public var payload: BenchPayload = BenchEnvironment.current.payload
+
     /// The run-wide number of this process's first client (a worker's share starts there), so that clients
     /// spread over `targets` as if one process held them all.
     public var firstIndex: Int = 0
@@ -156,6 +162,7 @@ public struct BenchOptions: Sendable {
 
     /// Checks the combination; returns a sentence for the first problem.
     public func problem() -> String? {
+        if let problem = BenchEnvironment.current.problem { return problem }
         if subscribers < 0 { return "--subscribers must not be negative" }
         if publishers < 1 && scenario != .idle { return "--publishers must be at least 1" }
         if scenario == .rooms {

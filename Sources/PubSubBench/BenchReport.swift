@@ -87,6 +87,27 @@ public struct BenchReport: Sendable {
     public var limit: BenchLimit?
     /// Worker processes that held the subscribers (0: this process did).
     public var workers: Int = 0
+    /// Bytes read from the subscribers' WebSockets while the window was open (frames and their headers).
+    public var subscriberWireBytes: Int = 0
+    /// WebSockets (subscribers and publishers) whose upgrade accepted permessage-deflate.
+    public var compressionNegotiated: Int = 0
+    /// The subscribers' sample of event frames: on the wire, plain, and compressed by zlib alone.
+    public var compressionSample = CompressionSample()
+
+    /// Bytes on the wire per delivered event (WebSocket subscribers, over the window): what the sockets handed
+    /// over, replies and frame headers included, divided by the deliveries.
+    public var wireBytesPerDelivery: Double? {
+        guard options.transport == .websocket, options.scenario != .idle, deliveries > 0 else { return nil }
+        return Double(subscriberWireBytes) / Double(deliveries)
+    }
+
+    /// Per event of the sample: bytes on the wire, as plain frames, and compressed by zlib alone.
+    public var samplePerEvent: (wire: Double, plain: Double, zlib: Double)? {
+        let s = compressionSample
+        guard s.events > 0 else { return nil }
+        let n = Double(s.events)
+        return (Double(s.wireBytes) / n, Double(s.plainBytes) / n, Double(s.zlibBytes) / n)
+    }
 
     /// Deliveries the load generator can take per CPU second of its own: its ceiling on one core.
     public var benchCeilingPerCore: Double? {
@@ -102,6 +123,7 @@ public struct BenchReport: Sendable {
             "publishers": JSONValue(o.publishers), "payload_bytes": JSONValue(o.payloadBytes),
             "rate": number(o.rate), "batch": JSONValue(o.batch), "window": JSONValue(o.window),
             "warmup_seconds": number(o.warmup), "threads": JSONValue(o.threads),
+            "payload": .string(o.payload.rawValue), "compression": .bool(o.compression),
         ]
         if o.scenario == .rooms {
             config["rooms"] = JSONValue(o.rooms)
@@ -131,6 +153,23 @@ public struct BenchReport: Sendable {
             out["limit_reason"] = .string(limit.sentence)
         }
         if workers > 0 { out["workers"] = JSONValue(workers) }
+        if o.transport == .websocket {
+            var compression: JSONObject = [
+                "offered": .bool(o.compression), "negotiated": JSONValue(compressionNegotiated),
+            ]
+            if let wireBytesPerDelivery {
+                compression["subscriber_wire_bytes"] = JSONValue(subscriberWireBytes)
+                out["wire_bytes_per_delivery"] = number(wireBytesPerDelivery)
+            }
+            if let per = samplePerEvent {
+                compression["sample"] = .object([
+                    "frames": JSONValue(compressionSample.frames), "events": JSONValue(compressionSample.events),
+                    "wire_bytes_per_event": number(per.wire), "plain_frame_bytes_per_event": number(per.plain),
+                    "zlib_alone_bytes_per_event": number(per.zlib),
+                ])
+            }
+            out["websocket_compression"] = .object(compression)
+        }
         return .object(out)
     }
 
@@ -144,7 +183,8 @@ public struct BenchReport: Sendable {
         var shape = "\(o.scenario.rawValue) over \(o.transport.rawValue), \(o.subscribers) subscribers"
         if o.scenario == .rooms { shape += " in \(o.rooms) rooms (\(o.roomsPerClient) each)" }
         if o.scenario != .idle {
-            shape += ", \(o.publishers) publisher\(o.publishers == 1 ? "" : "s"), \(o.payloadBytes)-byte payloads"
+            let payload = o.payload == .filler ? "\(o.payloadBytes)-byte" : o.payload.rawValue
+            shape += ", \(o.publishers) publisher\(o.publishers == 1 ? "" : "s"), \(payload) payloads"
             shape += o.rate > 0 ? ", \(formatCount(o.rate)) publishes/s" : ", as fast as a window of \(o.window) allows"
             if o.batch > 1 { shape += ", batches of \(o.batch)" }
         }
@@ -172,6 +212,14 @@ public struct BenchReport: Sendable {
         }
         rows.append(
             ("deliveries", "\(receivedDeliveries) of \(expectedDeliveries) expected: \(lost) lost, \(extra) extra, \(outOfOrder) out of order"))
+        if o.transport == .websocket {
+            var text = o.compression ? "offered, accepted on \(compressionNegotiated) of \(connected) WebSockets" : "not offered"
+            if let wire = wireBytesPerDelivery { text += "; \(format(wire, 1)) bytes on the wire per delivered event" }
+            if let per = samplePerEvent {
+                text += " (sample: \(format(per.wire, 1)) on the wire, \(format(per.plain, 1)) plain, \(format(per.zlib, 1)) zlib alone)"
+            }
+            rows.append(("compression", text))
+        }
         if let limit { rows.append(("stopped by", limit.sentence)) }
         rows.append(("errors", errors == 0 ? "0" : "\(errors): \(errorSamples.joined(separator: "; "))"))
         let perWhat = deliveries > 0 ? "M deliveries" : "M publishes"
@@ -238,3 +286,4 @@ func formatBytes(_ bytes: Int) -> String {
     if b >= Double(1 << 10) { return format(b / Double(1 << 10), 1) + " KiB" }
     return "\(bytes) B"
 }
+

@@ -252,7 +252,7 @@ public final class BenchRunner: Sendable {
             server?.rssBytes = end.rssBytes
         }
 
-        return BenchReport(
+        var report = BenchReport(
             options: o, serverName: nil, connected: total.connected, connectFailures: total.connectFailures,
             connectTime: LatencySummary(total.connectTime), setupSeconds: setupSeconds, measuredSeconds: measured,
             publishes: publishes, publishesPerSecond: Double(publishes) / measured,
@@ -262,6 +262,10 @@ public final class BenchRunner: Sendable {
             outOfOrder: total.duplicates, errors: total.errors + total.publishFailures,
             errorSamples: total.errorSamples, server: server, serverBaselineRSS: baseline?.rssBytes,
             serverRSSPerConnection: perConnection, bench: bench, limit: limit, workers: workerReports.count)
+        report.subscriberWireBytes = total.subscriberWireBytesInWindow
+        report.compressionNegotiated = total.compressionNegotiated
+        report.compressionSample = total.sample
+        return report
     }
 
     /// Opens clients, at most `connectConcurrency` at once; returns which became ready.

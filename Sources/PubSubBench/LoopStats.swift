@@ -29,6 +29,21 @@ final class LoopStats: @unchecked Sendable {
     var errors = 0
     var errorSamples: [String] = []
 
+    /// Bytes read from subscribers' WebSockets (frames and their headers, as the socket handed them over) while
+    /// the window was open; divided by the deliveries in the window, the bytes on the wire per delivered event.
+    var subscriberWireBytesInWindow = 0
+    /// WebSockets whose upgrade response accepted permessage-deflate.
+    var compressionNegotiated = 0
+    /// A sample of the frames that carried events (the first `compressionSampleLimit` of this loop): the events
+    /// in them, their bytes on the wire, the bytes the same messages take as plain frames and as frames
+    /// compressed by zlib alone.
+    var sample = CompressionSample()
+    static let compressionSampleLimit = 256
+    /// Data messages subscribers read, for spreading the sample.
+    var messagesSeen = 0
+    /// The loop's inflater and sample deflater (`--compression`), made when first needed.
+    lazy var compression = LoopCompression()
+
     static func makeHistogram() -> Histogram<UInt64> {
         // Microseconds, 1 µs to 1 hour, 3 significant digits.
         Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .three)
@@ -46,6 +61,11 @@ final class LoopStats: @unchecked Sendable {
             _ = latency.record(now > marker.sentAt ? (now - marker.sentAt) / 1000 : 0)
         }
         if now >= windowStart, now < windowEnd { deliveriesInWindow += 1 }
+    }
+
+    /// `count` bytes were read from a subscriber's socket at `now`.
+    @inline(__always) func wireRead(_ count: Int, now: UInt64) {
+        if now >= windowStart, now < windowEnd { subscriberWireBytesInWindow += count }
     }
 
     var snapshot: Snapshot {
@@ -95,6 +115,9 @@ final class LoopStats: @unchecked Sendable {
         connected += workers.ready
         connectFailures += workers.failed
         errors += workers.errors
+        subscriberWireBytesInWindow += workers.subscriberWireBytesInWindow
+        compressionNegotiated += workers.compressionNegotiated
+        sample.add(workers.sample)
         for sample in workers.errorSamples where errorSamples.count < 8 && !errorSamples.contains(sample) {
             errorSamples.append(sample)
         }
@@ -117,6 +140,9 @@ final class LoopStats: @unchecked Sendable {
         connected += other.connected
         connectFailures += other.connectFailures
         errors += other.errors
+        subscriberWireBytesInWindow += other.subscriberWireBytesInWindow
+        compressionNegotiated += other.compressionNegotiated
+        sample.add(other.sample)
         for sample in other.errorSamples where errorSamples.count < 8 && !errorSamples.contains(sample) {
             errorSamples.append(sample)
         }
@@ -124,3 +150,32 @@ final class LoopStats: @unchecked Sendable {
 }
 
 @inline(__always) func monotonicNanoseconds() -> UInt64 { NIODeadline.now().uptimeNanoseconds }
+
+/// Frames that carried events, sampled by the subscribers: what they took on the wire against what the same
+/// messages take as plain frames and compressed by zlib alone (`LoopCompression.zlibAloneFrameBytes`).
+public struct CompressionSample: Sendable, Equatable {
+    public var frames = 0
+    public var events = 0
+    /// Header plus payload as received (compressed or not).
+    public var wireBytes = 0
+    /// Header plus payload of the same messages sent uncompressed.
+    public var plainBytes = 0
+    /// Header plus payload of the same messages compressed by zlib alone.
+    public var zlibBytes = 0
+
+    public init(frames: Int = 0, events: Int = 0, wireBytes: Int = 0, plainBytes: Int = 0, zlibBytes: Int = 0) {
+        self.frames = frames
+        self.events = events
+        self.wireBytes = wireBytes
+        self.plainBytes = plainBytes
+        self.zlibBytes = zlibBytes
+    }
+
+    mutating func add(_ other: CompressionSample) {
+        frames += other.frames
+        events += other.events
+        wireBytes += other.wireBytes
+        plainBytes += other.plainBytes
+        zlibBytes += other.zlibBytes
+    }
+}

@@ -8,6 +8,11 @@ import NIOWebSocket
 /// frames are unmasked and nearly always whole, so the payload of each text frame is handed to the client as a
 /// slice of the read buffer, without the generic decoder and aggregator (the load generator reads far more
 /// frames than it writes, and must not be the bottleneck). Fragmented messages are reassembled.
+///
+/// With `--compression` the upgrade request offers permessage-deflate (`PerMessageDeflate`); when the server
+/// accepts, a message whose first frame has RSV1 set is inflated before the client reads it. A subscriber counts
+/// every byte its socket hands over (`LoopStats.wireRead`) and samples what its event frames would take plain and
+/// compressed by zlib alone.
 final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = WebSocketFrame
@@ -18,10 +23,22 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
     private var partial: ByteBuffer?
     /// The text of a fragmented message so far.
     private var fragments: ByteBuffer?
+    /// Whether the fragmented message being reassembled came compressed (RSV1 on its first frame).
+    private var fragmentsCompressed = false
+    /// Bytes on the wire of the fragmented message so far (headers included).
+    private var fragmentsWireBytes = 0
     private var closing = false
+    /// The server accepted permessage-deflate in its 101 response.
+    private let compressed: Bool
+    /// A subscriber's socket: its bytes are counted and its event frames sampled.
+    private let counts: Bool
     private static let maxMessage = 1 << 26
 
-    init(client: BenchClient) { self.client = client }
+    init(client: BenchClient, compressed: Bool) {
+        self.client = client
+        self.compressed = compressed
+        self.counts = client.isSubscriber
+    }
 
     static func connect(_ client: BenchClient) -> EventLoopFuture<any Channel> {
         let url = client.target
@@ -35,12 +52,13 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
                     let upgrader = NIOWebSocketClientUpgrader(
                         maxFrameSize: 1 << 26,
                         automaticErrorHandling: false,
-                        upgradePipelineHandler: { channel, _ in
+                        upgradePipelineHandler: { channel, response in
                             channel.eventLoop.makeCompletedFuture {
                                 let sync = channel.pipeline.syncOperations
                                 let decoder = try sync.handler(type: ByteToMessageHandler<WebSocketFrameDecoder>.self)
                                 sync.removeHandler(decoder, promise: nil)
-                                try sync.addHandler(WebSocketWire(client: bound.value))
+                                let negotiated = PerMessageDeflate.negotiated(response.headers)
+                                try sync.addHandler(WebSocketWire(client: bound.value, compressed: negotiated))
                             }
                         })
                     let sync = channel.pipeline.syncOperations
@@ -55,6 +73,9 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
                 var headers = HTTPHeaders()
                 headers.add(name: "Host", value: "\(url.host):\(url.port)")
                 headers.add(name: "Content-Length", value: "0")
+                if client.shared.options.compression {
+                    headers.add(name: "Sec-WebSocket-Extensions", value: PerMessageDeflate.offer)
+                }
                 let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: url.path, headers: headers)
                 channel.write(HTTPClientRequestPart.head(head), promise: nil)
                 return channel.writeAndFlush(HTTPClientRequestPart.end(nil)).map { channel }
@@ -63,6 +84,7 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        if compressed { client.stats.compressionNegotiated += 1 }
         if let watcher = try? context.pipeline.syncOperations.handler(type: UpgradeWatcher.self) {
             context.pipeline.syncOperations.removeHandler(watcher, promise: nil)
         }
@@ -72,6 +94,7 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !closing else { return }
         var bytes = unwrapInboundIn(data)
+        if counts { client.stats.wireRead(bytes.readableBytes, now: monotonicNanoseconds()) }
         if var held = partial {
             partial = nil
             held.writeBuffer(&bytes)
@@ -97,9 +120,13 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
 
     struct Frame {
         var fin: Bool
+        /// RSV1: on a data message's first frame, the message is compressed (permessage-deflate).
+        var rsv1: Bool = false
         var opcode: UInt8
         var length: Int
         var payload: ByteBuffer
+        /// Header and payload, as on the wire.
+        var wireBytes: Int = 0
     }
 
     /// Takes one whole frame off the front of `bytes`, or nil when it is not all there yet.
@@ -132,16 +159,24 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
         else { return nil }
         bytes.moveReaderIndex(forwardBy: header + length)
         if let key { payload.webSocketUnmask(key) }
-        return Frame(fin: b0 & 0x80 != 0, opcode: b0 & 0x0F, length: length, payload: payload)
+        return Frame(
+            fin: b0 & 0x80 != 0, rsv1: b0 & 0x40 != 0, opcode: b0 & 0x0F, length: length, payload: payload,
+            wireBytes: header + length)
     }
 
     private func handle(_ frame: Frame, context: ChannelHandlerContext) {
         switch frame.opcode {
         case 0x1, 0x2:
+            if frame.rsv1, !compressed {
+                protocolError("RSV1 set without permessage-deflate", context: context)
+                return
+            }
             if frame.fin {
-                client.received(frame.payload)
+                message(frame.payload, compressed: frame.rsv1, wireBytes: frame.wireBytes, context: context)
             } else {
                 fragments = frame.payload
+                fragmentsCompressed = frame.rsv1
+                fragmentsWireBytes = frame.wireBytes
             }
         case 0x0:
             guard var text = fragments else {
@@ -150,13 +185,14 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
             }
             var more = frame.payload
             text.writeBuffer(&more)
+            fragmentsWireBytes += frame.wireBytes
             if text.readableBytes > Self.maxMessage {
                 protocolError("message too large", context: context)
                 return
             }
             if frame.fin {
                 fragments = nil
-                client.received(text)
+                message(text, compressed: fragmentsCompressed, wireBytes: fragmentsWireBytes, context: context)
             } else {
                 fragments = text
             }
@@ -170,6 +206,42 @@ final class WebSocketWire: ChannelInboundHandler, BenchWire, RemovableChannelHan
         default:
             break
         }
+    }
+
+    /// A whole data message: inflated when it came compressed, sampled (subscribers), then read by the client.
+    private func message(_ payload: ByteBuffer, compressed: Bool, wireBytes: Int, context: ChannelHandlerContext) {
+        var text = payload
+        let stats = client.stats
+        if compressed {
+            guard let inflated = stats.compression.inflate(payload, limit: Self.maxMessage) else {
+                protocolError("a compressed message that does not inflate", context: context)
+                return
+            }
+            text = inflated
+        }
+        if counts, stats.sample.frames < LoopStats.compressionSampleLimit {
+            // One message in 37 (a prime: with N subscribers on a channel the sample spreads over many publishes).
+            stats.messagesSeen &+= 1
+            if stats.messagesSeen % 37 == 1 { sample(text, wireBytes: wireBytes, stats: stats) }
+        }
+        client.received(text)
+    }
+
+    /// Adds a frame that carried events to the loop's sample: its bytes on the wire, and what the same message
+    /// takes as a plain frame and compressed by zlib alone.
+    private func sample(_ text: ByteBuffer, wireBytes: Int, stats: LoopStats) {
+        var events = 0
+        _ = text.withUnsafeReadableBytes { bytes in
+            ReplyScanner.scan(bytes) { item in
+                if case .event = item { events += 1 }
+            }
+        }
+        guard events > 0, let zlib = stats.compression.zlibAloneFrameBytes(text) else { return }
+        stats.sample.add(
+            CompressionSample(
+                frames: 1, events: events, wireBytes: wireBytes,
+                plainBytes: PerMessageDeflate.headerLength(ofPayload: text.readableBytes) + text.readableBytes,
+                zlibBytes: zlib))
     }
 
     private func protocolError(_ reason: String, context: ChannelHandlerContext) {

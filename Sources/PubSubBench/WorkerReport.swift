@@ -68,6 +68,11 @@ public struct WorkerReport: Sendable {
     /// The worker's own CPU seconds over the measured window and its RSS at the end.
     public var cpuSeconds: Double
     public var rssBytes: Int
+    /// Bytes the worker's subscribers read from their sockets in the window, the WebSockets that negotiated
+    /// permessage-deflate, and the worker's sample of event frames.
+    public var subscriberWireBytesInWindow = 0
+    public var compressionNegotiated = 0
+    public var sample = CompressionSample()
 
     public init(
         ready: Int = 0, failed: Int = 0, deliveries: Int = 0, deliveriesInWindow: Int = 0, outOfOrder: Int = 0,
@@ -97,6 +102,9 @@ public struct WorkerReport: Sendable {
             errors: stats.errors, errorSamples: stats.errorSamples,
             limit: stats.limit,
             latency: stats.latency, connectTime: stats.connectTime, cpuSeconds: cpuSeconds, rssBytes: rssBytes)
+        subscriberWireBytesInWindow = stats.subscriberWireBytesInWindow
+        compressionNegotiated = stats.compressionNegotiated
+        sample = stats.sample
     }
 
     /// Everything the workers measured, as if one process had: counts add up, histograms merge exactly, the
@@ -119,6 +127,9 @@ public struct WorkerReport: Sendable {
             total.connectTime.add(r.connectTime)
             total.cpuSeconds += r.cpuSeconds
             total.rssBytes += r.rssBytes
+            total.subscriberWireBytesInWindow += r.subscriberWireBytesInWindow
+            total.compressionNegotiated += r.compressionNegotiated
+            total.sample.add(r.sample)
         }
         return total
     }
@@ -133,6 +144,10 @@ public struct WorkerReport: Sendable {
             "error_samples": .array(errorSamples.map(JSONValue.string)),
             "latency": Self.encode(latency), "connect_time": Self.encode(connectTime),
             "cpu_seconds": .number(String(cpuSeconds)), "rss_bytes": JSONValue(rssBytes),
+            "wire_bytes_in_window": JSONValue(subscriberWireBytesInWindow),
+            "compression_negotiated": JSONValue(compressionNegotiated),
+            "sample": .array(
+                [sample.frames, sample.events, sample.wireBytes, sample.plainBytes, sample.zlibBytes].map { JSONValue($0) }),
         ]
         if let limit { o["limit"] = .string(limit.rawValue) }
         return .object(o)
@@ -153,6 +168,11 @@ public struct WorkerReport: Sendable {
             errorSamples: o["error_samples"]?.arrayValue?.compactMap(\.stringValue) ?? [],
             limit: o["limit"]?.stringValue.flatMap(BenchLimit.init(rawValue:)),
             latency: latency, connectTime: connectTime, cpuSeconds: cpu, rssBytes: int("rss_bytes") ?? 0)
+        subscriberWireBytesInWindow = int("wire_bytes_in_window") ?? 0
+        compressionNegotiated = int("compression_negotiated") ?? 0
+        if let s = o["sample"]?.arrayValue?.compactMap({ $0.integerValue.map { Int($0) } }), s.count == 5 {
+            sample = CompressionSample(frames: s[0], events: s[1], wireBytes: s[2], plainBytes: s[3], zlibBytes: s[4])
+        }
     }
 
     /// `[[value, count], …]` over the recorded buckets. The lowest and highest buckets carry the exact minimum and

@@ -1,0 +1,81 @@
+import CompressNIO
+import NIOCore
+import NIOHTTP1
+
+/// WebSocket compression (permessage-deflate, RFC 7692) on the load generator's side (`--compression`): the
+/// clients offer it with no context kept on either side, read compressed messages by inflating each on its own, and
+/// send uncompressed (a client may choose per message). No context taken over means a message needs no earlier one,
+/// so one inflater per event loop, reset after each message, serves every connection of that loop.
+enum PerMessageDeflate {
+    /// What the clients send in `Sec-WebSocket-Extensions`.
+    static let offer = "permessage-deflate; client_no_context_takeover; server_no_context_takeover"
+
+    /// Whether a 101 response accepted permessage-deflate (its `Sec-WebSocket-Extensions` names it).
+    static func negotiated(_ headers: HTTPHeaders) -> Bool {
+        negotiated(extensions: headers["sec-websocket-extensions"])
+    }
+
+    /// Whether these values of `Sec-WebSocket-Extensions` name permessage-deflate.
+    static func negotiated(extensions: [String]) -> Bool {
+        extensions.contains { value in
+            value.split(separator: ",").contains { extensionOffer in
+                let name = extensionOffer.split(separator: ";").first.map { $0.filter { $0 != " " && $0 != "\t" } }
+                return name?.lowercased() == "permessage-deflate"
+            }
+        }
+    }
+
+    /// The length of an unmasked frame header (a server's) for a payload of `count` bytes.
+    static func headerLength(ofPayload count: Int) -> Int {
+        count <= 125 ? 2 : count <= 0xFFFF ? 4 : 10
+    }
+}
+
+/// One event loop's compression streams: the inflater for compressed messages, and a deflater that measures what
+/// zlib alone makes of a sample of the messages received (the figure the wire bytes are compared with). Touched
+/// only on its loop.
+final class LoopCompression {
+    private var inflater: ZlibDecompressor?
+    private var deflater: ZlibCompressor?
+
+    /// A compressed message's payload inflated (`00 00 ff ff` appended, as RFC 7692 §7.2.2 says), at most `limit`
+    /// bytes; nil when it is not a DEFLATE stream or inflates past the limit.
+    func inflate(_ payload: ByteBuffer, limit: Int) -> ByteBuffer? {
+        if inflater == nil { inflater = try? ZlibDecompressor(algorithm: .deflate) }
+        guard let inflater else { return nil }
+        defer { try? inflater.reset() }
+        var input = payload
+        input.writeBytes([0x00, 0x00, 0xFF, 0xFF])
+        var output = ByteBufferAllocator().buffer(capacity: min(limit + 1, max(512, payload.readableBytes * 6)))
+        while true {
+            do {
+                try inflater.inflate(from: &input, to: &output)
+                return output
+            } catch let error as CompressNIOError where error == .bufferOverflow {
+                guard output.readableBytes <= limit, output.capacity <= limit else { return nil }
+                output.reserveCapacity(min(limit + 1, output.capacity * 2))
+            } catch let error as CompressNIOError where error == .inputBufferOverflow {
+                return output
+            } catch {
+                return nil
+            }
+        }
+    }
+
+    /// The bytes of a server frame carrying `message` compressed by zlib alone, as a permessage-deflate sender with
+    /// no context would make it: raw DEFLATE at zlib's default level (6) and window (15 bits), sync-flushed, the
+    /// trailing `00 00 ff ff` removed, plus the frame header. Python's `zlib.compressobj(wbits=-15)` with
+    /// `Z_SYNC_FLUSH` gives the same bytes.
+    func zlibAloneFrameBytes(_ message: ByteBuffer) -> Int? {
+        if deflater == nil { deflater = try? ZlibCompressor(algorithm: .deflate) }
+        guard let deflater else { return nil }
+        defer { try? deflater.reset() }
+        var input = message
+        var output = ByteBufferAllocator().buffer(capacity: deflater.maxSize(from: input) + 16)
+        guard (try? deflater.deflate(from: &input, to: &output, flush: .sync)) != nil, input.readableBytes == 0,
+            output.readableBytes >= 4
+        else { return nil }
+        let payload = output.readableBytes - 4
+        return PerMessageDeflate.headerLength(ofPayload: payload) + payload
+    }
+}
