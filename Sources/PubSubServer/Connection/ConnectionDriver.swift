@@ -108,7 +108,8 @@ final class ConnectionDriver: TimerQueueOwner {
     }
 
     private var isPolling: Bool { kind == .polling }
-    private var eventLoop: any EventLoop { timers.eventLoop }
+    /// The connection's loop (its timers' `let`: read from any thread).
+    var eventLoop: any EventLoop { timers.eventLoop }
 
     /// The transport while the connection is open or closing; nil once it is closed.
     private var live: (any ConnectionTransport)? {
@@ -380,7 +381,7 @@ final class ConnectionDriver: TimerQueueOwner {
 
     private func newSink(persistent: Bool) {
         releaseSink()
-        sink = ConnectionSink(driver: self, generation: generation, isPersistent: persistent, eventLoop: eventLoop)
+        sink = ConnectionSink(driver: self, generation: generation, isPersistent: persistent)
     }
 
     /// Lets go of the current sink: its calls are no longer wanted (answered, rebound, detached, closed).

@@ -5,24 +5,29 @@ import PubSubCore
 /// client or an EventSource stream (persistent). It only forwards to its connection's `ConnectionDriver`, on the
 /// driver's loop, with its generation: the driver takes the calls of its current sink only, so a sink it has let
 /// go of (answered, rebound, closed) changes nothing, whatever the engine still holds.
+///
+/// Unchecked: the driver is touched on its loop only (the engine calls both methods there, as `DeliverySink` says;
+/// debug builds check it). Its loop is the driver's own, not a copy here: every open WebSocket has a sink.
 final class ConnectionSink: DeliverySink, @unchecked Sendable {
-    private let driver: NIOLoopBound<ConnectionDriver>
+    private let driver: ConnectionDriver
     let generation: UInt32
     let isPersistent: Bool
 
     var eventLoop: any EventLoop { driver.eventLoop }
 
-    init(driver: ConnectionDriver, generation: UInt32, isPersistent: Bool, eventLoop: any EventLoop) {
-        self.driver = NIOLoopBound(driver, eventLoop: eventLoop)
+    init(driver: ConnectionDriver, generation: UInt32, isPersistent: Bool) {
+        self.driver = driver
         self.generation = generation
         self.isPersistent = isPersistent
     }
 
     func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        driver.value.deliver(events, generation: generation)
+        driver.eventLoop.assertInEventLoop()
+        driver.deliver(events, generation: generation)
     }
 
     func detached(_ reason: DetachReason) {
-        driver.value.detached(reason, generation: generation)
+        driver.eventLoop.assertInEventLoop()
+        driver.detached(reason, generation: generation)
     }
 }

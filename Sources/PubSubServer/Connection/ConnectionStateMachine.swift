@@ -104,8 +104,28 @@ struct ConnectionStateMachine {
         case withhold
     }
 
+    /// What a held connect keeps: its reply's fields and its hold. Not the whole `PendingConnect`, whose engine
+    /// result is spent once the connect is held: an idle WebSocket holds one of these for as long as it idles.
+    struct HeldConnect {
+        var id: JSONValue?
+        var clientId: String
+        var advice: JSONValue?
+        var hold: TimeAmount
+
+        init(_ connect: PendingConnect) {
+            (id, clientId, advice, hold) = (connect.id, connect.clientId, connect.advice, connect.hold)
+        }
+
+        /// The connect again, to be answered.
+        var connect: PendingConnect {
+            PendingConnect(
+                id: id, clientId: clientId, advice: advice,
+                result: ConnectResult(status: .ok, attached: true, answerNow: false), hold: hold)
+        }
+    }
+
     struct Parked {
-        var connect: PendingConnect
+        var connect: HeldConnect
         /// The other replies of the request, sent before the connect's.
         var replies: [Message]
     }
@@ -113,7 +133,7 @@ struct ConnectionStateMachine {
     struct Socket {
         /// The client of the socket's latest connect (nil before the first, or once its session ended).
         var clientId: String?
-        var held: PendingConnect?
+        var held: HeldConnect?
         var backlog: CircularBuffer<ByteBuffer>
         /// The session ended while a frame was handled: the frame's replies go first (the disconnect's own
         /// reply), then the socket closes (`frameFinished`).
@@ -255,7 +275,7 @@ struct ConnectionStateMachine {
                 state = .idle
                 return .answer(Answer(connect: pending, replies: replies, events: .noEvents, failure: nil, takeEvents: true))
             }
-            state = .parked(Parked(connect: pending, replies: replies))
+            state = .parked(Parked(connect: HeldConnect(pending), replies: replies))
             return .hold(pending.hold, previous: nil, replies: [], events: .noEvents)
         case .socket(var socket):
             state = .modifying
@@ -264,7 +284,7 @@ struct ConnectionStateMachine {
                 previous = Self.take(&socket.held)
                 // The same id as the bound one: keep the engine's copy (one string per client, not one per connect).
                 if socket.clientId == pending.clientId { socket.clientId = pending.clientId }
-                socket.held = pending
+                socket.held = HeldConnect(pending)
             }
             var out = CircularBuffer<ByteBuffer>.noEvents
             if !replies.isEmpty {
@@ -300,7 +320,7 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: events, failure: nil, takeEvents: false))
+            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: events, failure: nil, takeEvents: false))
         case .awaiting(var backlog, let detach):
             state = .modifying
             backlog.append(contentsOf: events)
@@ -357,7 +377,7 @@ struct ConnectionStateMachine {
         case .parked(let parked):
             state = .idle
             var answer = Answer(
-                connect: parked.connect, replies: parked.replies, events: .noEvents,
+                connect: parked.connect.connect, replies: parked.replies, events: .noEvents,
                 failure: Self.failure(reason, parked.connect.clientId), takeEvents: false)
             answer.kicked = reason == .kicked
             return .answer(answer)
@@ -407,7 +427,7 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
         case .socket(var socket):
             guard socket.held != nil else { return .none }
             state = .modifying
@@ -491,7 +511,7 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
         case .socket(var socket):
             let answer = Self.take(&socket.held)
             state = .closing(attached: socket.clientId)
@@ -528,8 +548,8 @@ struct ConnectionStateMachine {
         }
     }
 
-    private static func take(_ held: inout PendingConnect?) -> Answer? {
-        guard let connect = held else { return nil }
+    private static func take(_ held: inout HeldConnect?) -> Answer? {
+        guard let connect = held?.connect else { return nil }
         held = nil
         return Answer(connect: connect, replies: [], events: .noEvents, failure: nil, takeEvents: false)
     }
