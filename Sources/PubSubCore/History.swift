@@ -1,4 +1,3 @@
-import Bayeux
 import NIOCore
 
 /// The bounded history of published events, shared by every subscriber: each event is stored once, as the
@@ -18,11 +17,10 @@ package struct History: Sendable {
             self.publishedAt = publishedAt
         }
 
-        /// What the entry counts against the byte bound: its event's bytes (with the compressed frame its buffer
-        /// carries, if any) and its channel name.
-        package var cost: Int {
-            event.readableBytes + (EventFrame.compressedFrame(of: event)?.readableBytes ?? 0) + channel.utf8.count
-        }
+        /// What the entry counts against the byte bound: its event's bytes and its channel name, as every engine
+        /// counts them. The compressed frame an event's buffer may carry (WebSocket compression) is not counted:
+        /// it is smaller than the event, so the memory held stays under twice the bound.
+        package var cost: Int { event.readableBytes + channel.utf8.count }
     }
 
     package let capacity: Int
