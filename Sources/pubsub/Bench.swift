@@ -64,6 +64,10 @@ struct Bench: AsyncParsableCommand {
     @Option(help: "Local address to bind before connecting; repeat it (default with --workers on loopback: 127.0.0.2, …).")
     var sourceAddress: [String] = []
     @Option(help: "Connections per source address.") var perAddress: Int = 3000
+    @Flag(help: "WebSocket clients offer permessage-deflate and inflate compressed messages (also PUBSUB_BENCH_COMPRESSION=1).")
+    var compression = false
+    @Option(help: "What each publish carries: filler (--size bytes), job-progress (~1 KiB JSON) or change-doc (~4 KiB JSON).")
+    var payload: String?
     @Flag(help: .hidden) var worker = false
     @Option(help: .hidden) var runId: String?
     @Option(help: .hidden) var firstIndex: Int = 0
@@ -106,6 +110,13 @@ struct Bench: AsyncParsableCommand {
         options.perAddress = perAddress
         options.runId = runId
         options.firstIndex = firstIndex
+        if compression { options.compression = true }
+        if let payload {
+            guard let kind = BenchPayload(rawValue: payload) else {
+                throw ValidationError("--payload must be \(BenchPayload.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            options.payload = kind
+        }
         if workers < 0 || workers > 256 { throw ValidationError("--workers must be between 0 and 256") }
         if workers > 0 {
             guard scenario == .fanout, rate > 0 else {

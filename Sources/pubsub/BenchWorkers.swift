@@ -51,6 +51,8 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
                 "--connect-concurrency", String(options.connectConcurrency),
                 "--connect-timeout", String(options.connectTimeout), "--per-address", String(perAddress),
             ]
+            arguments += ["--payload", options.payload.rawValue]
+            if options.compression { arguments.append("--compression") }
             for url in options.targets { arguments += ["--url", url.description] }
             for address in share.sourceAddresses { arguments += ["--source-address", address] }
             let process = Process()
