@@ -155,6 +155,14 @@ class Firefox:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
+def wait_subscribed(server, firefox):
+    """Waits for the page's first subscription; a timeout says what Firefox printed."""
+    try:
+        server.wait(lambda s: s.values("subscribed"), "subscription", timeout=60)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nfirefox:\n{firefox.output()}") from None
+
+
 def publish(broker, channel, data):
     messages = data if isinstance(data, list) else [data]
     r = requests.post(broker.url, json=[{"channel": channel, "data": d} for d in messages], timeout=10)
@@ -175,10 +183,7 @@ def test_firefox_client_both_ways_and_across_a_broker_restart(make_broker, trans
     server = ReportServer(page)
     firefox = Firefox(server.url)
     try:
-        try:
-            server.wait(lambda s: s.values("subscribed"), "subscription", timeout=60)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\nfirefox:\n{firefox.output()}") from None
+        wait_subscribed(server, firefox)
         assert server.values("subscribed") == [transport]
         assert server.values("up"), server.all()
 
@@ -233,10 +238,7 @@ def test_firefox_negotiates_permessage_deflate_and_receives_a_large_event(make_b
     server = ReportServer(COMPRESSION_PAGE.format(broker=b.url, broker_json=json.dumps(b.url)))
     firefox = Firefox(server.url)
     try:
-        try:
-            server.wait(lambda s: s.values("subscribed"), "subscription", timeout=60)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\nfirefox:\n{firefox.output()}") from None
+        wait_subscribed(server, firefox)
         assert server.values("subscribed") == ["websocket"], server.all()
         socket = server.values("socket")[0]
         expected = "permessage-deflate" if compression == "on" else ""
