@@ -87,7 +87,7 @@ extension EventFrame {
 
     private static let tag: (UInt64, UInt64) = (UInt64.random(in: .min ... .max), UInt64.random(in: .min ... .max))
 
-    /// `event` (with its plain frame header in front, as `encodedEvent()` or `framed` leave it) and, before it,
+    /// `event` (copied once, with its plain frame header in front, whether or not it had one) and, before it,
     /// the compressed frame whose payload is `deflated`: the event's bytes compressed with DEFLATE, the final
     /// `00 00 ff ff` of the sync flush removed. One copy of the event, once per publish.
     public static func withCompressedFrame(_ event: ByteBuffer, deflated: ByteBuffer) -> ByteBuffer {

@@ -25,7 +25,8 @@ public struct EventCompression: Sendable, Equatable {
         guard event.readableBytes >= minimumBytes, EventFrame.compressedFrame(of: event) == nil,
             let deflated = Self.deflaters.deflate(event), deflated.readableBytes < event.readableBytes
         else { return event }
-        return EventFrame.withCompressedFrame(EventFrame.framed(event), deflated: deflated)
+        // One copy: the buffer made here has the plain frame's header too (`framed` would copy again).
+        return EventFrame.withCompressedFrame(event, deflated: deflated)
     }
 
     private static let deflaters = DeflaterPool()

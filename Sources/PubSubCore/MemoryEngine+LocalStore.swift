@@ -61,7 +61,7 @@ extension MemoryEngine {
     /// another node is framed (and compressed) once here (`EventFrame.framed`), not once per WebSocket recipient.
     package func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
         let keys = Channel.expand(channel)
-        let event = compressed(EventFrame.framed(event))
+        let event = EventFrame.framed(compressed(event))
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
