@@ -36,9 +36,8 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         self.parser = WebSocketFrameParser(
             maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096,
             compressed: Self.compresses(upgradeHeaders, shared.configuration))
-        let context = RequestContext(
-            connectionType: .websocket, remoteAddress: remoteAddress,
-            headers: RequestContext.authorizationHeaders(upgradeHeaders))
+        let headers = RequestContext.authorizationHeaders(upgradeHeaders)
+        let context = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress, headers: headers)
         driver = ConnectionDriver(transport: self, context: context, shared: shared, eventLoop: eventLoop)
     }
 
