@@ -104,7 +104,7 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// The handler joined its pipeline: an open WebSocket counts as an attached client from now on.
     func opened() {
-        if kind == .webSocket { setAttached(.websocket) }
+        if kind == .webSocket { attachedType = .websocket }
     }
 
     private var isPolling: Bool { kind == .polling }
@@ -117,7 +117,6 @@ final class ConnectionDriver: TimerQueueOwner {
         return transport
     }
 
-    private func setAttached(_ type: ConnectionType?) { attachedType = type }
 
     var isOpen: Bool { machine.isOpen }
     /// The current sink (for tests).
@@ -200,7 +199,7 @@ final class ConnectionDriver: TimerQueueOwner {
         machine.streamOpened(clientId: clientId)
         kind = .stream
         newSink(persistent: true)
-        setAttached(.eventSource)
+        attachedType = .eventSource
         let interval = shared.configuration.pingInterval
         if interval > .zero {
             timing = .heartbeat(eventLoop.now + interval)
@@ -326,7 +325,7 @@ final class ConnectionDriver: TimerQueueOwner {
         case .hold(let hold, let previous, let replies, let events):
             if let previous { answer(previous) }
             if !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
-            if isPolling { setAttached(requestContext.connectionType) }
+            if isPolling { attachedType = requestContext.connectionType }
             let deadline = eventLoop.now + hold
             holdDeadline = deadline
             rearm()
@@ -351,7 +350,7 @@ final class ConnectionDriver: TimerQueueOwner {
             timers.cancel(self)
             if let clientId, let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
             releaseSink()
-            setAttached(nil)
+            attachedType = nil
         }
     }
 
@@ -389,6 +388,6 @@ final class ConnectionDriver: TimerQueueOwner {
         guard sink != nil else { return }
         sink = nil
         generation &+= 1
-        if kind != .webSocket { setAttached(nil) }
+        if kind != .webSocket { attachedType = nil }
     }
 }
