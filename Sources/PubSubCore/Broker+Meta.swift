@@ -30,7 +30,11 @@ extension Broker {
             var reply = reply
             reply.clientId = clientId
             reply["advice"] = self.retryAdvice
-            if let position = self.engine.position { reply.ext = ["position": .string(position)] }
+            var ext = JSONObject()
+            if let position = self.engine.position { ext["position"] = .string(position) }
+            // CometD's acknowledgement extension: every connect reply names its batch (`closeBatch`).
+            if message.ext?["ack"] == .bool(true) { ext["ack"] = .bool(true) }
+            if !ext.isEmpty { reply.ext = ext }
             return .reply(reply)
         }
     }
@@ -74,7 +78,10 @@ extension Broker {
             reply["advice"] = retryAdvice
         }
         let offered: (any DeliverySink)? = (hold == .zero && sink?.isPersistent != true) ? nil : sink
-        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, on: loop).map {
+        // What the connect proves the client read: its id, and the batch it acknowledges (CometD's extension).
+        let ack = message.ext?["ack"]?.doubleValue.flatMap { $0 >= 0 && $0 < 9.0e15 ? UInt64($0) : nil }
+        let receipt = ConnectReceipt(connectId: message.id, ack: ack)
+        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, receipt: receipt, on: loop).map {
             [reply, hold] result in
             var reply = reply
             switch result.status {
@@ -99,7 +106,7 @@ extension Broker {
                 return .connect(
                     PendingConnect(
                         id: message.id, clientId: result.clientId ?? clientId, advice: reply["advice"], result: result,
-                        hold: hold))
+                        hold: hold, acknowledges: ack != nil))
             }
         }
     }

@@ -18,7 +18,9 @@ extension Broker {
             case .connect(let connect):
                 events.append(contentsOf: connect.result.events)
                 if connect.result.answerNow {
-                    if let reply = finish(connect.reply, context: context) { replies.append(reply) }
+                    var reply = connect.reply
+                    closeBatch(&reply, for: connect)
+                    if let reply = finish(reply, context: context) { replies.append(reply) }
                 } else {
                     pending = connect
                 }

@@ -22,13 +22,20 @@ public struct PendingConnect: Sendable {
     public var result: ConnectResult
     /// How long it may be held (the server timeout, or less when the client asked).
     public var hold: TimeAmount
+    /// The client speaks CometD's acknowledgement extension (its connect carried `ext.ack`): the reply names
+    /// its batch (`Broker.closeBatch`).
+    public var acknowledges: Bool
 
-    public init(id: JSONValue?, clientId: String, advice: JSONValue?, result: ConnectResult, hold: TimeAmount) {
+    public init(
+        id: JSONValue?, clientId: String, advice: JSONValue?, result: ConnectResult, hold: TimeAmount,
+        acknowledges: Bool = false
+    ) {
         self.id = id
         self.clientId = clientId
         self.advice = advice
         self.result = result
         self.hold = hold
+        self.acknowledges = acknowledges
     }
 
     /// The reply, before outgoing extensions (`Broker.finish` applies them when it is sent): Faye's response to
@@ -148,6 +155,18 @@ public final class Broker: Sendable {
     /// Applies the outgoing extensions to a reply about to be sent.
     public func finish(_ reply: Message, context: RequestContext) -> Message? {
         extensions.outgoing(reply, context: context)
+    }
+
+    /// The reply of a successful connect is being written, after everything its connection was handed so far:
+    /// that closes the session's batch (`DeliveryLedger`), which the client's next connect confirms; a client of
+    /// CometD's acknowledgement extension finds the batch's number in the reply's `ext.ack`.
+    public func closeBatch(_ reply: inout Message, for connect: PendingConnect) {
+        guard let batch = engine.closeBatch(connect.clientId, connectId: connect.id), connect.acknowledges else {
+            return
+        }
+        var ext = reply.ext ?? [:]
+        ext["ack"] = JSONValue(Int(batch))
+        reply.ext = ext
     }
 
     func handleOne(

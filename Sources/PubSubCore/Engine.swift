@@ -86,6 +86,8 @@ public struct EngineStatistics: Sendable, Equatable {
     public var published: UInt64 = 0
     public var queued: UInt64 = 0
     public var overflowDrops: UInt64 = 0
+    /// Events sent again because the connection they were handed to was lost before the client confirmed them.
+    public var resent: UInt64 = 0
     public var expired: UInt64 = 0
     /// Events waiting in client queues now, summed over all sessions.
     public var queueDepth = 0
@@ -108,8 +110,16 @@ public protocol Engine: Sendable {
     /// Refreshes the session's expiry and hands over waiting events. A one-shot `sink` is attached (parked) only
     /// when nothing is waiting and this is not the session's first connect; a persistent `sink` is always
     /// attached. Without a sink the waiting events are returned, unless a persistent sink already receives them.
-    func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
-        -> EventLoopFuture<ConnectResult>
+    /// `receipt` is what the connect proves the client read (`DeliveryLedger`): on another connection than the
+    /// session's, what it does not confirm goes out again first. A session that lost unconfirmed events to the
+    /// ledger's bound is told so, as one dropped for overflow.
+    func connect(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> EventLoopFuture<ConnectResult>
+    /// A connect reply of the session is being written: what its connections were handed before it is one batch
+    /// (`DeliveryLedger`). Returns the batch's number, which a client of CometD's acknowledgement extension
+    /// acknowledges; nil for a session not held here.
+    func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64?
     /// Attaches a persistent sink without counting as a connect (EventSource streams).
     func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool>
     /// Detaches `sink` if it is still attached. With `takeEvents`, the waiting events are handed back
@@ -153,6 +163,26 @@ public protocol Engine: Sendable {
 extension Engine {
     public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
         createClient(now: now, user: nil, on: loop)
+    }
+
+    /// A connect that confirms every batch closed so far (a client with no message ids, tests).
+    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
+        -> EventLoopFuture<ConnectResult>
+    {
+        connect(clientId, now: now, sink: sink, receipt: ConnectReceipt(), on: loop)
+    }
+}
+
+/// What a `/meta/connect` proves its client received (`DeliveryLedger`): the connect's `id` (a connect sent
+/// again with the same id never got its reply) and, from a client of CometD's acknowledgement extension, the
+/// number of the last batch it received (`ext.ack`).
+public struct ConnectReceipt: Sendable, Equatable {
+    public var connectId: JSONValue?
+    public var ack: UInt64?
+
+    public init(connectId: JSONValue? = nil, ack: UInt64? = nil) {
+        self.connectId = connectId
+        self.ack = ack
     }
 }
 

@@ -39,14 +39,17 @@ extension MemoryEngine {
         }
     }
 
-    /// Removes the session, detaching its sink with `reason`, and returns what was queued for it; nil when absent.
-    /// `.expired` and `.overflow` are counted as for a session of this engine.
+    /// Removes the session, detaching its sink with `reason`, and returns what was queued for it, after what was
+    /// handed out since its last connect reply (`DeliveryLedger.takeOpenBatch`: a session handed over to another
+    /// node sends that again there); nil when absent. `.expired` and `.overflow` are counted as for a session of
+    /// this engine.
     @discardableResult
     package func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
         var notifications: [(any DeliverySink, DetachReason)] = []
         let queue = lock.withLock { () -> CircularBuffer<ByteBuffer>? in
             guard let session = sessions[clientId] else { return nil }
-            let queue = session.queue
+            var queue = session.ledger.takeOpenBatch()
+            queue.append(contentsOf: session.queue)
             if reason == .expired { stats.expired += 1 }
             remove(session, reason: reason, notifications: &notifications)
             return queue
@@ -71,26 +74,30 @@ extension MemoryEngine {
         return overflowed
     }
 
-    /// Puts events before (`atFront`: handed over by another node) or after (a replay) the session's queue.
+    /// Puts events before the session's queue: handed over by another node, or a resume's range (`isRange`: what
+    /// the queue and the ledger already hold of it is removed, so it goes out once, before anything newer).
     /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
-    package func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, atFront: Bool) -> Bool? {
+    package func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, isRange: Bool) -> Bool? {
         var wake: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let result = lock.withLock { () -> Bool? in
             guard let session = sessions[clientId] else { return nil }
             guard !events.isEmpty else { return true }
-            guard session.queue.count + events.count <= configuration.maxQueue else {
-                remove(session, reason: .overflow, notifications: &notifications)
-                return false
-            }
-            if atFront {
+            if isRange {
+                guard placeRange(events, in: session) else {
+                    remove(session, reason: .overflow, notifications: &notifications)
+                    return false
+                }
+            } else {
+                guard session.queue.count + events.count <= configuration.maxQueue else {
+                    remove(session, reason: .overflow, notifications: &notifications)
+                    return false
+                }
                 var merged = events
                 merged.append(contentsOf: session.queue)
                 session.queue = merged
-            } else {
-                session.queue.append(contentsOf: events)
+                stats.queued += UInt64(events.count)
             }
-            stats.queued += UInt64(events.count)
             if let sink = session.sink, !session.wakeScheduled {
                 session.wakeScheduled = true
                 wake.append((session, sink))

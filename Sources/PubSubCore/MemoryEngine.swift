@@ -18,6 +18,10 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var sink: (any DeliverySink)?
         var wakeScheduled = false
         var connectedOnce = false
+        /// The attached sink is an EventSource stream (`attach`): what it is handed is not kept in the ledger.
+        var streaming = false
+        /// What connections were handed and the client has not confirmed (`DeliveryLedger`).
+        var ledger = DeliveryLedger()
         var stamp: UInt64 = 0
         /// The user an authorization mode established (JWT `sub`, the hook's handshake answer); see `setUser`.
         var user: String?
@@ -133,11 +137,12 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         lock.withLock { sessions[clientId].map(body) }
     }
 
-    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
-        -> EventLoopFuture<ConnectResult>
-    {
+    public func connect(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> EventLoopFuture<ConnectResult> {
         var superseded: (any DeliverySink)?
         var canonical: String?
+        var notifications: [(any DeliverySink, DetachReason)] = []
         var result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
                 return ConnectResult(status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
@@ -146,6 +151,14 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
             session.connectedOnce = true
+            session.ledger.confirm(connectId: receipt.connectId, ack: receipt.ack)
+            let sameConnection = sink.map { $0 === session.sink } ?? (session.sink != nil)
+            if !sameConnection, !session.ledger.isEmpty || session.ledger.hasGap {
+                guard resend(session) else {
+                    remove(session, reason: .overflow, notifications: &notifications)
+                    return ConnectResult(status: .overflowed)
+                }
+            }
             guard let sink else {
                 if session.sink != nil { return ConnectResult(status: .ok) }
                 return ConnectResult(status: .ok, events: take(session))
@@ -153,6 +166,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             if sink.isPersistent {
                 if let old = session.sink, old !== sink { superseded = old }
                 session.sink = sink
+                session.streaming = false
                 session.wakeScheduled = false
                 return ConnectResult(status: .ok, events: take(session), attached: true, answerNow: first)
             }
@@ -166,12 +180,35 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             }
             if let old = session.sink { superseded = old }
             session.sink = sink
+            session.streaming = false
             session.wakeScheduled = false
             return ConnectResult(status: .ok, attached: true, answerNow: false)
         }
         result.clientId = canonical
         if let superseded { notify([(superseded, .superseded)]) }
+        if !notifications.isEmpty {
+            notify(notifications)
+            report()
+        }
         return loop.makeSucceededFuture(result)
+    }
+
+    /// Puts what the session's last connection was handed and its client has not confirmed back before its queue,
+    /// to go out again on this one; false when that cannot be whole (the ledger lost events to its bound, or they
+    /// do not fit the queue): the session is then dropped, and its client told to handshake again. The lock is held.
+    private func resend(_ session: Session) -> Bool {
+        guard !session.ledger.hasGap else { return false }
+        let unconfirmed = session.ledger.takeUnconfirmed()
+        guard session.queue.count + unconfirmed.count <= configuration.maxQueue else { return false }
+        var queue = unconfirmed
+        queue.append(contentsOf: session.queue)
+        session.queue = queue
+        stats.resent += UInt64(unconfirmed.count)
+        return true
+    }
+
+    public func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
+        lock.withLock { sessions[clientId].map { UInt64($0.ledger.closeBatch(connectId: connectId)) } }
     }
 
     public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
@@ -181,6 +218,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             guard let session = sessions[clientId] else { return false }
             if let old = session.sink, old !== sink { superseded = old }
             session.sink = sink
+            session.streaming = true
             session.wakeScheduled = false
             if !session.queue.isEmpty {
                 session.wakeScheduled = true
@@ -202,11 +240,13 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         }
     }
 
-    /// Takes the session's queue; the lock is held.
+    /// Takes the session's queue to hand it to a connection, keeping it in the ledger until the client confirms
+    /// it (not for a stream); the lock is held.
     private func take(_ session: Session) -> CircularBuffer<ByteBuffer> {
         guard !session.queue.isEmpty else { return .noEvents }
         let events = session.queue
         session.queue = .noEvents
+        if !session.streaming { session.ledger.handedOut(events, capacity: configuration.maxQueue) }
         return events
     }
 
@@ -263,13 +303,29 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             return ResumeResult(
                 recovered: false, missed: history.countHeld(after: position.sequence, matching: matches))
         }
-        let missed = entries.filter { matches($0.channel) }
-        guard session.queue.count + missed.count <= configuration.maxQueue else {
+        var missed = CircularBuffer<ByteBuffer>(initialCapacity: entries.count)
+        for entry in entries where matches(entry.channel) { missed.append(entry.event) }
+        guard placeRange(missed, in: session) else {
             return ResumeResult(recovered: false, missed: missed.count)
         }
-        for entry in missed { session.queue.append(entry.event) }
-        stats.queued += UInt64(missed.count)
         return ResumeResult(recovered: true, missed: missed.count)
+    }
+
+    /// Queues a resume's range before anything newer, exactly once: what the session's queue and ledger already
+    /// hold of it is removed first (the same event is the same bytes, its position in them). False when it does
+    /// not fit the queue (nothing changed then). The lock is held.
+    func placeRange(_ range: CircularBuffer<ByteBuffer>, in session: Session) -> Bool {
+        guard !range.isEmpty else { return true }
+        let covered = Set(range)
+        var rest = session.queue
+        rest.removeAll(where: covered.contains)
+        guard rest.count + range.count <= configuration.maxQueue else { return false }
+        session.ledger.remove(covered)
+        var queue = range
+        queue.append(contentsOf: rest)
+        session.queue = queue
+        stats.queued += UInt64(range.count)
+        return true
     }
 
     public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
@@ -319,6 +375,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         for channel in session.subscriptions { removeFromIndex(channel, session.id) }
         session.subscriptions = []
         session.queue = .noEvents
+        session.ledger.reset()
         if let sink = session.sink {
             notifications.append((sink, reason))
             session.sink = nil

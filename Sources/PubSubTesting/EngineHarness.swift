@@ -43,9 +43,29 @@ public final class Node: @unchecked Sendable {
         -> [Outcome]
     {
         let elements = MessageBatch.elements(of: try JSONParser().parse(json))!
-        return try await broker.handle(
+        let outcomes = try await broker.handle(
             elements, context: RequestContext(connectionType: type), sink: sink, now: now, on: loop
         ).get()
+        // As a transport does (`Broker.split`): a connect answered now closes its session's batch as it is sent.
+        for case .connect(let connect) in outcomes where connect.result.answerNow {
+            var reply = connect.reply
+            broker.closeBatch(&reply, for: connect)
+        }
+        return outcomes
+    }
+
+    /// A connect answered now, as a transport writes it (`Broker.split`: the reply with `ext.ack` for a client of
+    /// the acknowledgement extension) and the data of the events that go with it.
+    public func connectWritten(_ json: String, sink: (any DeliverySink)? = nil) async throws
+        -> (reply: JSONObject, data: [JSONValue])
+    {
+        let elements = MessageBatch.elements(of: try JSONParser().parse(json))!
+        let outcomes = try await broker.handle(
+            elements, context: RequestContext(connectionType: .longPolling), sink: sink, now: now, on: loop
+        ).get()
+        let (replies, events, _) = broker.split(outcomes, context: RequestContext(connectionType: .longPolling))
+        let data = events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        return (replies.first?.fields ?? [:], data)
     }
 
     public func replies(_ json: String, sink: (any DeliverySink)? = nil) async throws -> [JSONObject] {

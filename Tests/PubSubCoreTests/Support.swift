@@ -25,7 +25,13 @@ struct Harness {
         let box = NIOLockedValueBox<[Outcome]?>(nil)
         future.whenSuccess { outcomes in box.withLockedValue { $0 = outcomes } }
         loop.run()
-        return box.withLockedValue { $0! }
+        let outcomes = box.withLockedValue { $0! }
+        // As a transport does (`Broker.split`): a connect answered now closes its session's batch as it is sent.
+        for case .connect(let connect) in outcomes where connect.result.answerNow {
+            var reply = connect.reply
+            broker.closeBatch(&reply, for: connect)
+        }
+        return outcomes
     }
 
     /// The replies as JSON (a successful connect shows its reply).

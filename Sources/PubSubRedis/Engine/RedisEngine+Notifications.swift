@@ -58,7 +58,7 @@ extension RedisEngine {
                 (s.handoffWaiters.removeValue(forKey: clientId), s.abandoned.remove(clientId) != nil)
             }
             if !abandoned, !events.isEmpty,
-                local.insert(CircularBuffer(events), into: clientId, atFront: true) == false
+                local.insert(CircularBuffer(events), into: clientId, isRange: false) == false
             {
                 dropOverflowed([clientId])
             }

@@ -63,13 +63,23 @@ extension RedisEngine {
             .map { !$0.isNull }.hop(to: loop)
     }
 
-    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
-        -> EventLoopFuture<ConnectResult>
-    {
+    public func connect(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> EventLoopFuture<ConnectResult> {
         residentOrClaimed(clientId, now: now, refresh: true, on: loop).flatMap { status in
             guard status == .ok else { return self.refusedConnect(clientId, status: status, on: loop) }
-            return self.local.connect(clientId, now: now, sink: sink, on: loop)
+            return self.local.connect(clientId, now: now, sink: sink, receipt: receipt, on: loop).map { result in
+                // The resident session lost unconfirmed events and was dropped here: it ends in Redis too.
+                if result.status == .overflowed { self.dropOverflowed([clientId]) }
+                return result
+            }
         }
+    }
+
+    /// The ledger is the resident session's (`MemoryEngine`): a session handed over to another node takes what its
+    /// client has not confirmed along, as events to send first.
+    public func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
+        local.closeBatch(clientId, connectId: connectId)
     }
 
     public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {

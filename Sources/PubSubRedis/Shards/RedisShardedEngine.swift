@@ -72,6 +72,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
             s.published += d.published
             s.queued += d.queued
             s.overflowDrops += d.overflowDrops
+            s.resent += d.resent
             s.queueDepth += d.queueDepth
         }
         return s
@@ -114,11 +115,22 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
         control.clientExists(clientId, on: loop)
     }
 
-    public func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
-        -> EventLoopFuture<ConnectResult>
-    {
+    /// Every shard keeps the ledger of what it handed to the connection (through its proxy), and every connect and
+    /// every closed batch reaches every shard, so their batch numbers stay the same: the first shard's is the one.
+    public func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
+        var batch: UInt64?
+        for shard in shards {
+            let closed = shard.closeBatch(clientId, connectId: connectId)
+            batch = batch ?? closed
+        }
+        return batch
+    }
+
+    public func connect(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> EventLoopFuture<ConnectResult> {
         guard let sink else {
-            let connects = shards.map { $0.connect(clientId, now: now, sink: nil, on: loop) }
+            let connects = shards.map { $0.connect(clientId, now: now, sink: nil, receipt: receipt, on: loop) }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
                 self.merged(clientId, results, fanIn: nil, on: loop) { result in
                     result.events = Self.events(of: results)
@@ -130,7 +142,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
             // The connection's next connect (a WebSocket's, every timeout): the same proxies again, so that no
             // shard takes it for another connection superseding this one.
             let connects = shards.enumerated().map { k, shard in
-                shard.connect(clientId, now: now, sink: proxies[k], on: loop)
+                shard.connect(clientId, now: now, sink: proxies[k], receipt: receipt, on: loop)
             }
             return EventLoopFuture.whenAllSucceed(connects, on: loop).flatMap { results in
                 self.merged(clientId, results, fanIn: fanIn, on: loop) { result in
@@ -144,7 +156,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
         fanIns.withLockedValue { $0[clientId] = fanIn }
         let proxies = fanIn.all
         let connects = shards.enumerated().map { k, shard in
-            shard.connect(clientId, now: now, sink: proxies[k], on: loop)
+            shard.connect(clientId, now: now, sink: proxies[k], receipt: receipt, on: loop)
         }
         return EventLoopFuture.whenAllComplete(connects, on: loop).flatMap { outcomes in
             var results: [ConnectResult] = []
@@ -301,7 +313,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     /// Events a shard sent to a fan-in that had already answered: back at the front of that shard's queue.
     func putBack(_ events: CircularBuffer<ByteBuffer>, for clientId: String, shard: Int) {
         guard !events.isEmpty else { return }
-        switch shards[shard].local.insert(events, into: clientId, atFront: true) {
+        switch shards[shard].local.insert(events, into: clientId, isRange: false) {
         case true?:
             break
         case false?:

@@ -18,10 +18,13 @@ class DataPathOnlyEngine: Engine, @unchecked Sendable {
     func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         inner.clientExists(clientId, on: loop)
     }
-    func connect(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, on loop: any EventLoop)
-        -> EventLoopFuture<ConnectResult>
-    {
-        inner.connect(clientId, now: now, sink: sink, on: loop)
+    func connect(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> EventLoopFuture<ConnectResult> {
+        inner.connect(clientId, now: now, sink: sink, receipt: receipt, on: loop)
+    }
+    func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
+        inner.closeBatch(clientId, connectId: connectId)
     }
     func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         inner.attach(clientId, sink: sink, on: loop)
