@@ -323,8 +323,14 @@ final class ConnectionDriver: TimerQueueOwner {
         case .answer(let answer):
             self.answer(answer)
         case .hold(let hold, let previous, let replies, let events):
-            if let previous { answer(previous) }
-            if !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
+            if var previous {
+                // One write: the reply it supersedes never goes out ahead of events handed out before it.
+                previous.replies.append(contentsOf: replies)
+                previous.events.append(contentsOf: events)
+                answer(previous)
+            } else if !replies.isEmpty || !events.isEmpty {
+                live?.send(replies: replies, events: events)
+            }
             if isPolling { attachedType = requestContext.connectionType }
             let deadline = eventLoop.now + hold
             holdDeadline = deadline
@@ -339,8 +345,15 @@ final class ConnectionDriver: TimerQueueOwner {
             releaseSink()
             if let answer { self.answer(answer) }
         case .close(let reason, let answer, let flush):
-            if let answer { self.answer(answer) }
-            if !flush.isEmpty { live?.send(replies: [], events: flush) }
+            if var answer {
+                // What waits goes in the reply's write, before it (a reply never overtakes earlier events).
+                var events = flush
+                events.append(contentsOf: answer.events)
+                answer.events = events
+                self.answer(answer)
+            } else if !flush.isEmpty {
+                live?.send(replies: [], events: flush)
+            }
             live?.close(reason)
         case .heartbeat:
             live?.sendHeartbeat()
@@ -366,7 +379,9 @@ final class ConnectionDriver: TimerQueueOwner {
             releaseSink()
         }
         var replies = answer.replies
-        if let finished = shared.broker.finish(answer.reply, context: requestContext) { replies.append(finished) }
+        var reply = answer.reply
+        if answer.failure == nil, !answer.kicked { shared.broker.closeBatch(&reply, for: answer.connect) }
+        if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
         if isPolling || !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
     }
 

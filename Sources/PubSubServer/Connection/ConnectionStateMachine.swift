@@ -111,16 +111,19 @@ struct ConnectionStateMachine {
         var clientId: String
         var advice: JSONValue?
         var hold: TimeAmount
+        var acknowledges: Bool
 
         init(_ connect: PendingConnect) {
             (id, clientId, advice, hold) = (connect.id, connect.clientId, connect.advice, connect.hold)
+            acknowledges = connect.acknowledges
         }
 
         /// The connect again, to be answered.
         var connect: PendingConnect {
             PendingConnect(
                 id: id, clientId: clientId, advice: advice,
-                result: ConnectResult(status: .ok, attached: true, answerNow: false), hold: hold)
+                result: ConnectResult(status: .ok, attached: true, answerNow: false), hold: hold,
+                acknowledges: acknowledges)
         }
     }
 
@@ -135,6 +138,9 @@ struct ConnectionStateMachine {
         var clientId: String?
         var held: HeldConnect?
         var backlog: CircularBuffer<ByteBuffer>
+        /// Events delivered since the held connect came: at `confirmEvery` it is answered, so that the client's
+        /// next connect confirms them (`DeliveryLedger`) and the session's unconfirmed events stay few.
+        var sinceConnect: Int32 = 0
         /// The session ended while a frame was handled: the frame's replies go first (the disconnect's own
         /// reply), then the socket closes (`frameFinished`).
         var closeAfterFrame: CloseReason?
@@ -154,6 +160,8 @@ struct ConnectionStateMachine {
     }
 
     let maxQueue: Int
+    /// A WebSocket's held connect is answered once this many events went out after it (a quarter of the queue).
+    var confirmEvery: Int32 { Int32(clamping: max(1, maxQueue / 4)) }
     private(set) var state: State
     private(set) var isWritable = true
     private var readPending = false
@@ -285,6 +293,7 @@ struct ConnectionStateMachine {
                 // The same id as the bound one: keep the engine's copy (one string per client, not one per connect).
                 if socket.clientId == pending.clientId { socket.clientId = pending.clientId }
                 socket.held = HeldConnect(pending)
+                socket.sinceConnect = 0
             }
             var out = CircularBuffer<ByteBuffer>.noEvents
             if !replies.isEmpty {
@@ -332,6 +341,14 @@ struct ConnectionStateMachine {
             if case .drop = action, let clientId = socket.clientId {
                 state = .closing(attached: nil)
                 return .drop(clientId: clientId)
+            }
+            socket.sinceConnect &+= Int32(truncatingIfNeeded: events.count)
+            // Written now (the socket keeps up), and enough since the held connect: its reply goes with them.
+            if case .write(let out) = action, socket.sinceConnect >= confirmEvery, var answer = Self.take(&socket.held) {
+                answer.events = out
+                socket.sinceConnect = 0
+                state = .socket(socket)
+                return .answer(answer)
             }
             state = .socket(socket)
             return action
@@ -431,7 +448,9 @@ struct ConnectionStateMachine {
         case .socket(var socket):
             guard socket.held != nil else { return .none }
             state = .modifying
-            let answer = Self.take(&socket.held)
+            var answer = Self.take(&socket.held)
+            // What waits goes with the reply, before it: a reply never overtakes events handed out before it.
+            if answer != nil { swap(&answer!.events, &socket.backlog) }
             state = .socket(socket)
             return answer.map { .answer($0) } ?? .none
         default:

@@ -87,11 +87,29 @@ import Testing
         let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", hold: .seconds(3)))
         #expect(Self.describe(actions) == ["arm(3000ms)"])
         #expect(m.isHolding)
-        #expect(Self.describe(m.eventsDelivered(Self.events(1...2))) == "write(1,2)")
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "write(1)")
         #expect(m.isHolding, "a WebSocket connect is not answered by a delivery")
         #expect(Self.describe(m.holdTimerFired()) == ["answer(c)"])
         #expect(!m.isHolding)
         #expect(Self.describe(m.holdTimerFired()) == [], "a timer of an answered connect does nothing")
+    }
+
+    /// A quarter of the queue written after the held connect answers it, with those events in the same write,
+    /// so that the client's next connect confirms them (`DeliveryLedger`); not while the socket is blocked.
+    @Test func webSocketAnswersItsConnectOnceAQuarterOfTheQueueWentOut() {
+        var m = Machine(transport: .webSocket, maxQueue: 8)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "write(1)")
+        #expect(Self.describe(m.eventsDelivered(Self.events(2...2))) == "answer(c events=2)")
+        #expect(!m.isHolding)
+        #expect(Self.describe(m.eventsDelivered(Self.events(3...4))) == "write(3,4)", "no connect held: written")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2"))
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.eventsDelivered(Self.events(5...6))) == "none")
+        #expect(m.isHolding, "a blocked socket keeps its connect")
+        // The hold's end takes what waits along, before the reply in the same write.
+        #expect(Self.describe(m.holdTimerFired()) == ["answer(c2 events=5,6)"])
     }
 
     @Test func webSocketNewerConnectSupersedesTheHeldOne() {
