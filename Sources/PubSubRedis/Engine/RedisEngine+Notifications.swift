@@ -68,7 +68,7 @@ extension RedisEngine {
             if !channels.isEmpty {
                 _ = local.subscribe(clientId, to: channels, resume: nil, now: .now(), on: commands.eventLoop)
             }
-            if !events.isEmpty, local.insert(CircularBuffer(events), into: clientId, atFront: false) == false {
+            if !events.isEmpty, local.insert(CircularBuffer(events), into: clientId, isRange: true) == false {
                 dropOverflowed([clientId])
             }
         case .unsubscribed(let clientId, let channels):
@@ -105,6 +105,7 @@ extension RedisEngine {
         eval(RedisScripts.history, arguments).whenComplete { result in
             var recovered = 0
             var gap: UInt64 = 0
+            var lostData = false
             if case .success(let reply) = result, let values = reply.array, values.count >= 3,
                 let epochText = values[0].string, let last = values[1].int.map({ UInt64(max(0, $0)) })
             {
@@ -125,6 +126,7 @@ extension RedisEngine {
                 } else {
                     let from = sameEpoch ? delivered : 0
                     if !sameEpoch {
+                        lostData = true
                         self.logger.warning("Redis lost its data (new history epoch): positions start over")
                         self.state.withLockedValue { s in
                             s.deliveredEpoch = epochText
@@ -185,6 +187,7 @@ extension RedisEngine {
                     "notifications resumed",
                     metadata: ["pubsub.redis.recovered": "\(recovered)", "pubsub.redis.missed": "\(gap)"])
             }
+            if gap > 0 || lostData { self.tellGap() }
             for message in buffered { self.handle(message) }
         }
     }
@@ -286,5 +289,23 @@ extension RedisEngine {
                 if both { self.fillFromHistory() }
             }
         }
+    }
+}
+
+extension RedisEngine {
+    /// Events were published that this node will never deliver (the history no longer held them after a cut, or
+    /// Redis lost its data): which channels they were on is gone with them, so every resident session with a
+    /// subscription is told, as one dropped for overflow: its connection closes or its next connect fails with
+    /// `advice: {reconnect: "handshake"}`, and its client handshakes again (and resumes from its positions, which
+    /// says exactly what is gone). Never silence.
+    func tellGap() {
+        let affected = local.snapshot().filter { !$0.subscriptions.isEmpty }.map(\.id)
+        guard !affected.isEmpty else { return }
+        for id in affected { local.evict(id, reason: .overflow) }
+        state.withLockedValue { $0.redis.toldOfGap += UInt64(affected.count) }
+        logger.warning(
+            "sessions told of events they missed: they handshake again",
+            metadata: ["pubsub.redis.sessions": "\(affected.count)"])
+        dropOverflowed(affected)
     }
 }

@@ -222,6 +222,8 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
                     "Events found in the history after the notification connection was cut, delivered late."),
             counter("missed_after_cut", s.missedAfterCut,
                     "Positions the history no longer held after a notification cut (an upper bound of what was missed)."),
+            counter("sessions_told_of_gap", s.toldOfGap,
+                    "Sessions told they missed events after such a gap or a Redis that lost its data: dropped, to handshake again."),
             counter("abandoned_handoffs", s.abandonedHandoffs,
                     "Sessions taken over from a node that did not hand their queue over in time."),
             counter("claims", s.claims, "Sessions moved to this node."),

@@ -11,6 +11,8 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     /// Positions that went by while the notification connection was cut and that the history no longer held
     /// (an upper bound of what this node's subscribers missed).
     public var missedAfterCut: UInt64 = 0
+    /// Sessions told they missed events (dropped, to handshake again) after such a gap or a Redis that lost its data.
+    public var toldOfGap: UInt64 = 0
     /// Sessions that came from a node that did not hand their queue over in time.
     public var abandonedHandoffs: UInt64 = 0
     /// Sessions moved to this node.

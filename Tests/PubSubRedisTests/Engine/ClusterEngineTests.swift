@@ -203,6 +203,33 @@ import PubSubTesting
         }
     }
 
+    /// A cut longer than the history: what is gone cannot be delivered, so the node's sessions with a subscription
+    /// are told (dropped, to handshake again and resume), never left silent; one without a subscription is not.
+    @Test func aCutLongerThanTheHistoryIsToldToEverySubscribedSession() async throws {
+        try await withCluster(.redis, nodes: 2, configuration: BrokerConfiguration(historySize: 3)) { cluster in
+            let (a, b) = (cluster.nodes[0], cluster.nodes[1])
+            let cid = try await b.handshake()
+            _ = try await b.subscribe(cid, "/cut")
+            let idle = try await b.handshake()
+            let ws = RecordingSink(loop: b.loop, persistent: true)
+            _ = try await b.connect(cid, sink: ws, type: "websocket")
+            _ = try await b.connect(idle)
+            _ = try await a.publish("/cut", "1")
+            try await b.settle()
+            b.redis!.subscriber.dropConnection()
+            for i in 2...10 { _ = try await a.publish("/cut", "\(i)") }
+            for _ in 0..<500 where !b.redis!.isReady { try await Task.sleep(nanoseconds: 10_000_000) }
+            #expect(b.redis!.isReady)
+            try await b.settle()
+            for _ in 0..<500 where ws.detaches.isEmpty { try await Task.sleep(nanoseconds: 10_000_000) }
+            #expect(ws.detaches == [.overflow])
+            #expect(b.redis!.redisStatistics.missedAfterCut > 0)
+            #expect(b.redis!.redisStatistics.toldOfGap == 1)
+            #expect(try await b.connectReply(cid)["error"] == .string("409:\(cid):Queue overflow"))
+            #expect(try await b.connectReply(idle)["successful"] == .bool(true))
+        }
+    }
+
     @Test func aMoveWhileTheFormerNodeIsReconnectingIsBoundedAndLosesNothingUncounted() async throws {
         try await withCluster(.redis, nodes: 1) { cluster in
             let a = cluster.nodes[0]
