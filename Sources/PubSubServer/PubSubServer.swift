@@ -120,6 +120,11 @@ public final class PubSubServer: Sendable {
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
+                    // What the kernel may hold of a reader that stopped: bounded, so the send timeout sees the stall.
+                    let sendBuffer = shared.configuration.socketSendBuffer
+                    if sendBuffer > 0 {
+                        try channel.syncOptions?.setOption(.socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
+                    }
                     try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
                 }
             }

@@ -17,6 +17,12 @@ public struct ServerConfiguration: Sendable {
     /// half). Past it the connection stops being read and delivered events wait in its backlog, up to
     /// `broker.maxQueue` events, then the client is dropped.
     public var maxOutboundBytes: Int
+    /// Every connection's kernel send buffer (`SO_SNDBUF`, which Linux doubles; autotuning is then off): what the
+    /// kernel may hold of a reader that stopped reading. Kept small so that such a reader soon leaves the
+    /// connection unwritable and `timeouts.send` applies, instead of hundreds of KB vanishing into an autotuned
+    /// buffer; what it held unread goes out again on the session's next connection (`DeliveryLedger`).
+    /// 0 leaves the kernel's default.
+    public var socketSendBuffer: Int = 64 << 10
     public var broker: BrokerConfiguration
     public var extensions: ExtensionPipeline
     /// Event-loop threads; 0 means one per core.
