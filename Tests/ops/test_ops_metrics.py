@@ -17,7 +17,8 @@ FAMILIES = [
     "pubsub_connections", "pubsub_connections_accepted_total", "pubsub_connections_refused_total",
     "pubsub_clients", "pubsub_sessions", "pubsub_subscriptions", "pubsub_channels", "pubsub_queue_depth",
     "pubsub_messages_published_total", "pubsub_messages_delivered_total", "pubsub_bytes_out_total",
-    "pubsub_slow_consumer_drops_total", "pubsub_sessions_expired_total", "pubsub_request_errors_total",
+    "pubsub_slow_consumer_drops_total", "pubsub_sessions_expired_total", "pubsub_events_resent_total",
+    "pubsub_request_errors_total",
     "pubsub_publish_rate_limited_total", "pubsub_auth_refusals_total", "pubsub_ready", "pubsub_draining",
     "pubsub_tls_certificate_not_after_seconds", "pubsub_tls_reloads_total",
 ]

@@ -110,6 +110,7 @@ final class ServerMetrics: Sendable {
     let bytesOut: Counter
     let slowConsumerDrops: Counter
     let sessionsExpired: Counter
+    let resent: Counter
     let requestErrors: [RequestErrorKind: Counter]
     /// Counted by the HTTP transport's handlers (`HandlerCounter`).
     let rateLimited: [PublishRateLimiter.Scope: HandlerCounter]
@@ -130,8 +131,9 @@ final class ServerMetrics: Sendable {
     private let engineMetrics = NIOLockedValueBox<[String: (counter: Counter?, gauge: Meter?, seen: UInt64)]>([:])
 
     /// Engine and loop totals already turned into counter increments.
-    private let seen = NIOLockedValueBox<(published: UInt64, delivered: UInt64, bytes: UInt64, drops: UInt64, expired: UInt64)>(
-        (0, 0, 0, 0, 0))
+    private let seen = NIOLockedValueBox<
+        (published: UInt64, delivered: UInt64, bytes: UInt64, drops: UInt64, expired: UInt64, resent: UInt64)
+    >((0, 0, 0, 0, 0, 0))
 
     init(backend: MetricsBackend) {
         self.backend = backend
@@ -168,6 +170,9 @@ final class ServerMetrics: Sendable {
         bytesOut = r.counter("pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
         slowConsumerDrops = r.counter("pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
         sessionsExpired = r.counter("pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
+        resent = r.counter(
+            "pubsub_events_resent_total",
+            help: "Events sent again because the connection they were written to was lost before the client confirmed them.")
         var errors: [RequestErrorKind: Counter] = [:]
         for kind in RequestErrorKind.allCases {
             errors[kind] = r.counter(
@@ -236,7 +241,8 @@ final class ServerMetrics: Sendable {
             }
             return (
                 delta(stats.published, &s.published), delta(stats.queued, &s.delivered),
-                delta(loops.bytesOut, &s.bytes), delta(stats.overflowDrops, &s.drops), delta(stats.expired, &s.expired)
+                delta(loops.bytesOut, &s.bytes), delta(stats.overflowDrops, &s.drops), delta(stats.expired, &s.expired),
+                delta(stats.resent, &s.resent)
             )
         }
         if deltas.0 > 0 { published.increment(by: deltas.0) }
@@ -244,6 +250,7 @@ final class ServerMetrics: Sendable {
         if deltas.2 > 0 { bytesOut.increment(by: deltas.2) }
         if deltas.3 > 0 { slowConsumerDrops.increment(by: deltas.3) }
         if deltas.4 > 0 { sessionsExpired.increment(by: deltas.4) }
+        if deltas.5 > 0 { resent.increment(by: deltas.5) }
     }
 
     /// Copies what an engine counts beyond the common statistics (the Redis engine's outages and losses).
