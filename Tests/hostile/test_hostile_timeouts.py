@@ -198,3 +198,75 @@ def test_websocket_across_a_held_connect_is_not_cut():
     with hostile_broker(TIMEOUTS, timeout=HOLD) as (b, g):
         time.sleep(HOLD + 1)
         g.assert_served("across a held connect longer than the idle timeout")
+
+
+def test_a_websocket_reader_that_stalls_is_closed_after_the_send_timeout_and_loses_nothing():
+    """A subscriber stops reading (a phone in a tunnel): the kernel may hold only a bounded part of what the broker
+    writes, so the connection becomes unwritable and is closed after --send-timeout, instead of swallowing hundreds
+    of KB into an autotuned buffer. The same session then comes back on a new WebSocket (as Faye's clients do): every
+    event it had not confirmed goes out again, so the two sockets together saw every event published."""
+    import json
+
+    from websocket import create_connection
+
+    events = 400
+    # Pings far apart: the send timeout, not the silence of a reader that answers no ping, closes the socket.
+    with hostile_broker({**TIMEOUTS, "ping-interval": 60}, timeout=HOLD) as (b, g):
+        url = f"ws://127.0.0.1:{b.port}/faye"
+
+        def ws(rcvbuf=None):
+            opts = [(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)] if rcvbuf else []
+            return create_connection(url, timeout=10, sockopt=opts)
+
+        def messages(frame):
+            return json.loads(frame) if frame else []
+
+        seen = set()
+
+        def note(batch):
+            for m in batch:
+                if isinstance(m.get("data"), dict) and "n" in m["data"]:
+                    seen.add(m["data"]["n"])
+
+        stalled = ws(rcvbuf=4096)
+        stalled.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
+                                  "supportedConnectionTypes": ["websocket"], "id": "h"}]))
+        cid = messages(stalled.recv())[0]["clientId"]
+        stalled.send(json.dumps([{"channel": "/meta/subscribe", "clientId": cid, "subscription": "/stall", "id": "s"},
+                                 {"channel": "/meta/connect", "clientId": cid, "connectionType": "websocket",
+                                  "id": "c1"}]))
+        got = wait_until(lambda: any(m.get("channel") == "/meta/connect" for m in messages(stalled.recv())), 10,
+                         raises=False)
+        assert got, "the first connect was not answered"
+        stalled.send(json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "websocket",
+                                  "id": "c2"}]))
+        fds_before = open_fds(b.pid)
+        pad = "x" * 1000
+        for n in range(events):     # the subscriber reads none of it
+            publish(b, "/stall", {"n": n, "pad": pad})
+        waited = SEND + MARGIN + 5
+        closed = wait_until(lambda: open_fds(b.pid) < fds_before, waited, interval=0.2, raises=False)
+        assert closed, (f"the stalled WebSocket is still open {waited}s after 400 KB were published to it "
+                        f"(--send-timeout {SEND}) {b.describe()}")
+        # What its kernel buffers held reaches it once it reads again, up to the broker's close.
+        try:
+            while True:
+                note(messages(stalled.recv()))
+        except Exception:
+            pass
+        stalled.close()
+        assert len(seen) < events, "the stalled reader got everything: the test did not stall it"
+        # The same session on a new WebSocket, repeating its connect as Faye's client does: what was not
+        # confirmed comes again.
+        again = ws()
+        again.send(json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "websocket",
+                                "id": "c2"}]))
+
+        def everything():
+            note(messages(again.recv()))
+            return len(seen) == events
+
+        done = wait_until(everything, 20, raises=False)
+        assert done, f"{events - len(seen)} of {events} events never arrived on either socket: {sorted(set(range(events)) - seen)[:20]}"
+        again.close()
+        g.assert_served()

@@ -257,7 +257,9 @@ final class ConnectionDriver: TimerQueueOwner {
         guard generation == self.generation, sink != nil else { return }
         switch machine.eventsDelivered(events) {
         case .none: break
-        case .write(let events): live?.send(replies: [], events: events)
+        case .write(let events):
+            live?.send(replies: [], events: events)
+            noteUnsent()
         case .answer(let answer): self.answer(answer)
         case .drop(let clientId): drop(clientId)
         }
@@ -383,6 +385,18 @@ final class ConnectionDriver: TimerQueueOwner {
         if answer.failure == nil, !answer.kicked { shared.broker.closeBatch(&reply, for: answer.connect) }
         if let finished = shared.broker.finish(reply, context: requestContext) { replies.append(finished) }
         if isPolling || !replies.isEmpty || !events.isEmpty { live?.send(replies: replies, events: events) }
+        if !isPolling { noteUnsent() }
+    }
+
+    /// After a WebSocket's write: bytes the socket did not take start the send timeout even while the channel stays
+    /// writable (`ConnectionGuardState.writesPending`), so a reader that stopped is closed within `--send-timeout`.
+    private func noteUnsent() {
+        guard case .keepAlive(var state) = timing, state.blockedSince == nil, let live else { return }
+        let unsent = live.unsentBytes
+        guard unsent > 0 else { return }
+        state.writesPending(unsentBytes: unsent, now: eventLoop.now)
+        timing = .keepAlive(state)
+        rearm()
     }
 
     /// A slow consumer: more than `maxQueue` events wait on a connection that is not writable.

@@ -191,6 +191,15 @@ struct ConnectionGuardState {
         }
     }
 
+    /// A write left bytes in the channel that the socket did not take while the channel stays writable: a reader
+    /// that stopped, under the write buffer's water mark (the kernel's send buffer is bounded, so it soon fills).
+    /// The send timeout applies to them as to a blocked channel.
+    mutating func writesPending(unsentBytes: Int, now: NIODeadline) {
+        guard blockedSince == nil, unsentBytes > 0 else { return }
+        blockedSince = now
+        blockedUnsent = unsentBytes
+    }
+
     /// Something asks to close the whole connection. Lingers when a request is partly read: bytes of a head
     /// have arrived, or a body has not been read to its end.
     mutating func closeRequested(now: NIODeadline) -> CloseAction {
@@ -219,12 +228,13 @@ struct ConnectionGuardState {
             case .lingering, .closed:
                 break
             default:
-                // Not writable all along, but some went out: a slow reader gets another send timeout.
+                // Not writable (or bytes pending) all along, but some went out: a slow reader gets another send
+                // timeout; all of it went out: nothing is pending any more.
                 guard unsentBytes < blockedUnsent else {
                     phase = .closed
                     return .close(.sendTimeout)
                 }
-                self.blockedSince = now
+                self.blockedSince = unsentBytes == 0 ? nil : now
                 blockedUnsent = unsentBytes
             }
         }

@@ -216,6 +216,27 @@ import Testing
         #expect(m.timerFired(now: at(30)) == .close(.sendTimeout))
     }
 
+    /// A reader that stopped under the write buffer's water mark: the channel stays writable, but bytes stay
+    /// pending; the send timeout applies to them, a reader that takes some gets another, and one that took all
+    /// of them is blocked no more.
+    @Test func bytesPendingOnAWritableWebSocketStartTheSendTimeout() {
+        var m = machine()
+        m.upgraded(now: at(0))
+        m.writesPending(unsentBytes: 0, now: at(0))
+        #expect(m.blockedSince == nil, "nothing pending: nothing timed")
+        m.writesPending(unsentBytes: 5_000, now: at(1))
+        // The peer keeps sending (no ping is due) all along.
+        _ = m.bytesReceived(10, now: at(20))
+        #expect(m.deadline == at(1 + 30))
+        #expect(m.timerFired(now: at(31), unsentBytes: 4_000) == .none, "some went out: another send timeout")
+        _ = m.bytesReceived(10, now: at(50))
+        #expect(m.timerFired(now: at(61), unsentBytes: 0) == .none, "all went out")
+        #expect(m.blockedSince == nil)
+        m.writesPending(unsentBytes: 3_000, now: at(70))
+        _ = m.bytesReceived(10, now: at(90))
+        #expect(m.timerFired(now: at(100), unsentBytes: 3_000) == .close(.sendTimeout))
+    }
+
     // MARK: WebSocket pings
 
     @Test func silentWebSocketIsPingedThenClosedAfterTwoIntervals() {
