@@ -12,7 +12,8 @@ import NIOCore
 /// - with CometD's acknowledgement extension, the batch number it names (`ext.ack`: the reply's own number);
 /// - otherwise every batch closed so far, unless the connect repeats the `id` of the connect whose reply closed
 ///   the last batch: a client re-sends a connect whose reply it never got (Faye's retry, a browser re-sending
-///   a POST on a new connection), so that batch is not confirmed.
+///   a POST on a new connection), so that batch is not confirmed. Nor is it when the connect opens a new
+///   WebSocket: a client whose socket died may send a new connect in place of the one whose reply it lost.
 /// When a connect arrives on another connection than the one that carried the session (a WebSocket that died, a
 /// long-polling request), what is still unconfirmed is handed back (`takeUnconfirmed`) to go out again, before
 /// anything newer. On one live connection nothing is taken back: what follows the last reply is on its way.
@@ -67,13 +68,14 @@ package struct DeliveryLedger: Sendable {
         return batch
     }
 
-    /// A connect arrived: drops the batches it proves were read (see the type's description).
-    package mutating func confirm(connectId: JSONValue?, ack: UInt64?) {
+    /// A connect arrived: drops the batches it proves were read (see the type's description). `opensSocket`: it is
+    /// the first on a new WebSocket of the session.
+    package mutating func confirm(connectId: JSONValue?, ack: UInt64?, opensSocket: Bool = false) {
         let closed = current &- 1
         let upTo: UInt32
         if let ack {
             upTo = UInt32(min(ack, UInt64(closed)))
-        } else if closingConnect != 0, Self.hash(connectId) == closingConnect {
+        } else if opensSocket || (closingConnect != 0 && Self.hash(connectId) == closingConnect) {
             upTo = closed == 0 ? 0 : closed - 1
         } else {
             upTo = closed

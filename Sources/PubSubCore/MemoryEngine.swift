@@ -151,8 +151,10 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             session.expiresAt = now + lifetime
             let first = !session.connectedOnce
             session.connectedOnce = true
-            session.ledger.confirm(connectId: receipt.connectId, ack: receipt.ack)
             let sameConnection = sink.map { $0 === session.sink } ?? (session.sink != nil)
+            session.ledger.confirm(
+                connectId: receipt.connectId, ack: receipt.ack,
+                opensSocket: !sameConnection && sink?.isPersistent == true)
             if !sameConnection, !session.ledger.isEmpty || session.ledger.hasGap {
                 guard resend(session) else {
                     remove(session, reason: .overflow, notifications: &notifications)

@@ -39,6 +39,18 @@ import Testing
         #expect(ledger.isEmpty)
     }
 
+    @Test func aConnectOpeningANewSocketConfirmsOnlyTheBatchesBeforeTheLastReply() {
+        var ledger = DeliveryLedger()
+        ledger.handedOut(Self.events(1...1), capacity: 100)
+        _ = ledger.closeBatch(connectId: "a")
+        ledger.handedOut(Self.events(2...2), capacity: 100)
+        _ = ledger.closeBatch(connectId: "b")
+        ledger.handedOut(Self.events(3...3), capacity: 100)
+        // A new id, but on a new socket: the reply to "b" may have died with the old one.
+        ledger.confirm(connectId: "c", ack: nil, opensSocket: true)
+        #expect(Self.numbers(ledger.takeUnconfirmed()) == [2, 3])
+    }
+
     @Test func anAcknowledgementConfirmsUpToItsBatchAndNeverPastTheLastClosed() {
         var ledger = DeliveryLedger()
         ledger.handedOut(Self.events(1...1), capacity: 100)
