@@ -398,7 +398,9 @@ public actor BayeuxClient {
                     configuration.onResumed?(channel, outcome)
                 }
             }
-            reconnecting = false  // every subscription resumed with the new session
+            // Every subscription resumed with the new session, also past a socket closed with the old one.
+            reconnecting = false
+            _ = transport.takeInterruption()
         } catch let error as BayeuxClientError where error.code == .refused {
             throw error
         } catch {
