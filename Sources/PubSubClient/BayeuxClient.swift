@@ -368,8 +368,8 @@ public actor BayeuxClient {
     }
 
     /// The broker's position now: the handshake of a session made for that and ended at once tells it. Nil when it
-    /// cannot be had (the broker gives no positions, or is not reachable).
-    private func positionNow() async -> String? {
+    /// cannot be had (the broker gives no positions, or is not reachable). Internal for the tests.
+    func positionNow() async -> String? {
         var probing = configuration
         probing.resume = false
         probing.onSessionLost = nil
