@@ -21,6 +21,35 @@ function each(list, fn, ctx) { for (var i = 0; i < list.length; i++) fn.call(ctx
 
 function bySeq(a, b) { return a.seq - b.seq; }
 
+// The envelopes a transport sends: one, or a group that goes out together (one frame, one request).
+function members(env) { return env.group || [env]; }
+
+function jsonOf(env) { return env.json; }
+
+// The positions of the last `capacity` messages delivered, to deliver each once: after a WebSocket dies while its
+// session lives, the broker sends again, on the next connection, what the client had not confirmed, and a resume may
+// cover messages that arrived already. A message carries the same `ext.position` on every delivery.
+function RecentPositions(capacity) {
+  this._capacity = capacity;
+  this._held = Object.create(null);
+  this._order = [];
+  this._next = 0;
+}
+
+// Adds `position`; false when it was there already (a message delivered before).
+RecentPositions.prototype.add = function (position) {
+  if (this._held[position]) return false;
+  this._held[position] = true;
+  if (this._order.length < this._capacity) {
+    this._order.push(position);
+  } else {
+    delete this._held[this._order[this._next]];
+    this._order[this._next] = position;
+    this._next = (this._next + 1) % this._capacity;
+  }
+  return true;
+};
+
 function isMeta(channel) { return channel.indexOf('/meta/') === 0; }
 
 // The position of a subscription after a message at `position` (docs/PROTOCOL.md, "Brokers spread over shards").
@@ -130,6 +159,7 @@ function Polling(client, type) {
 }
 
 Polling.prototype.send = function (env) {
+  if (env.group) return this._request(env.group);
   if (env.msg.channel === CONNECT) return this._request([env]);
   this._batch.push(env);
   if (!this._busy && !this._timer) {
@@ -261,15 +291,18 @@ Socket.prototype.send = function (env) {
 };
 
 Socket.prototype._write = function (env) {
-  var self = this, ws = this._ws;
-  this._sent.push(env);
-  env.timer = later(function () { self._closed(ws); }, this._client._requestTimeout());
-  try { ws.send('[' + env.json + ']'); } catch (e) { this._closed(ws); }
+  var self = this, ws = this._ws, envs = members(env), timeout = this._client._requestTimeout();
+  each(envs, function (e) {
+    self._sent.push(e);
+    e.timer = later(function () { self._closed(ws); }, timeout);
+  });
+  try { ws.send('[' + envs.map(jsonOf).join(',') + ']'); } catch (e) { this._closed(ws); }
 };
 
 Socket.prototype._closed = function (ws) {
   if (ws !== this._ws) return;
-  var opened = this._open, envs = this._sent.concat(this._queue);
+  var opened = this._open, envs = this._sent;
+  each(this._queue, function (env) { envs = envs.concat(members(env)); });
   this._ws = null;
   this._open = false;
   this._sent = [];
@@ -309,6 +342,9 @@ function Client(endpoint, options) {
   this._seq = 0;
   this._up = undefined;
   this._connecting = false;
+  // A transport failed while the session lives: the next connect resumes every subscription first.
+  this._resuming = false;
+  this._recent = new RecentPositions(1000);
   this._retryTimer = null;
   this._serverTypes = [];
   this._transport = null;
@@ -498,6 +534,7 @@ api._sendHandshake = function (message) {
     }
     self._state = CONNECTED;
     self._clientId = reply.clientId;
+    self._resuming = false;  // every channel is subscribed again below, with ext.resume
     // pubsub's position of "now" (docs/PROTOCOL.md): where a channel subscribed in this session starts.
     self._position = reply.ext && typeof reply.ext.position === 'string' ? reply.ext.position : null;
     clearTimeout(self._retryTimer);
@@ -545,9 +582,9 @@ api._connect = function () {
 // position has a part per shard, each from the last message of that shard (`advance`). The broker answers whether
 // all of it is coming; `resume` is triggered with the channel and that answer, so a page can refetch when it is not.
 api._subscribe = function (channel) {
-  var self = this, ch0 = this._channels[channel];
+  var self = this, ch0 = this._channels[channel], from = ch0 && ch0.position;
   var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: channel };
-  if (ch0 && ch0.position) message.ext = { resume: ch0.position };
+  if (from) message.ext = { resume: from };
   this._send(message, function (reply) {
     var ch = self._channels[channel];
     if (!ch) return;
@@ -555,6 +592,9 @@ api._subscribe = function (channel) {
       ch.active = true;
       if (!ch.position) ch.position = self._position;
       var resumed = reply.ext && reply.ext.resume;
+      // What is gone stays gone: unless a message moved it on meanwhile, the channel goes on from the new session's
+      // handshake position, so that a later resume does not report the same gap again.
+      if (resumed && resumed.recovered === false && self._position && ch.position === from) ch.position = self._position;
       if (message.ext && resumed) self.trigger('resume', channel, resumed);
       each(ch.subs, function (sub) { sub._resolve(); });
       return;
@@ -569,6 +609,48 @@ api._subscribe = function (channel) {
     each(ch.subs, function (sub) { sub._reject(error); });
     self.trigger('error', error, channel);
   });
+};
+
+// The first connect after a transport failed on the same session (a WebSocket closed, a polling request failed):
+// every subscribed channel is subscribed again with `ext.resume` from the position of its last message, in the same
+// frame or request as the connect and before it, so that the broker queues what was missed before anything newer
+// (and drops from the session's queue what that range covers). `resume` is triggered with each answer.
+api._resumeThenConnect = function (transport, connect) {
+  var self = this, names = [], envs = [], left;
+  this._resuming = false;
+  for (var name in this._channels) {
+    if (this._channels[name].active && this._channels[name].position) names.push(name);
+  }
+  left = names.length;
+  if (!left) return transport.send(connect);
+  each(names, function (name) {
+    var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: name,
+                    ext: { resume: this._channels[name].position }, id: (++this._ids).toString(36) };
+    this._pending[message.id] = function (reply) { self._resumed(name, reply); };
+    this._pipe('outgoing', message, function (msg) {
+      if (msg) {
+        msg.clientId = self._clientId;
+        envs.push({ msg: msg, json: JSON.stringify(msg), resume: true });
+      } else {
+        delete self._pending[message.id];
+      }
+      if (--left) return;
+      envs.push(connect);
+      transport.send({ group: envs });
+    });
+  }, this);
+};
+
+api._resumed = function (channel, reply) {
+  var ch = this._channels[channel];
+  if (!ch) return;
+  if (!reply.successful) {
+    // 401: the session is gone; the connect is told so too, and the new session resumes every channel.
+    if (new BayeuxError(reply.error).code !== 401) this.trigger('resume', channel, { recovered: false, missed: 0 });
+    return;
+  }
+  var resumed = reply.ext && reply.ext.resume;
+  if (resumed) this.trigger('resume', channel, resumed);
 };
 
 api._cancel = function (sub) {
@@ -611,6 +693,7 @@ api._write = function (transport, env) {
   if (msg.channel !== HANDSHAKE) msg.clientId = this._clientId;
   if (msg.channel === CONNECT) msg.connectionType = transport.type;
   env.json = JSON.stringify(msg);
+  if (msg.channel === CONNECT && this._resuming) return this._resumeThenConnect(transport, env);
   transport.send(env);
 };
 
@@ -626,6 +709,13 @@ api._flushOutbox = function () {
 api._failed = function (transport, envs, neverOpened) {
   var self = this;
   if (this._state === DISCONNECTED) return;
+  // Resume subscribes are not sent again as they were: the next connect makes them afresh, from the latest positions.
+  envs = envs.filter(function (env) {
+    if (!env.resume) return true;
+    delete self._pending[env.msg.id];
+    self._resuming = true;
+    return false;
+  });
   if (neverOpened && transport.type === WS) {
     this._wsBroken = true;
     if (this._transport === transport) this._transport = this._polling();
@@ -634,6 +724,7 @@ api._failed = function (transport, envs, neverOpened) {
     return;
   }
   this._setUp(false);
+  if (this._state === CONNECTED) this._resuming = true;
   each(envs, function (env) {
     if (env.msg.channel === HANDSHAKE) later(function () { self._transmit(env); }, self._retry);
     else self._outbox.push(env);
@@ -680,6 +771,7 @@ api._handle = function (message) {
     if (callback) callback(message);
   } else if (message.channel && 'data' in message && !isMeta(message.channel)) {
     var position = message.ext && typeof message.ext.position === 'string' ? message.ext.position : null;
+    if (position && !this._recent.add(position)) return;  // sent again after a reconnect: delivered already
     each(expand(message.channel), function (name) {
       var ch = this._channels[name];
       if (!ch) return;

@@ -53,13 +53,18 @@ public actor BayeuxClient {
         /// overflow of a consumer too slow for the publish rate) just before the client handshakes again and
         /// repeats its subscriptions: events published in between may be missing.
         public var onSessionLost: (@Sendable (_ error: String) -> Void)?
+        /// Called once per outage when the connection that carries events broke while the session lives (a
+        /// connect failed on the network or timed out, a WebSocket closed): events in flight may be lost, and
+        /// with `resume` the client asks for them on its next connect.
+        public var onConnectionLost: (@Sendable (_ error: String) -> Void)?
         /// Resume with positions (docs/PROTOCOL.md): every subscribe sends `ext.resume`, from the position the
-        /// caller gives or else the handshake's, so that nothing published after that point is missed; after a
-        /// lost session each subscription is repeated from the position of the last message received on it, and
-        /// `onResumed` says whether the broker still held everything since. Needs a broker that gives positions
-        /// (pubsub with history on); with any other, subscriptions are repeated without.
+        /// caller gives or else the handshake's, so that nothing published after that point is missed; after any
+        /// reconnect (a broken connection on the same session, or a new session) each subscription is repeated
+        /// from the position of the last message received on it, and `onResumed` says whether the broker still
+        /// held everything since. Needs a broker that gives positions (pubsub with history on); with any other,
+        /// subscriptions are repeated without after a new session, and not at all on the same one.
         public var resume: Bool
-        /// Called after a re-handshake for each subscription repeated with `ext.resume`, with the broker's answer:
+        /// Called after a reconnect for each subscription repeated with `ext.resume`, with the broker's answer:
         /// `recovered` false means events were lost in between.
         public var onResumed: (@Sendable (_ channel: String, _ outcome: ResumeOutcome) -> Void)?
 
@@ -91,6 +96,7 @@ public actor BayeuxClient {
             self.subscriptionExt = subscriptionExt
             self.trustRoots = nil
             self.onSessionLost = nil
+            self.onConnectionLost = nil
             self.resume = false
             self.onResumed = nil
         }
@@ -107,6 +113,15 @@ public actor BayeuxClient {
         public init(recovered: Bool, missed: Int) {
             self.recovered = recovered
             self.missed = missed
+        }
+
+        /// The answer in a successful subscribe reply's `ext.resume`; nil when it has none (a broker without
+        /// positions).
+        init?(reply: Message) {
+            guard reply["successful"] == .bool(true), let answer = reply.ext?["resume"]?.objectValue,
+                  case .bool(let recovered)? = answer["recovered"]
+            else { return nil }
+            self.init(recovered: recovered, missed: Int(answer["missed"]?.integerValue ?? 0))
         }
     }
 
@@ -138,8 +153,9 @@ public actor BayeuxClient {
 
     private let eventSink: AsyncThrowingStream<Message, any Error>.Continuation
     /// With `configuration.resume`: the position of the last message received on each subscription, recorded
-    /// before the message is handed to `events`, so that a repeated subscription resumes right after it.
-    private nonisolated let received: NIOLockedValueBox<SubscriptionPositions>
+    /// before the message is handed to `events`, so that a repeated subscription resumes right after it; and the
+    /// positions of the last messages handed on, so that one the broker sends again is not handed on twice.
+    private nonisolated let received: NIOLockedValueBox<DeliveryLog>
     /// The position the last handshake reply gave (`ext.position`), if the broker gives positions.
     public private(set) var handshakePosition: String?
     private let transport: any BayeuxTransport
@@ -151,6 +167,9 @@ public actor BayeuxClient {
     private var adviceInterval: TimeAmount = .zero
     private var adviceReconnect = "retry"
     private var closed = false
+    /// The connection broke since the last connect: the next one resumes every subscription first.
+    private var reconnecting = false
+    private let group: any EventLoopGroup
 
     public init(
         url: String, configuration: Configuration = .init(),
@@ -162,12 +181,11 @@ public actor BayeuxClient {
         let (stream, continuation) = AsyncThrowingStream<Message, any Error>.makeStream()
         self.events = stream
         self.eventSink = continuation
-        let received = NIOLockedValueBox(SubscriptionPositions())
+        let received = NIOLockedValueBox(DeliveryLog(tracksPositions: configuration.resume))
         self.received = received
-        let tracksPositions = configuration.resume
+        self.group = group
         let onEvents: @Sendable ([Message]) -> Void = { events in
-            for event in events {
-                if tracksPositions { _ = received.withLockedValue { $0.record(event) } }
+            for event in events where received.withLockedValue({ $0.accept(event) }) {
                 continuation.yield(event)
             }
         }
@@ -254,12 +272,15 @@ public actor BayeuxClient {
                     try await rehandshake()
                     continue
                 }
+                if transport.takeInterruption() { connectionLost("the WebSocket closed") }
                 var message = Message()
                 message.channel = Channel.connect
                 message.clientId = clientId
                 message["connectionType"] = .string(transport.connectionType.rawValue)
                 message["id"] = makeId()
-                let reply = try await roundTrip(message, timeout: adviceTimeout + configuration.requestTimeout)
+                let reply = try await reconnecting
+                    ? resumeThenConnect(message, clientId: clientId)
+                    : roundTrip(message, timeout: adviceTimeout + configuration.requestTimeout)
                 failures = 0
                 applyAdvice(reply)
                 if reply["successful"] == .bool(true) {
@@ -282,6 +303,7 @@ public actor BayeuxClient {
                     finish(e)
                     return
                 }
+                connectionLost(describe(error))
                 failures += 1
                 if let limit = configuration.maxConnectFailures, failures >= limit {
                     finish(error)
@@ -292,20 +314,93 @@ public actor BayeuxClient {
         }
     }
 
+    /// A connect failed on the network, or the WebSocket closed: the next connect is a reconnect.
+    private func connectionLost(_ why: String) {
+        guard !reconnecting else { return }
+        reconnecting = true
+        configuration.onConnectionLost?(why)
+    }
+
+    /// The first connect after a reconnect on the same session. With `configuration.resume`, every subscription is
+    /// repeated with `ext.resume` from the position of the last message received on it, in the same frame or request
+    /// as the connect and before it: the broker queues what was missed before anything newer, and drops from the
+    /// session's queue what that range covers. A message that still comes twice is dropped by its position.
+    private func resumeThenConnect(_ connect: Message, clientId: String) async throws -> Message {
+        let connectTimeout = adviceTimeout + configuration.requestTimeout
+        let resumes: [(channel: String, from: String, message: Message)] =
+            configuration.resume
+            ? subscriptions.compactMap { channel, ext in
+                guard let from = received.withLockedValue({ $0.positions[channel: channel] }) else { return nil }
+                let ext = configuration.subscriptionExt?(channel, clientId) ?? ext
+                return (channel, from, subscribeMessage(channel, clientId: clientId, ext: ext, resume: from))
+            }
+            : []
+        guard !resumes.isEmpty else {
+            let reply = try await roundTrip(connect, timeout: connectTimeout)
+            reconnecting = false
+            return reply
+        }
+        let pending = try await transport.exchange(
+            groups: [resumes.map(\.message), [connect]], timeouts: [configuration.requestTimeout, connectTimeout])
+        let replies = try await pending[0].get()
+        reconnecting = false
+        for (channel, from, message) in resumes {
+            let reply = replies.first { $0.id == message.id }
+            let outcome: ResumeOutcome
+            if let reply, reply["successful"] == .bool(true) {
+                guard let answer = ResumeOutcome(reply: reply) else { continue }  // a broker without positions
+                outcome = answer
+            } else if reply?.error?.hasPrefix("401:") == true {
+                continue  // the session is gone: the connect is told so, and the new session resumes
+            } else {
+                outcome = ResumeOutcome(recovered: false, missed: 0)  // refused: nothing is known to be coming
+            }
+            if !outcome.recovered {
+                let now = await positionNow()
+                startOver(channel, from: from, now: now)
+            }
+            configuration.onResumed?(channel, outcome)
+        }
+        guard let reply = try await pending[1].get().first(where: { $0.id == connect.id }) else {
+            throw BayeuxClientError(.protocolError, "no reply to \(Channel.connect) from the server")
+        }
+        return reply
+    }
+
+    /// The broker's position now: the handshake of a session made for that and ended at once tells it. Nil when it
+    /// cannot be had (the broker gives no positions, or is not reachable). Internal for the tests.
+    func positionNow() async -> String? {
+        var probing = configuration
+        probing.resume = false
+        probing.onSessionLost = nil
+        probing.onConnectionLost = nil
+        probing.onResumed = nil
+        guard let probe = try? BayeuxClient(url: url.description, configuration: probing, group: group) else {
+            return nil
+        }
+        _ = try? await probe.performHandshake()
+        let position = await probe.handshakePosition
+        await probe.disconnect()
+        return position
+    }
+
     /// A new session after the server forgot the old one: handshake again, then repeat every subscription.
     private func rehandshake() async throws {
         clientId = nil
         let id = try await performHandshake()
         do {
             for (channel, ext) in subscriptions {
-                let from = configuration.resume ? received.withLockedValue { $0[channel: channel] } : nil
+                let from = configuration.resume ? received.withLockedValue { $0.positions[channel: channel] } : nil
                 let outcome = try await sendSubscribe(
                     channel, clientId: id, ext: configuration.subscriptionExt?(channel, id) ?? ext, resume: from)
                 if let outcome {
-                    if !outcome.recovered { startOver(channel, from: from) }
+                    if !outcome.recovered { startOver(channel, from: from, now: handshakePosition) }
                     configuration.onResumed?(channel, outcome)
                 }
             }
+            // Every subscription resumed with the new session, also past a socket closed with the old one.
+            reconnecting = false
+            _ = transport.takeInterruption()
         } catch let error as BayeuxClientError where error.code == .refused {
             throw error
         } catch {
@@ -337,29 +432,38 @@ public actor BayeuxClient {
     {
         let id = try await handshake()
         let from = configuration.resume ? (resumeFrom ?? handshakePosition) : nil
-        if let from { received.withLockedValue { $0[channel: channel] = from } }
+        if let from { received.withLockedValue { $0.positions[channel: channel] = from } }
         let outcome = try await sendSubscribe(
             channel, clientId: id, ext: ext ?? configuration.subscriptionExt?(channel, id), resume: from)
-        if let outcome, !outcome.recovered { startOver(channel, from: from) }
+        if let outcome, !outcome.recovered { startOver(channel, from: from, now: handshakePosition) }
         subscriptions.append((channel, ext))
         return outcome
     }
 
-    /// After `recovered: false` the subscription continues from the current handshake's position, unless a
-    /// message received meanwhile already moved it on.
-    private func startOver(_ channel: String, from: String?) {
-        let now = handshakePosition
-        received.withLockedValue { positions in
-            if positions[channel: channel] == from { positions[channel: channel] = now }
+    /// After `recovered: false` the subscription continues from the broker's position `now` (the handshake's of a
+    /// new session), unless a message received meanwhile already moved it on.
+    private func startOver(_ channel: String, from: String?, now: String?) {
+        guard let now else { return }
+        received.withLockedValue { log in
+            if log.positions[channel: channel] == from { log.positions[channel: channel] = now }
         }
     }
 
     /// The position of the last message received on each subscription (with `configuration.resume`).
-    public nonisolated var receivedPositions: SubscriptionPositions { received.withLockedValue { $0 } }
+    public nonisolated var receivedPositions: SubscriptionPositions { received.withLockedValue { $0.positions } }
 
     private func sendSubscribe(_ channel: String, clientId: String, ext: JSONObject?, resume: String? = nil)
         async throws -> ResumeOutcome?
     {
+        let reply = try await roundTrip(
+            subscribeMessage(channel, clientId: clientId, ext: ext, resume: resume), timeout: configuration.requestTimeout)
+        guard reply["successful"] == .bool(true) else {
+            throw BayeuxClientError(.refused, reply.error ?? "subscription to \(channel) refused")
+        }
+        return resume == nil ? nil : ResumeOutcome(reply: reply)
+    }
+
+    private func subscribeMessage(_ channel: String, clientId: String, ext: JSONObject?, resume: String?) -> Message {
         var message = Message()
         message.channel = Channel.subscribe
         message.clientId = clientId
@@ -371,19 +475,12 @@ public actor BayeuxClient {
             ext["resume"] = .string(resume)
             message.ext = ext
         }
-        let reply = try await roundTrip(message, timeout: configuration.requestTimeout)
-        guard reply["successful"] == .bool(true) else {
-            throw BayeuxClientError(.refused, reply.error ?? "subscription to \(channel) refused")
-        }
-        guard resume != nil, let answer = reply.ext?["resume"]?.objectValue,
-              let recovered = answer["recovered"], case .bool(let isRecovered) = recovered
-        else { return nil }
-        return ResumeOutcome(recovered: isRecovered, missed: Int(answer["missed"]?.integerValue ?? 0))
+        return message
     }
 
     public func unsubscribe(_ channel: String) async throws {
         subscriptions.removeAll { $0.channel == channel }
-        received.withLockedValue { $0[channel: channel] = nil }
+        received.withLockedValue { $0.positions[channel: channel] = nil }
         guard let clientId else { return }
         var message = Message()
         message.channel = Channel.unsubscribe

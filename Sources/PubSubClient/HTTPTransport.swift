@@ -102,6 +102,21 @@ actor HTTPTransport: BayeuxTransport {
         return results.map { $0! }
     }
 
+    /// One request for all the groups; the server answers it as a whole (a connect sent with other messages is
+    /// answered at once), so every group's replies are in when it returns.
+    func exchange(groups: [[Message]], timeouts: [TimeAmount]) async throws -> [PendingReplies] {
+        let replies = try await exchange(groups.flatMap { $0 }, timeout: timeouts.max() ?? configuration.requestTimeout)
+        let loop = group.next()
+        return groups.map { sent in
+            let ids = Set(sent.compactMap(\.id))
+            return PendingReplies(future: loop.makeSucceededFuture(replies.filter { $0.id.map(ids.contains) ?? false }),
+                                  cancel: {})
+        }
+    }
+
+    /// A failed long-polling request is seen by the connect that it carried.
+    nonisolated func takeInterruption() -> Bool { false }
+
     private func waitAfterRateLimit(_ response: HTTPResponse, attempt: Int) async throws {
         guard attempt <= configuration.maxRateLimitRetries else {
             throw BayeuxClientError(

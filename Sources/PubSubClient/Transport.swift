@@ -10,7 +10,30 @@ protocol BayeuxTransport: Sendable {
     func exchange(_ messages: [Message], timeout: TimeAmount) async throws -> [Message]
     /// Sends the batches in order, keeping up to `window` of them outstanding, and returns the replies to each.
     func exchangePipelined(_ batches: [[Message]], window: Int, timeout: TimeAmount) async throws -> [[Message]]
+    /// Sends the groups together, in order, in one WebSocket frame or one HTTP request, and returns a handle on the
+    /// replies to each group: on a WebSocket each group's replies come as soon as they are all in (the subscribes
+    /// sent before a held connect are answered at once), over HTTP all of them with the one response. `timeouts[i]`
+    /// bounds group `i`.
+    func exchange(groups: [[Message]], timeouts: [TimeAmount]) async throws -> [PendingReplies]
+    /// Whether the connection that carries events was lost (a WebSocket closed or failed) since the last call: the
+    /// next connect is then a reconnect, and resumes every subscription first. Over HTTP a failed connect says so.
+    func takeInterruption() -> Bool
     func close() async
+}
+
+/// The replies to one group of messages sent by `exchange(groups:timeouts:)`, or the failure of the exchange.
+struct PendingReplies: Sendable {
+    let future: EventLoopFuture<[Message]>
+    /// Called when the task waiting for the replies is cancelled.
+    let cancel: @Sendable () -> Void
+
+    func get() async throws -> [Message] {
+        try await withTaskCancellationHandler {
+            try await future.get()
+        } onCancel: {
+            cancel()
+        }
+    }
 }
 
 /// Splits what the server sent into replies to `sent` and events.

@@ -32,6 +32,8 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
         var byId: [JSONValue: Int] = [:]
         var nextWaiter = 0
         var closed = false
+        /// A socket closed or failed while the client was not closing: see `takeInterruption()`.
+        var interrupted = false
     }
 
     private let state = NIOLockedValueBox(State())
@@ -179,6 +181,7 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
         let failed: [EventLoopPromise<[Message]>] = state.withLockedValue { s in
             guard s.channel === channel else { return [] }
             s.channel = nil
+            if !s.closed { s.interrupted = true }
             let promises = s.waiters.values.map(\.promise)
             s.waiters = [:]
             s.byId = [:]
@@ -193,38 +196,53 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
     private func start(_ messages: [Message], timeout: TimeAmount) async throws
         -> (key: Int, promise: EventLoopPromise<[Message]>)
     {
+        try await start(groups: [messages], timeouts: [timeout])[0]
+    }
+
+    /// Writes the groups as one frame, each with its own waiter (and timeout).
+    private func start(groups: [[Message]], timeouts: [TimeAmount]) async throws
+        -> [(key: Int, promise: EventLoopPromise<[Message]>)]
+    {
         let channel = try await channel()
-        let promise = channel.eventLoop.makePromise(of: [Message].self)
-        let key: Int = state.withLockedValue { s in
-            let key = s.nextWaiter
-            s.nextWaiter += 1
-            let ids = Set(messages.compactMap(\.id))
-            s.waiters[key] = Waiter(sent: messages, remaining: ids, replies: [], promise: promise)
-            for id in ids { s.byId[id] = key }
-            return key
+        var started: [(key: Int, promise: EventLoopPromise<[Message]>)] = []
+        for (messages, timeout) in zip(groups, timeouts) {
+            let promise = channel.eventLoop.makePromise(of: [Message].self)
+            let key: Int = state.withLockedValue { s in
+                let key = s.nextWaiter
+                s.nextWaiter += 1
+                let ids = Set(messages.compactMap(\.id))
+                s.waiters[key] = Waiter(sent: messages, remaining: ids, replies: [], promise: promise)
+                for id in ids { s.byId[id] = key }
+                return key
+            }
+            let timer = channel.eventLoop.scheduleTask(in: timeout) {
+                self.forget(key)
+                promise.fail(BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
+            }
+            promise.futureResult.whenComplete { _ in timer.cancel() }
+            started.append((key, promise))
         }
-        let timer = channel.eventLoop.scheduleTask(in: timeout) {
-            self.forget(key)
-            promise.fail(BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
-        }
-        promise.futureResult.whenComplete { _ in timer.cancel() }
         let frame = WebSocketFrame(
-            fin: true, opcode: .text, maskKey: .random(), data: ReplySorter.encode(messages))
-        channel.writeAndFlush(frame).whenFailure { error in
-            self.forget(key)
-            promise.fail(BayeuxClientError(.connectionClosed, "cannot send on the WebSocket: \(describe(error))"))
+            fin: true, opcode: .text, maskKey: .random(), data: ReplySorter.encode(groups.flatMap { $0 }))
+        channel.writeAndFlush(frame).whenFailure { [started] error in
+            for (key, promise) in started {
+                self.forget(key)
+                promise.fail(BayeuxClientError(.connectionClosed, "cannot send on the WebSocket: \(describe(error))"))
+            }
         }
-        if messages.allSatisfy({ $0.id == nil }) {
+        for ((key, promise), messages) in zip(started, groups) where messages.allSatisfy({ $0.id == nil }) {
             forget(key)
             promise.succeed([])
         }
-        return (key, promise)
+        return started
     }
 
     private func wait(_ started: (key: Int, promise: EventLoopPromise<[Message]>)) async throws -> [Message] {
-        try await withTaskCancellationHandler {
-            try await started.promise.futureResult.get()
-        } onCancel: {
+        try await pending(started).get()
+    }
+
+    private func pending(_ started: (key: Int, promise: EventLoopPromise<[Message]>)) -> PendingReplies {
+        PendingReplies(future: started.promise.futureResult) {
             self.forget(started.key)
             started.promise.fail(CancellationError())
         }
@@ -240,6 +258,17 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
 
     func exchange(_ messages: [Message], timeout: TimeAmount) async throws -> [Message] {
         try await wait(try await start(messages, timeout: timeout))
+    }
+
+    func exchange(groups: [[Message]], timeouts: [TimeAmount]) async throws -> [PendingReplies] {
+        try await start(groups: groups, timeouts: timeouts).map(pending)
+    }
+
+    func takeInterruption() -> Bool {
+        state.withLockedValue { s in
+            defer { s.interrupted = false }
+            return s.interrupted
+        }
     }
 
     func exchangePipelined(_ batches: [[Message]], window: Int, timeout: TimeAmount) async throws -> [[Message]] {

@@ -17,8 +17,9 @@ struct Subscribe: AsyncParsableCommand {
             The URL is --url, then PUBSUB_URL, then http://127.0.0.1:9292/faye; a ws:// URL or --websocket \
             uses a WebSocket, otherwise long-polling.
 
-            When the broker ends the session, subscribe handshakes again and resumes each subscription \
-            after the last event received (ext.resume), saying on stderr how many events it recovered. With \
+            After any reconnect (a connection that broke while the session lives, or a session the broker \
+            ended) subscribe resumes each subscription after the last event received (ext.resume), saying \
+            on stderr how many events it recovered; an event the broker sends twice is printed once. With \
             --position-file the position of the last event printed on each subscription is kept in FILE, and \
             a later run resumes from it: every event since the last run, in order (docs/SUBSCRIBE.md).
 
@@ -103,6 +104,9 @@ struct Subscribe: AsyncParsableCommand {
         configuration.onSessionLost = { error in
             printError("pubsub: the broker ended this session (\(error)); subscribing again")
         }
+        configuration.onConnectionLost = { error in
+            printError("pubsub: the connection to the broker broke (\(error)); reconnecting and resuming")
+        }
         // Set once the consumer runs: a resume that lost events ends it (unless --accept-gaps).
         let stop = NIOLockedValueBox<Stop?>(nil)
         let interrupt = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
@@ -113,7 +117,8 @@ struct Subscribe: AsyncParsableCommand {
                 return
             }
             lost.withLockedValue { $0.append(channel) }
-            printError("pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false)"
+            let missed = outcome.missed > 0 ? ", at least \(outcome.missed) events missed" : ""
+            printError("pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false\(missed))"
                        + (acceptGaps ? "; going on from here" : ": refetch"))
             if !acceptGaps {
                 stop.withLockedValue { $0 = $0 ?? .unrecovered }

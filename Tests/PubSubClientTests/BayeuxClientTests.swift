@@ -171,6 +171,27 @@ import Testing
         }
     }
 
+    /// After `recovered: false` on a reconnect a subscription goes on from the broker's position at that moment,
+    /// which a handshake of a session ended at once tells: resuming from it misses only what came after.
+    @Test(arguments: [BayeuxClient.Configuration.Transport.longPolling, .webSocket])
+    func thePositionNowIsTheBrokersCurrentOne(transport: BayeuxClient.Configuration.Transport) async throws {
+        try await withServer { server, url in
+            var configuration = BayeuxClient.Configuration(transport: transport)
+            configuration.resume = true
+            let client = try BayeuxClient(url: url, configuration: configuration)
+            let publisher = try BayeuxClient(url: url)
+            try await publisher.publish("/now", data: 1)
+            let now = try #require(await client.positionNow())
+            try await publisher.publish("/now", data: 2)
+            #expect(try await client.subscribe("/now", resumeFrom: now) == .init(recovered: true, missed: 1))
+            #expect(try await next(1, from: client).map(\.data) == [2])
+            // The session made for the position is gone already.
+            #expect(server.broker.engine.statistics.clients == 1)
+            await client.disconnect()
+            await publisher.close()
+        }
+    }
+
     @Test func unreachableFailsFast() async throws {
         let client = try BayeuxClient(url: "http://127.0.0.1:1/faye")
         let start = ContinuousClock.now

@@ -114,7 +114,10 @@ def test_wildcard_resumes_over_every_shard(page, page_server, make_redis_cluster
     assert page.evaluate("resumes") == [["/**", {"recovered": True, "missed": 2 * len(CHANNELS)}]]
     # The resume sent covers every shard: the first handshake's parts, each replaced by its shard's last event.
     expected = "~".join(last[epoch(part)] for part in start.split("~"))
-    assert page.evaluate("sentResumes") == [None, expected]
+    # The broker closes the WebSocket of the session it ended, which the client first takes for a broken connection:
+    # its next connect, refused, may carry a resume from the same position, before the new session's.
+    sent = page.evaluate("sentResumes")
+    assert sent[0] is None and sent[1:] in ([expected], [expected, expected]), sent
     page.wait_for(f"received.length >= {4 * len(CHANNELS)}", timeout=15, what="the missed events")
 
     publish_round(b, 4)

@@ -8,6 +8,8 @@ Tests/ on the path):
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
               subscribe, publish: one message each, with its id, ext, and whether the reply is asserted
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
+    proxy     CuttingProxy: a TCP proxy in front of a broker that stalls, resets (and holds down) its clients'
+              connections, and records the message lists they sent
     fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
     redis     RedisServer, Sentinel, RedisCluster (masters with replicas, redis-cli --cluster create), wait_ready()

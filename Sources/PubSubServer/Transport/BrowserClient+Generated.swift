@@ -2,8 +2,8 @@
 
 /// The browser client served at `<mount>/client.js` and `<mount>.js`.
 enum BrowserClient {
-    static let etag = "\"0346714c8c64fb1f955dabd734ca9220b11df8b9\""
-    static let lastModified = "Fri, 27 Nov 2026 21:36:49 GMT"
+    static let etag = "\"d57b4b0de9d2254879ad387032cfe171df73fab5\""
+    static let lastModified = "Sat, 28 Nov 2026 16:50:51 GMT"
     static let source = #"""
 /* pubsub browser client: the Faye.Client API over WebSocket, CORS long-polling and JSON-P. MIT licence. */
 (function (global) {
@@ -18,6 +18,26 @@ function later(fn, ms) { return setTimeout(fn, ms); }
 function report(e) { later(function () { throw e; }, 0); }
 function each(list, fn, ctx) { for (var i = 0; i < list.length; i++) fn.call(ctx, list[i], i); }
 function bySeq(a, b) { return a.seq - b.seq; }
+function members(env) { return env.group || [env]; }
+function jsonOf(env) { return env.json; }
+function RecentPositions(capacity) {
+this._capacity = capacity;
+this._held = Object.create(null);
+this._order = [];
+this._next = 0;
+}
+RecentPositions.prototype.add = function (position) {
+if (this._held[position]) return false;
+this._held[position] = true;
+if (this._order.length < this._capacity) {
+this._order.push(position);
+} else {
+delete this._held[this._order[this._next]];
+this._order[this._next] = position;
+this._next = (this._next + 1) % this._capacity;
+}
+return true;
+};
 function isMeta(channel) { return channel.indexOf('/meta/') === 0; }
 function advance(stored, position) {
 if (!stored || stored.indexOf('~') < 0 || position.indexOf('~') >= 0) return position;
@@ -99,6 +119,7 @@ this._busy = false;
 this._timer = null;
 }
 Polling.prototype.send = function (env) {
+if (env.group) return this._request(env.group);
 if (env.msg.channel === CONNECT) return this._request([env]);
 this._batch.push(env);
 if (!this._busy && !this._timer) {
@@ -218,14 +239,17 @@ self._client._receive(list);
 ws.onclose = ws.onerror = function () { clearTimeout(opening); self._closed(ws); };
 };
 Socket.prototype._write = function (env) {
-var self = this, ws = this._ws;
-this._sent.push(env);
-env.timer = later(function () { self._closed(ws); }, this._client._requestTimeout());
-try { ws.send('[' + env.json + ']'); } catch (e) { this._closed(ws); }
+var self = this, ws = this._ws, envs = members(env), timeout = this._client._requestTimeout();
+each(envs, function (e) {
+self._sent.push(e);
+e.timer = later(function () { self._closed(ws); }, timeout);
+});
+try { ws.send('[' + envs.map(jsonOf).join(',') + ']'); } catch (e) { this._closed(ws); }
 };
 Socket.prototype._closed = function (ws) {
 if (ws !== this._ws) return;
-var opened = this._open, envs = this._sent.concat(this._queue);
+var opened = this._open, envs = this._sent;
+each(this._queue, function (env) { envs = envs.concat(members(env)); });
 this._ws = null;
 this._open = false;
 this._sent = [];
@@ -261,6 +285,8 @@ this._ids = 0;
 this._seq = 0;
 this._up = undefined;
 this._connecting = false;
+this._resuming = false;
+this._recent = new RecentPositions(1000);
 this._retryTimer = null;
 this._serverTypes = [];
 this._transport = null;
@@ -415,6 +441,7 @@ return;
 }
 self._state = CONNECTED;
 self._clientId = reply.clientId;
+self._resuming = false;  // every channel is subscribed again below, with ext.resume
 self._position = reply.ext && typeof reply.ext.position === 'string' ? reply.ext.position : null;
 clearTimeout(self._retryTimer);
 self._retryTimer = null;
@@ -454,9 +481,9 @@ later(function () { self._connect(); }, Math.max(advice.interval, self._retry));
 });
 };
 api._subscribe = function (channel) {
-var self = this, ch0 = this._channels[channel];
+var self = this, ch0 = this._channels[channel], from = ch0 && ch0.position;
 var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: channel };
-if (ch0 && ch0.position) message.ext = { resume: ch0.position };
+if (from) message.ext = { resume: from };
 this._send(message, function (reply) {
 var ch = self._channels[channel];
 if (!ch) return;
@@ -464,6 +491,7 @@ if (reply.successful) {
 ch.active = true;
 if (!ch.position) ch.position = self._position;
 var resumed = reply.ext && reply.ext.resume;
+if (resumed && resumed.recovered === false && self._position && ch.position === from) ch.position = self._position;
 if (message.ext && resumed) self.trigger('resume', channel, resumed);
 each(ch.subs, function (sub) { sub._resolve(); });
 return;
@@ -477,6 +505,41 @@ delete self._channels[channel];
 each(ch.subs, function (sub) { sub._reject(error); });
 self.trigger('error', error, channel);
 });
+};
+api._resumeThenConnect = function (transport, connect) {
+var self = this, names = [], envs = [], left;
+this._resuming = false;
+for (var name in this._channels) {
+if (this._channels[name].active && this._channels[name].position) names.push(name);
+}
+left = names.length;
+if (!left) return transport.send(connect);
+each(names, function (name) {
+var message = { channel: SUBSCRIBE, clientId: this._clientId, subscription: name,
+ext: { resume: this._channels[name].position }, id: (++this._ids).toString(36) };
+this._pending[message.id] = function (reply) { self._resumed(name, reply); };
+this._pipe('outgoing', message, function (msg) {
+if (msg) {
+msg.clientId = self._clientId;
+envs.push({ msg: msg, json: JSON.stringify(msg), resume: true });
+} else {
+delete self._pending[message.id];
+}
+if (--left) return;
+envs.push(connect);
+transport.send({ group: envs });
+});
+}, this);
+};
+api._resumed = function (channel, reply) {
+var ch = this._channels[channel];
+if (!ch) return;
+if (!reply.successful) {
+if (new BayeuxError(reply.error).code !== 401) this.trigger('resume', channel, { recovered: false, missed: 0 });
+return;
+}
+var resumed = reply.ext && reply.ext.resume;
+if (resumed) this.trigger('resume', channel, resumed);
 };
 api._cancel = function (sub) {
 var ch = this._channels[sub._channel], i = ch ? ch.subs.indexOf(sub) : -1;
@@ -512,6 +575,7 @@ var msg = env.msg;
 if (msg.channel !== HANDSHAKE) msg.clientId = this._clientId;
 if (msg.channel === CONNECT) msg.connectionType = transport.type;
 env.json = JSON.stringify(msg);
+if (msg.channel === CONNECT && this._resuming) return this._resumeThenConnect(transport, env);
 transport.send(env);
 };
 api._flushOutbox = function () {
@@ -523,6 +587,12 @@ each(queue, function (env) { this._write(this._transport, env); }, this);
 api._failed = function (transport, envs, neverOpened) {
 var self = this;
 if (this._state === DISCONNECTED) return;
+envs = envs.filter(function (env) {
+if (!env.resume) return true;
+delete self._pending[env.msg.id];
+self._resuming = true;
+return false;
+});
 if (neverOpened && transport.type === WS) {
 this._wsBroken = true;
 if (this._transport === transport) this._transport = this._polling();
@@ -531,6 +601,7 @@ each(envs.sort(bySeq), this._transmit, this);
 return;
 }
 this._setUp(false);
+if (this._state === CONNECTED) this._resuming = true;
 each(envs, function (env) {
 if (env.msg.channel === HANDSHAKE) later(function () { self._transmit(env); }, self._retry);
 else self._outbox.push(env);
@@ -570,6 +641,7 @@ delete this._pending[message.id];
 if (callback) callback(message);
 } else if (message.channel && 'data' in message && !isMeta(message.channel)) {
 var position = message.ext && typeof message.ext.position === 'string' ? message.ext.position : null;
+if (position && !this._recent.add(position)) return;  // sent again after a reconnect: delivered already
 each(expand(message.channel), function (name) {
 var ch = this._channels[name];
 if (!ch) return;
