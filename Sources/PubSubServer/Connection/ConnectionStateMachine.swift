@@ -160,8 +160,10 @@ struct ConnectionStateMachine {
     }
 
     let maxQueue: Int
-    /// A WebSocket's held connect is answered once this many events went out after it (a quarter of the queue).
-    var confirmEvery: Int32 { Int32(clamping: max(1, maxQueue / 4)) }
+    /// A WebSocket's held connect is answered once this many events went out after it: 32, or a quarter of the
+    /// queue if less. What a session keeps unconfirmed, and sends again after a fault, is about twice this; a
+    /// connect round trip every 32 events is little beside them.
+    var confirmEvery: Int32 { Int32(clamping: max(1, min(32, maxQueue / 4))) }
     private(set) var state: State
     private(set) var isWritable = true
     private var readPending = false

@@ -94,7 +94,7 @@ import Testing
         #expect(Self.describe(m.holdTimerFired()) == [], "a timer of an answered connect does nothing")
     }
 
-    /// A quarter of the queue written after the held connect answers it, with those events in the same write,
+    /// 32 events (a quarter of the queue if less) written after the held connect answer it, with those events in the same write,
     /// so that the client's next connect confirms them (`DeliveryLedger`); not while the socket is blocked.
     @Test func webSocketAnswersItsConnectOnceAQuarterOfTheQueueWentOut() {
         var m = Machine(transport: .webSocket, maxQueue: 8)
