@@ -544,14 +544,11 @@ class SSEClient:
             try:
                 if self.client_id is None:
                     self._handshake()
-                    self._subscribe()
-                    self._connect()
-                    self._open_stream()
-                else:
-                    # A new stream of the same session: subscribe again with ext.resume (docs/PROTOCOL.md).
-                    self._open_stream()
-                    self._connect()
-                    self._subscribe()
+                # Subscribed (on a new stream of the same session: again, with ext.resume, docs/PROTOCOL.md) before
+                # the stream opens, so that the range it recovers goes out on the stream before anything newer.
+                self._subscribe()
+                self._open_stream()
+                self._connect()
                 self.ready.set()
                 next_connect = time.monotonic() + self.connect_every
                 while not self.stopping.is_set() and self.client_id is not None:

@@ -184,6 +184,10 @@ def play_faults(proxies, schedule=SCHEDULE, gap=GAP, log=None):
     """Plays `schedule` on every proxy at once; returns what was done, one line per fault."""
     done = []
     for kind, seconds, ending in schedule:
+        # A fault is played on open connections: a client between two is waited for (3 s at most).
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not all(p.counters()["active"] for p in proxies):
+            time.sleep(0.05)
         if kind == "blackhole":
             hit = [p.blackhole() for p in proxies]
         else:

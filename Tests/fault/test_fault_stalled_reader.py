@@ -32,7 +32,7 @@ def exchange(ws, messages, until):
     return got
 
 
-@pytest.mark.broker_pending("a stalled WebSocket reader closed within --send-timeout")
+@pytest.mark.pending("a stalled WebSocket reader closed within --send-timeout")
 @pytest.mark.timeout(60)
 def test_stalled_websocket_reader_is_closed(make_broker):
     broker = make_broker(timeout=5, extra_args=["--send-timeout", str(SEND_TIMEOUT), "--max-queue", "100000"])
