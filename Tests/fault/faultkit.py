@@ -129,13 +129,14 @@ class Result:
         distinct = set(arrivals)
         self.delivered = len(distinct & acked)
         self.duplicates = len(arrivals) - len(distinct)
-        seen, top, self.out_of_order = set(), 0, 0
+        seen, top, self.late = set(), 0, []
         for n in arrivals:
             if n not in seen:
                 if n < top:
-                    self.out_of_order += 1
+                    self.late.append(n)
                 seen.add(n)
             top = max(top, n)
+        self.out_of_order = len(self.late)
         covered = set()
         for index, _what in announcements:
             before = max(arrivals[:index], default=0)
@@ -157,6 +158,7 @@ class Result:
                 f"silent losses {len(self.silent)}{' ' + silent if silent else ''}, "
                 f"announced losses {len(self.announced)} ({len(self.announcements)} announcements), "
                 f"duplicates {self.duplicates}, out of order {self.out_of_order}"
+                + (f" {_ranges(sorted(self.late))}" if self.late else "")
                 + (f"; {', '.join(self.notes)}" if self.notes else ""))
 
     def row(self):

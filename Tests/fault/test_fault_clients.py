@@ -142,9 +142,11 @@ def test_eventsource_client(make_broker, proxies):
     assert_no_silent_loss(result)
 
 
+@pytest.mark.pending("events recovered after a cut from Redis delivered in order")
 def test_faults_between_broker_and_redis(make_broker, redis_server, proxies):
     """The proxy sits between the broker and Redis; the clients reach the broker through proxies that are never
-    broken. Whatever the broker loses while Redis is out of reach must be announced."""
+    broken. Whatever the broker loses while Redis is out of reach must be announced; what it recovers comes in
+    order (docs/SUBSCRIBE.md: every event, in order)."""
     redis_proxy = proxies(redis_server.port, name="redis")
     broker = make_broker(timeout=BROKER_TIMEOUT, extra_args=[
         "--engine", "redis", "--redis-url", f"redis://127.0.0.1:{redis_proxy.port}/0"])
@@ -160,3 +162,5 @@ def test_faults_between_broker_and_redis(make_broker, redis_server, proxies):
         assert r.delivered > 0, r.line()
     for r in results:
         assert_no_silent_loss(r)
+    for r in results:
+        assert_once_in_order(r)
