@@ -14,7 +14,7 @@ seconds, or every acknowledged event delivered; bounded by SETTLE_DEADLINE):
     announced     acknowledged events never delivered, inside a gap the client was told about (a resume answered
                   `recovered: false`, a session the broker ended: each client says which it saw)
     duplicates    deliveries of an event already delivered
-    out_of_order  first deliveries of an event lower than one delivered before it
+    out_of_order  first deliveries of an acknowledged event lower than one delivered before it
 An announcement covers the events between the highest one delivered before it and the lowest one delivered after
 it. Not a timed test: nothing here asserts how long anything took.
 """
@@ -132,11 +132,13 @@ class Result:
         seen, top, self.late = set(), 0, []
         for n in arrivals:
             if n not in seen:
-                if n < top:
+                if n < top and n in acked:
                     self.late.append(n)
                 seen.add(n)
             top = max(top, n)
         self.out_of_order = len(self.late)
+        # A publish answered with an error (or never answered) may still be delivered: not a fault, but shown.
+        self.unacknowledged_delivered = sorted(distinct - acked)
         covered = set()
         for index, _what in announcements:
             before = max(arrivals[:index], default=0)
@@ -159,6 +161,8 @@ class Result:
                 f"announced losses {len(self.announced)} ({len(self.announcements)} announcements), "
                 f"duplicates {self.duplicates}, out of order {self.out_of_order}"
                 + (f" {_ranges(sorted(self.late))}" if self.late else "")
+                + (f", delivered though not acknowledged {_ranges(self.unacknowledged_delivered)}"
+                   if self.unacknowledged_delivered else "")
                 + (f"; {', '.join(self.notes)}" if self.notes else ""))
 
     def row(self):

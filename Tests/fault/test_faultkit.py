@@ -33,3 +33,8 @@ def test_duplicates_and_order():
     assert (r.duplicates, r.out_of_order, r.silent) == (2, 0, [])
     r = result(range(1, 5), [1, 3, 2, 4])
     assert (r.duplicates, r.out_of_order) == (0, 1)
+
+
+def test_an_unacknowledged_event_delivered_late_is_not_out_of_order():
+    r = result([1, 2, 4], [1, 2, 4, 3])
+    assert (r.out_of_order, r.unacknowledged_delivered, r.silent) == (0, [3], [])
