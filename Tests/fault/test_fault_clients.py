@@ -27,12 +27,13 @@ TRANSPORTS = ["websocket", "long-polling"]
 ENGINES = ["memory", "redis"]
 
 
+# Every broker here is named: the suite measures pubsub (and Faye beside it) whatever PUBSUB_TARGET says.
 def start_broker(request, engine, extra_args=()):
     args = list(extra_args)
     if engine == "redis":
         redis = request.getfixturevalue("redis_server")
         args += ["--engine", "redis", "--redis-url", redis.url]
-    broker = request.getfixturevalue("make_broker")(timeout=BROKER_TIMEOUT, extra_args=args)
+    broker = request.getfixturevalue("make_broker")(timeout=BROKER_TIMEOUT, extra_args=args, target="pubsub")
     if engine == "redis":
         wait_ready(broker)
     return broker
@@ -101,7 +102,7 @@ def test_ack_extension_client(request, proxies, transport, engine):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_faye_client_on_pubsub_and_on_faye(make_broker, proxies, transport):
     """The same faults, at the same moments, on Faye's client talking to pubsub and to Faye 1.4's server."""
-    on_pubsub = make_broker(timeout=BROKER_TIMEOUT)
+    on_pubsub = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     on_faye = make_broker(timeout=BROKER_TIMEOUT, target="faye")
     proxy_pubsub, proxy_faye = proxies(on_pubsub.port), proxies(on_faye.port)
     clients = [started(FayeRuby(proxy_pubsub.url(), CHANNEL, transport, name=f"Faye client on pubsub ({transport})"))]
@@ -121,7 +122,7 @@ def test_faye_client_on_pubsub_and_on_faye(make_broker, proxies, transport):
 @pytest.mark.pending("client.js dropping duplicates by position")
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_browser_client(page, page_server, make_broker, proxies, transport):
-    broker = make_broker(timeout=BROKER_TIMEOUT)
+    broker = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     proxy = proxies(broker.port)
     client = BrowserClient(page, page_server, proxy.url(), CHANNEL, transport)
     started(client)
@@ -133,7 +134,7 @@ def test_browser_client(page, page_server, make_broker, proxies, transport):
 
 
 def test_eventsource_client(make_broker, proxies):
-    broker = make_broker(timeout=BROKER_TIMEOUT)
+    broker = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     proxy = proxies(broker.port)
     client = started(SSEClient(proxy.url(), CHANNEL, name="EventSource client (resumes, memory)"))
     [result] = play([client], [proxy], Publisher(broker.url))
@@ -147,7 +148,7 @@ def test_faults_between_broker_and_redis(make_broker, redis_server, proxies):
     broken. Whatever the broker loses while Redis is out of reach must be announced; what it recovers comes in
     order (docs/SUBSCRIBE.md: every event, in order)."""
     redis_proxy = proxies(redis_server.port, name="redis")
-    broker = make_broker(timeout=BROKER_TIMEOUT, extra_args=[
+    broker = make_broker(timeout=BROKER_TIMEOUT, target="pubsub", extra_args=[
         "--engine", "redis", "--redis-url", f"redis://127.0.0.1:{redis_proxy.port}/0"])
     wait_ready(broker)
     calm = proxies(broker.port)

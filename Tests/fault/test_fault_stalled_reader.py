@@ -35,7 +35,8 @@ def exchange(ws, messages, until):
 @pytest.mark.pending("a stalled WebSocket reader closed within --send-timeout")
 @pytest.mark.timeout(60)
 def test_stalled_websocket_reader_is_closed(make_broker):
-    broker = make_broker(timeout=5, extra_args=["--send-timeout", str(SEND_TIMEOUT), "--max-queue", "100000"])
+    broker = make_broker(timeout=5, target="pubsub",
+                         extra_args=["--send-timeout", str(SEND_TIMEOUT), "--max-queue", "100000"])
     with FaultProxy(("127.0.0.1", broker.port)) as proxy:
         ws = websocket.create_connection(proxy.url(scheme="ws"), timeout=10)
         try:
