@@ -129,10 +129,13 @@ class Result:
         distinct = set(arrivals)
         self.delivered = len(distinct & acked)
         self.duplicates = len(arrivals) - len(distinct)
+        # Order is promised among acknowledged events: one that was not (its publish failed) may come anywhere.
         seen, top, self.late = set(), 0, []
         for n in arrivals:
+            if n not in acked:
+                continue
             if n not in seen:
-                if n < top and n in acked:
+                if n < top:
                     self.late.append(n)
                 seen.add(n)
             top = max(top, n)

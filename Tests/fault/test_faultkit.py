@@ -38,3 +38,9 @@ def test_duplicates_and_order():
 def test_an_unacknowledged_event_delivered_late_is_not_out_of_order():
     r = result([1, 2, 4], [1, 2, 4, 3])
     assert (r.out_of_order, r.unacknowledged_delivered, r.silent) == (0, [3], [])
+
+
+def test_an_unacknowledged_event_delivered_early_does_not_make_later_ones_out_of_order():
+    # 2's publish failed, yet it came before 1: among the acknowledged events 1, 3, 4 the order holds
+    r = result([1, 3, 4], [2, 1, 3, 4])
+    assert (r.out_of_order, r.unacknowledged_delivered) == (0, [2])
