@@ -16,6 +16,8 @@ Tests/ on the path):
     tls       make_authority(), make_self_signed(): throwaway certificates made with openssl
     postgres  PostgresCluster (wal_level=logical, wal2json)
     browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
+    faultproxy  FaultProxy: a loopback TCP proxy that stalls, blackholes, resets (RST) and drops its connections
+              on demand (Tests/fault; between clients and broker, or broker and Redis)
     compression  permessage-deflate: job_progress() events, deflate_alone()/inflate() with zlib, and
               WebSocketSession, a Bayeux client over the `websockets` library (compression negotiated or not)
 """
