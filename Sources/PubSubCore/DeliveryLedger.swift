@@ -13,7 +13,9 @@ import NIOCore
 /// - otherwise every batch closed so far, unless the connect repeats the `id` of the connect whose reply closed
 ///   the last batch: a client re-sends a connect whose reply it never got (Faye's retry, a browser re-sending
 ///   a POST on a new connection), so that batch is not confirmed. Nor is it when the connect opens a new
-///   WebSocket: a client whose socket died may send a new connect in place of the one whose reply it lost.
+///   WebSocket and that batch's reply went out on a WebSocket: a client whose socket died may send a new connect
+///   in place of the one whose reply it lost. (A reply that went out on a long-poll came whole or not at all:
+///   Faye's client that falls back to long-polling and comes back on a new WebSocket gets nothing twice.)
 /// When a connect arrives on another connection than the one that carried the session (a WebSocket that died, a
 /// long-polling request), what is still unconfirmed is handed back (`takeUnconfirmed`) to go out again, before
 /// anything newer. On one live connection nothing is taken back: what follows the last reply is on its way.
@@ -39,6 +41,8 @@ package struct DeliveryLedger: Sendable {
     private var lostBatch: UInt32 = 0
     /// A hash of the `id` of the connect whose reply closed the last batch (0: none, or the connect had no id).
     private var closingConnect: Int = 0
+    /// The reply that closed the last batch went out on a WebSocket.
+    private var closedOnSocket = false
 
     package init() {}
 
@@ -61,8 +65,9 @@ package struct DeliveryLedger: Sendable {
 
     /// A connect reply is being written: what was handed out so far is one batch. Returns its number (the
     /// reply's `ext.ack` for a client of the acknowledgement extension).
-    package mutating func closeBatch(connectId: JSONValue?) -> UInt32 {
+    package mutating func closeBatch(connectId: JSONValue?, onSocket: Bool = false) -> UInt32 {
         closingConnect = Self.hash(connectId)
+        closedOnSocket = onSocket
         let batch = current
         current &+= 1
         return batch
@@ -75,7 +80,7 @@ package struct DeliveryLedger: Sendable {
         let upTo: UInt32
         if let ack {
             upTo = UInt32(min(ack, UInt64(closed)))
-        } else if opensSocket || (closingConnect != 0 && Self.hash(connectId) == closingConnect) {
+        } else if (opensSocket && closedOnSocket) || (closingConnect != 0 && Self.hash(connectId) == closingConnect) {
             upTo = closed == 0 ? 0 : closed - 1
         } else {
             upTo = closed

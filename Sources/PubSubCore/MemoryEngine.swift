@@ -210,7 +210,12 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     }
 
     public func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
-        lock.withLock { sessions[clientId].map { UInt64($0.ledger.closeBatch(connectId: connectId)) } }
+        lock.withLock {
+            sessions[clientId].map { session in
+                let onSocket = session.sink?.isPersistent == true && !session.streaming
+                return UInt64(session.ledger.closeBatch(connectId: connectId, onSocket: onSocket))
+            }
+        }
     }
 
     public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {

@@ -44,11 +44,16 @@ import Testing
         ledger.handedOut(Self.events(1...1), capacity: 100)
         _ = ledger.closeBatch(connectId: "a")
         ledger.handedOut(Self.events(2...2), capacity: 100)
-        _ = ledger.closeBatch(connectId: "b")
+        _ = ledger.closeBatch(connectId: "b", onSocket: true)
         ledger.handedOut(Self.events(3...3), capacity: 100)
         // A new id, but on a new socket: the reply to "b" may have died with the old one.
         ledger.confirm(connectId: "c", ack: nil, opensSocket: true)
         #expect(Self.numbers(ledger.takeUnconfirmed()) == [2, 3])
+        // A reply that went out on a long-poll came whole: a new id on a new socket confirms it.
+        ledger.handedOut(Self.events(4...4), capacity: 100)
+        _ = ledger.closeBatch(connectId: "d", onSocket: false)
+        ledger.confirm(connectId: "e", ack: nil, opensSocket: true)
+        #expect(ledger.isEmpty)
     }
 
     @Test func anAcknowledgementConfirmsUpToItsBatchAndNeverPastTheLastClosed() {
