@@ -136,7 +136,7 @@ final class ConnectionDriver: TimerQueueOwner {
         if isPolling {
             // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
             if shared.operations.isDraining { _ = machine.quiesce() }
-            machine.requestStarted()
+            guard machine.requestStarted() else { return }
             newSink(persistent: false)
         } else {
             if let clientId = Self.connectClientId(elements), clientId != machine.clientId {

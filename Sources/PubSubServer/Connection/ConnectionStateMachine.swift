@@ -247,10 +247,17 @@ struct ConnectionStateMachine {
 
     // MARK: Messages
 
-    /// Polling: a request is about to be handled with a sink offered to its connect.
-    mutating func requestStarted() {
-        guard case .idle = state else { preconditionFailure("a request started in state \(state)") }
+    /// Polling: a request is about to be handled with a sink offered to its connect. False when the connection is
+    /// already closed (a request pipelined behind the one it closed on, from a client that was killed): there is
+    /// no one to answer, and it is not handled.
+    mutating func requestStarted() -> Bool {
+        switch state {
+        case .closing, .closed: return false
+        case .idle: break
+        default: preconditionFailure("a request started in state \(state)")
+        }
         state = .awaiting(backlog: .noEvents, detach: nil)
+        return true
     }
 
     /// Polling: the broker failed on the request (its messages are lost, a 500 answers it): nothing is parked, the

@@ -109,8 +109,8 @@ import Testing
     @Test func aSecondRequestWhileOneIsParkedStops() async {
         await #expect(processExitsWith: .failure) {
             var machine = ConnectionStateMachine(transport: .polling, maxQueue: 1)
-            machine.requestStarted()
-            machine.requestStarted()
+            _ = machine.requestStarted()
+            _ = machine.requestStarted()
         }
     }
 

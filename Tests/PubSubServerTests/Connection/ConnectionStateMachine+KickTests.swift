@@ -42,7 +42,7 @@ import Testing
 
     @Test func pollingAnswersTheParkedConnect() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: ConnectionStateMachineTests.connect("a"))
         let actions = m.detached(.kicked)
         #expect(ConnectionStateMachineTests.describe(actions) == ["answer(c)"])
@@ -52,7 +52,7 @@ import Testing
 
     @Test func pollingKickedBeforeTheConnectParksIsAnsweredWhenItDoes() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(ConnectionStateMachineTests.describe(m.detached(.kicked)) == [])
         let actions = m.messagesHandled(replies: [], events: [], pending: ConnectionStateMachineTests.connect("a"))
         Self.expectTellsNotToReconnect(Self.kickedReply(actions), clientId: "a")
@@ -60,7 +60,7 @@ import Testing
 
     @Test func otherReasonsDoNotSayNone() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: ConnectionStateMachineTests.connect("a"))
         #expect(Self.kickedReply(m.detached(.expired)) == nil)
     }

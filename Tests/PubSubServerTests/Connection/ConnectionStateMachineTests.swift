@@ -96,6 +96,18 @@ import Testing
 
     /// 32 events (a quarter of the queue if less) written after the held connect answer it, with those events in the same write,
     /// so that the client's next connect confirms them (`DeliveryLedger`); not while the socket is blocked.
+    /// A request pipelined behind the one its connection closed on (a client killed mid-pipeline) is not handled:
+    /// the machine says so instead of stopping the process.
+    @Test func aRequestOnAClosedPollingConnectionIsNotStarted() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        let first = m.requestStarted()
+        #expect(first)
+        _ = m.messagesHandled(replies: [], events: [], pending: nil)
+        _ = m.closed()
+        let afterClose = m.requestStarted()
+        #expect(!afterClose)
+    }
+
     @Test func webSocketAnswersItsConnectOnceAQuarterOfTheQueueWentOut() {
         var m = Machine(transport: .webSocket, maxQueue: 8)
         _ = m.bind(clientId: "a")
@@ -284,7 +296,7 @@ import Testing
 
     @Test func pollingAnswersWithTheFirstDelivery() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", hold: .seconds(2)))
         #expect(Self.describe(actions) == ["arm(2000ms)"])
         #expect(Self.describe(m.eventsDelivered(Self.events(1...2))) == "answer(c events=1,2)")
@@ -294,26 +306,26 @@ import Testing
 
     @Test func pollingHoldEndTakesWhatTheSessionHolds() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(m.holdTimerFired()) == ["answer(c take)"])
     }
 
     @Test func pollingWithoutHeldConnectWritesAtOnce() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         let actions = m.messagesHandled(replies: [Self.reply("h")], events: Self.events(1...1), pending: nil)
         #expect(Self.describe(actions) == ["write(h|1)"])
         #expect(!m.isHolding)
         // A connect that was not attached is not held either.
-        m.requestStarted()
+        _ = m.requestStarted()
         let unattached = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", attached: false))
         #expect(Self.describe(unattached) == ["write(|)"])
     }
 
     @Test func pollingDeliveryBeforeParkingAnswersAtOnce() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
         let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(actions) == ["answer(c events=1)"])
@@ -322,20 +334,20 @@ import Testing
     /// A request the broker failed on (a 500) leaves nothing parked: the connection's next request is handled.
     @Test func pollingAfterAFailedRequestTakesTheNextOne() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         m.requestFailed()
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
     }
 
     @Test func pollingDetachBeforeParkingAnswersAtOnce() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(Self.describe(m.detached(.overflow)) == [])
         let actions = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(actions) == ["answer(c fail=409:a:Queue overflow)"])
         // The next request starts clean.
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
     }
 
@@ -345,7 +357,7 @@ import Testing
             (.shutdown, "answer(c)"), (.disconnected, "answer(c)"), (.expired, "answer(c)"),
         ] {
             var m = Machine(transport: .polling, maxQueue: 10)
-            m.requestStarted()
+            _ = m.requestStarted()
             _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
             #expect(Self.describe(m.detached(reason)) == [expected], "\(reason)")
             #expect(m.isOpen, "a polling connection goes on after its answer")
@@ -354,17 +366,17 @@ import Testing
 
     @Test func pollingQuiesceReleasesTheParkedConnectAndAnyLaterOne() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(m.quiesce()) == ["answer(c take)"])
-        m.requestStarted()
+        _ = m.requestStarted()
         #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2")))
             == ["answer(c2 take)"])
     }
 
     @Test func pollingClosedWhileParkedDetaches() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(m.closed()) == ["release(a)"])
     }
@@ -373,7 +385,7 @@ import Testing
         var m = Machine(transport: .polling, maxQueue: 1)
         _ = m.writabilityChanged(isWritable: false)
         #expect(m.readRequested() == .withhold)
-        m.requestStarted()
+        _ = m.requestStarted()
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(m.eventsDelivered(Self.events(1...5))) == "answer(c events=1,2,3,4,5)")
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["resumeReading"])
