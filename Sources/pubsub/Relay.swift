@@ -167,7 +167,7 @@ struct RelayPostgres: AsyncParsableCommand {
     @Option(help: "Seconds between polls of the slot when it is idle.")
     var pollInterval: Double = 0.1
 
-    @Option(help: "Most rows read per poll (whole transactions are always read).")
+    @Option(help: "Most changes per batch; a larger transaction is relayed and checkpointed in pieces.")
     var maxChanges: Int = 5000
 
     @OptionGroup var relay: RelayOptions

@@ -272,3 +272,45 @@ def test_simperium_user_route_puts_every_change_of_the_bucket_on_the_token_users
         ("/users/a@b$2Ec/notes", "delete", "x2", None),
     ]
     assert got[0]["data"]["resync"] is True
+
+
+def distinct(sub):
+    """The events of `sub`, each change once (a relay killed before its checkpoint sends its last batch again, with
+    the same keys)."""
+    seen, out = set(), []
+    for message in events(sub):
+        if message["data"]["key"] not in seen:
+            seen.add(message["data"]["key"])
+            out.append(message)
+    return out
+
+
+def test_the_remembered_values_survive_a_kill_9(broker, workdir):
+    """The memory is a journal appended and fsynced with each acknowledged batch, before its checkpoint: a relay
+    killed with SIGKILL (nothing written at exit) routes a later move and tombstone by what it remembered."""
+    source = CouchDB()
+    alice = start_subscriber(broker, "/users/a/**")
+    bob = start_subscriber(broker, "/users/b/**")
+    relay = start_relay(source, broker, workdir, routes_for(source)[:1])
+    try:
+        for i in range(50):
+            source.put(f"d{i}", {"owner": "a"})
+        alice.wait_for(lambda: len(distinct(alice)) >= 50, 30, "50 documents of alice")
+        relay.kill9()
+        assert os.path.exists(os.path.join(workdir, "checkpoint.audience"))
+        relay = start_relay(source, broker, workdir, routes_for(source)[:1])
+        source.put("d1", {"owner": "b"})
+        source.delete("d2")
+        alice.wait_for(lambda: len(distinct(alice)) >= 52, 30, "the move's left and the delete")
+        wait_count(bob, 1, "the move's joined")
+        time.sleep(0.5)
+        got_a, got_b = distinct(alice), distinct(bob)
+    finally:
+        relay.stop()
+        for sub in (alice, bob):
+            sub.stop()
+        source.stop()
+    assert [summary(m) for m in got_a[50:]] == [("/users/a/notes", "update", "d1", "left"),
+                                                ("/users/a/notes", "delete", "d2", None)]
+    assert [summary(m) for m in got_b] == [("/users/b/notes", "update", "d1", "joined")]
+    assert "no_previous" not in relay.errors()

@@ -3,7 +3,6 @@ import Logging
 import NIOCore
 import NIOPosix
 import PostgresNIO
-import Synchronization
 
 /// PostgreSQL logical decoding through wal2json (format-version 2), read over an ordinary SQL connection:
 /// `pg_logical_slot_peek_changes` to read without consuming, `pg_replication_slot_advance` to confirm once the
@@ -15,7 +14,8 @@ public actor PostgresChangeSource: ChangeSource {
         public var slot: String
         /// Relayed tables as `schema.table`; changes of other tables are filtered out by wal2json.
         public var tables: [String]
-        /// Upper bound of rows per peek (whole transactions are always returned).
+        /// Most changes per batch: a transaction larger than this is read, published and checkpointed in pieces of
+        /// this many changes (the rows of a peek are read as they are needed, never all at once).
         public var maxChangesPerPeek: Int
         public var connectTimeout: TimeAmount
         /// The longest wait for one query's answer before the connection is taken as lost.
@@ -46,8 +46,23 @@ public actor PostgresChangeSource: ChangeSource {
     private var assembler = Wal2JSONAssembler(after: LSN(0))
     /// The slot's position as far as this source confirmed it.
     private var confirmed = LSN(0)
-    /// Everything up to here is relayed and checkpointed (the start checkpoint, then each confirmed position).
-    private var relayed: LSN?
+    /// Everything up to here is relayed and checkpointed (the start checkpoint, then each confirmed position); it
+    /// may point inside a transaction.
+    private var relayed: PostgresPosition?
+    /// The rows of the peek being read, kept open across batches: a transaction larger than a batch is handed out
+    /// in pieces as its rows arrive (postgres-nio reads the socket only as rows are consumed, so at most a socket
+    /// read's worth waits in memory). Nil between peeks.
+    private var stream: PostgresRowSequence.AsyncIterator?
+    /// A whole transaction confirmed while a peek was still open: the connection runs one query at a time, so the
+    /// slot is advanced to it when that peek is read to its end.
+    private var pendingAdvance: LSN?
+    /// The server's WAL head at the last lag query (not asked while a peek is open).
+    private var head: LSN?
+    /// The wait for a peek's first rows: PostgreSQL decodes a whole transaction before it sends any of its rows, so
+    /// a very large one may take longer than `queryTimeout`. Doubles after each peek that timed out (up to 30
+    /// minutes), back to `queryTimeout` after one that answered: a large transaction is never retried forever
+    /// with a wait too short for it.
+    private var peekTimeout: TimeAmount
     private var reconnectDelay = TimeAmount.milliseconds(100)
     /// Set while the relayed tables are read in full because changes between the checkpoint and the slot are lost.
     private var resync: Resync?
@@ -56,14 +71,19 @@ public actor PostgresChangeSource: ChangeSource {
     /// `update` with `resync: true`, before the slot's changes from `end` on. Until its last page the batches
     /// carry the old checkpoint, so a crash in the middle starts the resync over (the slot is then still ahead of
     /// the checkpoint); the last page carries `end`.
+    ///
+    /// Pages are read by key (`WHERE key > last ORDER BY key LIMIT n`), never by OFFSET: a row deleted or inserted
+    /// behind the resync does not shift the next page (an OFFSET would skip a row for each one deleted before it),
+    /// so every row that exists throughout is sent, and each page costs its own rows, not the rows before it.
     private struct Resync {
         var reason: String
         var tables: [String]
-        var offset = 0
-        var primaryKey: [String]?
+        /// The current table's key (nil until read), and the key of the last row sent from it (nil: none yet).
+        var key: ResyncKey?
+        var last: [String]?
         var announced = false
         /// The checkpoint the resync started from (or the slot's position when there was none).
-        var checkpoint: LSN
+        var checkpoint: PostgresPosition
         /// The slot's position: where the changes go on after the resync.
         var end: LSN
     }
@@ -74,6 +94,7 @@ public actor PostgresChangeSource: ChangeSource {
         self.sourceID = "pg:" + configuration.slot
         self.logger = logger
         self.eventLoopGroup = eventLoopGroup
+        self.peekTimeout = configuration.queryTimeout
     }
 
     /// Whether a slot name is one PostgreSQL accepts: lower-case letters, digits and underscores, at most 63.
@@ -96,10 +117,10 @@ public actor PostgresChangeSource: ChangeSource {
 
     public func start(after position: String?) async throws {
         if let position {
-            guard let lsn = LSN(position) else {
-                throw RelayError(.source, "checkpoint position \(position) is not an LSN")
+            guard let parsed = PostgresPosition(position) else {
+                throw RelayError(.source, "checkpoint position \(position) is not an LSN (X/Y, or X/Y:index)")
             }
-            relayed = lsn
+            relayed = parsed
         }
         try await open()
     }
@@ -108,6 +129,8 @@ public actor PostgresChangeSource: ChangeSource {
     /// crash); used at start and after a lost connection.
     private func open() async throws {
         let checkpoint = relayed
+        stream = nil
+        pendingAdvance = nil
         let connection = try await connect()
         self.connection = connection
         let identities = try await replicaIdentities(connection)
@@ -143,24 +166,25 @@ public actor PostgresChangeSource: ChangeSource {
         if let checkpoint {
             if let lostReason {
                 startResync(reason: lostReason + "; changes made since are lost", checkpoint: checkpoint, end: slot.confirmed)
-            } else if checkpoint > slot.confirmed {
+            } else if checkpoint.isWholeTransaction, checkpoint.lsn > slot.confirmed {
                 // The server crashed after our last confirm and the slot went back: skip what it replays.
-                try await advance(connection, to: checkpoint)
-            } else if checkpoint < slot.confirmed {
+                try await advance(connection, to: checkpoint.lsn)
+            } else if checkpoint.isWholeTransaction ? checkpoint.lsn < slot.confirmed : checkpoint.lsn <= slot.confirmed {
                 // Confirmed by someone else, or created anew by a resync that did not finish: the changes between
-                // were never relayed.
+                // were never relayed. (A checkpoint inside a transaction is never confirmed to the slot: the slot
+                // stays before that transaction, which the peek replays and the assembler skips up to the index.)
                 startResync(
                     reason: "replication slot \(configuration.slot) is at \(slot.confirmed), ahead of checkpoint \(checkpoint): the changes between were not relayed",
                     checkpoint: checkpoint, end: slot.confirmed)
             }
         } else if let lostReason {
-            startResync(reason: lostReason, checkpoint: slot.confirmed, end: slot.confirmed)
+            startResync(reason: lostReason, checkpoint: PostgresPosition(lsn: slot.confirmed), end: slot.confirmed)
         }
-        assembler = Wal2JSONAssembler(after: max(checkpoint ?? LSN(0), confirmed))
+        assembler = Wal2JSONAssembler(after: max(checkpoint ?? PostgresPosition(lsn: LSN(0)), PostgresPosition(lsn: confirmed)))
         assembler.identityColumns = identities
     }
 
-    private func startResync(reason: String, checkpoint: LSN, end: LSN) {
+    private func startResync(reason: String, checkpoint: PostgresPosition, end: LSN) {
         logger.error("full resync of the relayed tables", metadata: [
             "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.reason": "\(reason)"])
         resync = Resync(reason: reason, tables: configuration.tables, checkpoint: checkpoint, end: end)
@@ -175,24 +199,27 @@ public actor PostgresChangeSource: ChangeSource {
         while changes.count < limit, let table = state.tables.first {
             let parts = table.split(separator: ".", maxSplits: 1).map(String.init)
             let quoted = parts.map(Self.quoteIdentifier).joined(separator: ".")
-            let primaryKey: [String]
-            if let known = state.primaryKey {
-                primaryKey = known
+            let key: ResyncKey
+            if let known = state.key {
+                key = known
             } else {
-                primaryKey = try await primaryKeyColumns(connection, table: quoted)
-                state.primaryKey = primaryKey
+                key = try await primaryKey(connection, table: quoted)
+                state.key = key
             }
-            let order = primaryKey.isEmpty ? "ctid" : primaryKey.map { "t." + Self.quoteIdentifier($0) }.joined(separator: ", ")
+            let primaryKey = key.names
             let pageSize = limit - changes.count
-            let sql = "SELECT row_to_json(t)::text FROM ONLY \(quoted) t ORDER BY \(order) LIMIT \(pageSize) OFFSET \(state.offset)"
+            let query = key.page(of: quoted, after: state.last, limit: pageSize)
             let logger = logger
-            let rows = try await Self.withDeadline(configuration.queryTimeout, connection) {
-                let result = try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger)
-                var rows: [String] = []
-                for try await text in result.decode(String.self) { rows.append(text) }
+            let rows = try await deadline(configuration.queryTimeout, connection) {
+                let result = try await connection.query(query, logger: logger)
+                var rows: [(text: String, key: [String])] = []
+                for try await row in result {
+                    let cells = row.makeRandomAccess()
+                    rows.append((try cells[0].decode(String.self), try (1..<cells.count).map { try cells[$0].decode(String.self) }))
+                }
                 return rows
             }
-            for text in rows {
+            for (text, _) in rows {
                 guard let object = try? JSONParser().parse(Array(text.utf8)).objectValue else {
                     throw RelayError(.source, "the server returned a row of \(table) that is not a JSON object")
                 }
@@ -208,10 +235,10 @@ public actor PostgresChangeSource: ChangeSource {
             }
             if rows.count < pageSize {
                 state.tables.removeFirst()
-                state.offset = 0
-                state.primaryKey = nil
+                state.key = nil
+                state.last = nil
             } else {
-                state.offset += rows.count
+                state.last = rows.last?.key
             }
         }
         let notice: PubSubRelay.Resync? = state.announced ? nil : PubSubRelay.Resync(reason: state.reason)
@@ -226,16 +253,19 @@ public actor PostgresChangeSource: ChangeSource {
         return ChangeBatch(changes: changes, position: state.checkpoint.description, resync: notice)
     }
 
-    private func primaryKeyColumns(_ connection: PostgresConnection, table quoted: String) async throws -> [String] {
+    private func primaryKey(_ connection: PostgresConnection, table quoted: String) async throws -> ResyncKey {
         let rows = try await connection.query(
             """
-            SELECT a.attname::text FROM pg_index i \
+            SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_index i \
             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
             WHERE i.indrelid = \(quoted)::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)
             """, logger: logger)
-        var names: [String] = []
-        for try await name in rows.decode(String.self) { names.append(name) }
-        return names
+        var key = ResyncKey(names: [], types: [])
+        for try await (name, type) in rows.decode((String, String).self) {
+            key.names.append(name)
+            key.types.append(type)
+        }
+        return key
     }
 
     static func quoteIdentifier(_ name: String) -> String {
@@ -253,7 +283,7 @@ public actor PostgresChangeSource: ChangeSource {
         }
         do {
             if let resync { return try await resyncPage(connection, resync) }
-            return try await peek(connection)
+            return try await read(connection)
         } catch {
             guard connection.isClosed || Self.endsTheConnection(error) else { throw error }
             if !connection.isClosed { try? await connection.close() }
@@ -262,40 +292,83 @@ public actor PostgresChangeSource: ChangeSource {
         }
     }
 
-    private func peek(_ connection: PostgresConnection) async throws -> ChangeBatch? {
+    /// The next batch of the slot's changes: at most `maxChangesPerPeek`, read from the open peek, or from a new
+    /// one (after advancing the slot to what was confirmed meanwhile) when the last was read to its end. The batch
+    /// ends at a commit, or inside a transaction when it is full: its position then points inside it.
+    private func read(_ connection: PostgresConnection) async throws -> ChangeBatch? {
+        let limit = configuration.maxChangesPerPeek
+        let before = assembler.after
+        var changes: [Change] = []
+        changes.reserveCapacity(min(limit, 1024))
+        while true {
+            let starting = stream == nil
+            if starting, let target = pendingAdvance {
+                pendingAdvance = nil
+                if target > confirmed { try await advance(connection, to: target) }
+            }
+            var rows = stream
+            var ended = false
+            let timeout = starting ? peekTimeout : configuration.queryTimeout
+            do {
+                try await Deadline.run(timeout, on: connection.eventLoop, expire: { Self.closeNow(connection) }) {
+                    if rows == nil { rows = try await self.startPeek(connection).makeAsyncIterator() }
+                    while changes.count < limit {
+                        guard let row = try await rows?.next(isolation: #isolation) else {
+                            ended = true
+                            return
+                        }
+                        let (lsnText, data) = try row.decode((String, String).self)
+                        guard let lsn = LSN(lsnText) else {
+                            throw RelayError(.source, "the server returned a bad LSN \(lsnText)")
+                        }
+                        if case .change(let change)? = try assembler.feed(lsn: lsn, data: data) { changes.append(change) }
+                    }
+                }
+            } catch is Deadline.Expired {
+                stream = nil
+                if starting {
+                    peekTimeout = min(peekTimeout * 2, .minutes(30))
+                    logger.warning("no rows from the slot in time (a large transaction?): the next peek waits longer", metadata: [
+                        "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.timeout": "\(peekTimeout)"])
+                }
+                throw Self.noAnswer(timeout)
+            } catch {
+                stream = nil
+                throw error
+            }
+            if starting { peekTimeout = configuration.queryTimeout }
+            stream = ended ? nil : rows
+            // A peek read to its end exactly when the batch before filled up: start the next one at once.
+            if ended, !starting, changes.isEmpty, assembler.after == before { continue }
+            break
+        }
+        guard assembler.after > before else { return nil }
+        return ChangeBatch(changes: changes, position: assembler.after.description)
+    }
+
+    private func startPeek(_ connection: PostgresConnection) async throws -> PostgresRowSequence {
         let slot = configuration.slot
         let limit = Int32(clamping: configuration.maxChangesPerPeek)
         let tables = configuration.tables.joined(separator: ",")
-        let logger = logger
-        let fetched = try await Self.withDeadline(configuration.queryTimeout, connection) {
-            let rows = try await connection.query(
-                """
-                SELECT lsn::text, data FROM pg_logical_slot_peek_changes(\(slot), NULL, \(limit), \
-                'format-version', '2', 'include-pk', '1', 'include-xids', '1', 'include-lsn', '1', \
-                'include-transaction', '1', 'include-timestamp', '1', 'add-tables', \(tables))
-                """,
-                logger: logger)
-            var fetched: [(String, String)] = []
-            for try await row in rows.decode((String, String).self) { fetched.append(row) }
-            return fetched
-        }
-        var changes: [Change] = []
-        var position: String?
-        for (lsnText, data) in fetched {
-            guard let lsn = LSN(lsnText) else { throw RelayError(.source, "the server returned a bad LSN \(lsnText)") }
-            if let batch = try assembler.feed(lsn: lsn, data: data) {
-                changes += batch.changes
-                position = batch.position
-            }
-        }
-        guard let position else { return nil }
-        return ChangeBatch(changes: changes, position: position)
+        return try await connection.query(
+            """
+            SELECT lsn::text, data FROM pg_logical_slot_peek_changes(\(slot), NULL, \(limit), \
+            'format-version', '2', 'include-pk', '1', 'include-xids', '1', 'include-lsn', '1', \
+            'include-transaction', '1', 'include-timestamp', '1', 'add-tables', \(tables))
+            """,
+            logger: logger)
     }
 
     public func confirm(_ position: String) async throws {
-        guard let lsn = LSN(position) else { throw RelayError(.source, "bad position \(position)") }
-        relayed = max(relayed ?? lsn, lsn)
-        guard lsn > confirmed, let connection, !connection.isClosed else { return }
+        guard let parsed = PostgresPosition(position) else { throw RelayError(.source, "bad position \(position)") }
+        relayed = max(relayed ?? parsed, parsed)
+        // Only past whole transactions: a slot advanced into one would never give its other changes again.
+        guard parsed.isWholeTransaction, parsed.lsn > confirmed, let connection, !connection.isClosed else { return }
+        let lsn = parsed.lsn
+        if stream != nil {
+            pendingAdvance = max(pendingAdvance ?? lsn, lsn)
+            return
+        }
         do {
             try await advance(connection, to: lsn)
         } catch {
@@ -310,6 +383,8 @@ public actor PostgresChangeSource: ChangeSource {
         logger.warning("lost the connection to PostgreSQL; reconnecting", metadata: [
             "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(error))"])
         connection = nil
+        stream = nil
+        pendingAdvance = nil
         reconnectDelay = .milliseconds(100)
     }
 
@@ -332,14 +407,19 @@ public actor PostgresChangeSource: ChangeSource {
 
     public func lag() async -> SourceLag? {
         guard let connection, !connection.isClosed else { return nil }
-        let logger = logger
-        let head = try? await Self.withDeadline(.seconds(5), connection) { () async throws -> String? in
-            let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
-            for try await text in rows.decode(String.self) { return text }
-            return nil
+        if stream == nil {
+            // While a peek is open its connection is busy: the head read before it stands.
+            let logger = logger
+            let text = try? await deadline(.seconds(5), connection) { () async throws -> String? in
+                let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
+                for try await text in rows.decode(String.self) { return text }
+                return nil
+            }
+            if let text = text ?? nil, let lsn = LSN(text) { head = lsn }
         }
-        guard let text = head ?? nil, let lsn = LSN(text) else { return nil }
-        return SourceLag(amount: lsn.value &- min(lsn.value, assembler.after.value), unit: "WAL bytes")
+        guard let head else { return nil }
+        let read = max(assembler.lastRead ?? assembler.after.lsn, assembler.after.lsn)
+        return SourceLag(amount: head.value &- min(head.value, read.value), unit: "WAL bytes")
     }
 
     public func close() async {
@@ -391,7 +471,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     private func advance(_ connection: PostgresConnection, to lsn: LSN) async throws {
         let (slot, logger) = (configuration.slot, logger)
-        try await Self.withDeadline(configuration.queryTimeout, connection) {
+        try await deadline(configuration.queryTimeout, connection) {
             try await connection.query(
                 "SELECT pg_replication_slot_advance(\(slot), \(lsn.description)::pg_lsn)", logger: logger)
             return ()
@@ -399,27 +479,26 @@ public actor PostgresChangeSource: ChangeSource {
         confirmed = lsn
     }
 
-    /// Runs a query, giving up after `timeout`: the connection is then closed (a dead peer that sent nothing is
-    /// noticed) and the caller treats it as lost.
-    static func withDeadline<T: Sendable>(
-        _ timeout: TimeAmount, _ connection: PostgresConnection, _ body: @escaping @Sendable () async throws -> T
+    /// Runs a query (or reads rows), giving up after `timeout`: the connection is then closed (a dead peer that
+    /// sent nothing is noticed) and the caller treats it as lost. The timer is cancelled as soon as it answers.
+    private func deadline<T>(
+        _ timeout: TimeAmount, _ connection: PostgresConnection, _ body: () async throws -> T
     ) async throws -> T {
-        let done = Once()
-        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            let work = Task {
-                let result: Result<T, any Error>
-                do { result = .success(try await body()) } catch { result = .failure(error) }
-                if done.claim() { continuation.resume(with: result) }
-            }
-            Task {
-                try? await Task.sleep(nanoseconds: UInt64(timeout.nanoseconds))
-                guard done.claim() else { return }
-                work.cancel()
-                try? await connection.close()
-                let seconds = timeout.nanoseconds / 1_000_000_000
-                continuation.resume(throwing: RelayError(.source, "no answer from PostgreSQL within \(seconds) s"))
-            }
+        do {
+            return try await Deadline.run(timeout, on: connection.eventLoop, expire: { Self.closeNow(connection) }, body)
+        } catch is Deadline.Expired {
+            throw Self.noAnswer(timeout)
         }
+    }
+
+    /// Closes `connection` without waiting: whatever waits on it then fails.
+    private static func closeNow(_ connection: PostgresConnection) {
+        let closing: EventLoopFuture<Void> = connection.close()
+        closing.whenComplete { _ in }
+    }
+
+    private static func noAnswer(_ timeout: TimeAmount) -> RelayError {
+        RelayError(.source, "no answer from PostgreSQL within \(timeout.nanoseconds / 1_000_000_000) s")
     }
 
     /// Whether `error` means the connection is gone even if it is not marked closed yet: a crash or shutdown of
@@ -451,13 +530,35 @@ extension PostgresChangeSource {
     public nonisolated func describe(_ error: any Error) -> String { Self.describe(error) }
 }
 
-/// True for the first caller only.
-private final class Once: Sendable {
-    private let flag = Mutex(false)
-    func claim() -> Bool {
-        flag.withLock { claimed in
-            defer { claimed = true }
-            return !claimed
+/// The key a full resync pages a table by: its primary key's columns and their SQL types, or, for a table without
+/// one, the row's physical position (`ctid`; a row updated during the resync may then move behind it and be missed,
+/// which only a primary key prevents).
+struct ResyncKey: Sendable, Equatable {
+    var names: [String]
+    var types: [String]
+
+    /// The page after the row whose key was `last` (as text, cast back to the key's types): the rows as JSON, then
+    /// each key column as text. Every value is a bound parameter; names are quoted.
+    func page(of table: String, after last: [String]?, limit: Int) -> PostgresQuery {
+        let (sql, values) = pageSQL(of: table, after: last, limit: limit)
+        var binds = PostgresBindings()
+        for value in values { binds.append(value) }
+        return PostgresQuery(unsafeSQL: sql, binds: binds)
+    }
+
+    func pageSQL(of table: String, after last: [String]?, limit: Int) -> (sql: String, binds: [String]) {
+        let columns = names.isEmpty ? ["t.ctid"] : names.map { "t." + PostgresChangeSource.quoteIdentifier($0) }
+        let types = names.isEmpty ? ["tid"] : types
+        var sql = "SELECT row_to_json(t)::text"
+        for column in columns { sql += ", \(column)::text" }
+        sql += " FROM ONLY \(table) t"
+        var binds: [String] = []
+        if let last, last.count == columns.count {
+            let values = zip(types.indices, types).map { "CAST($\($0 + 1) AS \($1))" }
+            sql += " WHERE (\(columns.joined(separator: ", "))) > (\(values.joined(separator: ", ")))"
+            binds = last
         }
+        sql += " ORDER BY \(columns.joined(separator: ", ")) LIMIT \(limit)"
+        return (sql, binds)
     }
 }

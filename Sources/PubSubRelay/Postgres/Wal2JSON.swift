@@ -28,7 +28,10 @@ public enum Wal2JSONRecord: Sendable, Equatable {
         public var primaryKey: [String]
     }
 
-    case begin(xid: String?)
+    /// `nextLSN` is the end of the transaction's commit record (wal2json writes it on the begin row too with
+    /// `include-lsn`, decoding a transaction only once it committed): every change's position is known before its
+    /// commit row is read.
+    case begin(xid: String?, nextLSN: LSN?)
     /// `nextLSN` is the commit record's end: the position to confirm once the transaction is relayed.
     case commit(xid: String?, nextLSN: LSN?)
     case row(RowChange)
@@ -50,7 +53,7 @@ public enum Wal2JSONRecord: Sendable, Equatable {
         let xid = object["xid"].flatMap { $0.stringValue ?? ($0.integerValue.map { String($0) }) }
         switch action {
         case "B":
-            return .begin(xid: xid)
+            return .begin(xid: xid, nextLSN: object["nextlsn"]?.stringValue.flatMap { LSN($0) })
         case "C":
             return .commit(xid: xid, nextLSN: object["nextlsn"]?.stringValue.flatMap { LSN($0) })
         case "I", "U", "D":
@@ -130,66 +133,121 @@ extension Wal2JSONRecord.RowChange {
     }
 }
 
-/// Groups wal2json rows into whole transactions and turns them into change batches, skipping every transaction
-/// that ends at or below `after` (a slot replays from its last persisted position after a server crash).
+/// A position in the slot's feed: after the whole transaction whose commit record ends at `lsn`, or, with `index`,
+/// after that transaction's first `index` changes only. Written `X/Y` or `X/Y:index`: the checkpoint of a relay
+/// stopped in the middle of a large transaction points inside it.
+public struct PostgresPosition: Sendable, Hashable, Comparable, CustomStringConvertible {
+    public var lsn: LSN
+    /// The changes of the transaction relayed so far, nil for all of them.
+    public var index: Int?
+
+    public init(lsn: LSN, index: Int? = nil) {
+        self.lsn = lsn
+        self.index = index
+    }
+
+    public init?(_ text: some StringProtocol) {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count <= 2, let lsn = LSN(parts[0]) else { return nil }
+        self.lsn = lsn
+        if parts.count == 2 {
+            guard let index = Int(parts[1]), index >= 0 else { return nil }
+            self.index = index
+        }
+    }
+
+    public var description: String { index.map { "\(lsn):\($0)" } ?? lsn.description }
+
+    /// Whether it follows a whole transaction (the slot may be advanced to it).
+    public var isWholeTransaction: Bool { index == nil }
+
+    public static func < (lhs: PostgresPosition, rhs: PostgresPosition) -> Bool {
+        (lhs.lsn, lhs.index ?? .max) < (rhs.lsn, rhs.index ?? .max)
+    }
+}
+
+/// Turns wal2json rows into changes one at a time, so that a transaction of any size is relayed in pieces: each
+/// change carries its position (`<commit end LSN>:<index>`), known from the begin row. Skips every change at or
+/// below `after` (a slot replays from its last persisted position after a server crash, and from the start of a
+/// transaction the relay had relayed only in part).
 public struct Wal2JSONAssembler: Sendable {
-    public private(set) var after: LSN
-    private var pending: [Change] = []
+    /// What one row gives.
+    public enum Event: Sendable, Equatable {
+        case change(Change)
+        /// A transaction above `after` ended (even one without relayed changes, DDL): `position` may be confirmed.
+        case commit(PostgresPosition)
+    }
+
+    /// Everything up to here was handed out (or was relayed before the assembler started).
+    public private(set) var after: PostgresPosition
+    /// The open transaction's commit end and id, nil between transactions.
+    private var end: LSN?
     private var xid: String?
-    private var inTransaction = false
     private var index = 0
+    /// The WAL position of the last row read, for the lag.
+    public private(set) var lastRead: LSN?
     /// Each table's replica identity columns (`public.notes` → `["id"]`), or nil for `REPLICA IDENTITY FULL`.
     /// wal2json gives an update's old identity only when it changed; when it did not, those columns' old values
     /// are the new ones, and `previous` is made of them.
     public var identityColumns: [String: [String]?] = [:]
 
-    public init(after: LSN) { self.after = after }
+    public init(after: PostgresPosition) { self.after = after }
 
-    /// Feeds one peeked row (`lsn` is the function's `lsn` column); returns a batch when it completes a
-    /// transaction above `after`.
-    public mutating func feed(lsn: LSN, data: String) throws(RelayError) -> ChangeBatch? {
+    public init(after: LSN) { self.init(after: PostgresPosition(lsn: after)) }
+
+    /// Feeds one peeked row (`lsn` is the function's `lsn` column); returns the change it holds, or the commit that
+    /// ends a transaction, when above `after`.
+    public mutating func feed(lsn: LSN, data: String) throws(RelayError) -> Event? {
+        lastRead = lsn
         let record = try Wal2JSONRecord.parse(data)
         switch record {
-        case .begin(let xid):
-            self.xid = xid
-            pending = []
-            index = 0
-            inTransaction = true
-            return nil
-        case .commit(let xid, let nextLSN):
-            // The commit row's own lsn column is the commit record's end, as is nextlsn.
-            let end = nextLSN ?? lsn
-            defer { pending = []; inTransaction = false; self.xid = nil }
-            guard end > after else { return nil }
-            after = end
-            let changes = pending.map { change -> Change in
-                var change = change
-                change.seq = end.description + ":" + change.seq
-                if let xid = xid ?? self.xid { change.extra["txn"] = .string(xid) }
-                return change
+        case .begin(let xid, let nextLSN):
+            guard let nextLSN else {
+                throw RelayError(.malformedWal2JSON, "wal2json begin row without nextlsn (include-lsn is required)")
             }
-            return ChangeBatch(changes: changes, position: end.description)
+            self.end = nextLSN
+            self.xid = xid
+            index = 0
+            return nil
+        case .commit(_, let nextLSN):
+            guard let end = end ?? nextLSN else { return nil }
+            defer { self.end = nil; self.xid = nil }
+            let position = PostgresPosition(lsn: end)
+            guard position > after else { return nil }
+            after = position
+            return .commit(position)
         case .row(let row):
-            index += 1
+            guard let position = nextPosition() else { return nil }
             var previous = row.previous
             if previous == nil, row.operation == .update, case let columns?? = identityColumns[row.schema + "." + row.table] {
                 var unchanged = JSONObject()
                 for column in row.columns where columns.contains(column.name) { unchanged[column.name] = column.value }
                 previous = unchanged
             }
-            pending.append(Change(
-                collection: [row.schema, row.table], id: row.id, operation: row.operation, seq: String(index),
-                document: row.document, previous: previous))
-            return nil
+            return .change(Change(
+                collection: [row.schema, row.table], id: row.id, operation: row.operation, seq: position.description,
+                document: row.document, extra: extra, previous: previous))
         case .truncate(let schema, let table):
-            index += 1
-            pending.append(Change(collection: [schema, table], id: nil, operation: .truncate, seq: String(index)))
-            return nil
+            guard let position = nextPosition() else { return nil }
+            return .change(Change(
+                collection: [schema, table], id: nil, operation: .truncate, seq: position.description, extra: extra))
         case .message:
             return nil
         }
     }
 
-    /// Whether a transaction is open (rows seen after its begin, commit not yet seen).
-    public var isInsideTransaction: Bool { inTransaction }
+    /// Counts a change of the open transaction; its position when it is above `after` (then it is handed out).
+    private mutating func nextPosition() -> PostgresPosition? {
+        guard let end else { return nil }
+        index += 1
+        let position = PostgresPosition(lsn: end, index: index)
+        guard position > after else { return nil }
+        after = position
+        return position
+    }
+
+    private var extra: JSONObject { xid.map { ["txn": .string($0)] } ?? [:] }
+
+    /// Whether a transaction is open (its begin seen, its commit not yet).
+    public var isInsideTransaction: Bool { end != nil }
 }

@@ -23,7 +23,7 @@ import Testing
     }
 
     @Test func parsesEachAction() throws {
-        #expect(try Wal2JSONRecord.parse(Self.begin726) == .begin(xid: "726"))
+        #expect(try Wal2JSONRecord.parse(Self.begin726) == .begin(xid: "726", nextLSN: LSN("0/1527278")))
         #expect(try Wal2JSONRecord.parse(Self.commit726) == .commit(xid: "726", nextLSN: LSN("0/1527278")))
         guard case .row(let insert) = try Wal2JSONRecord.parse(Self.insertN1) else { Issue.record("not a row"); return }
         #expect(insert.operation == .insert)
@@ -56,45 +56,87 @@ import Testing
         expectRelayError(.malformedWal2JSON) { try Wal2JSONRecord.parse(#"{"action":"Z"}"#) }
     }
 
-    @Test func assemblesTransactionsAndSkipsReplays() throws {
+    static func change(_ event: Wal2JSONAssembler.Event?) -> Change? {
+        if case .change(let change)? = event { return change }
+        return nil
+    }
+
+    @Test func positions() {
+        #expect(PostgresPosition("0/1527278") == PostgresPosition(lsn: LSN(0x1527278)))
+        #expect(PostgresPosition("0/1527278:42") == PostgresPosition(lsn: LSN(0x1527278), index: 42))
+        #expect(PostgresPosition("0/1527278:42")?.description == "0/1527278:42")
+        #expect(PostgresPosition("0/1527278:x") == nil)
+        #expect(PostgresPosition("0/1527278:-1") == nil)
+        #expect(PostgresPosition("0/1:2:3") == nil)
+        // Inside a transaction comes before its end, and after every transaction that ended before it.
+        #expect(PostgresPosition("0/20:5")! < PostgresPosition("0/20")!)
+        #expect(PostgresPosition("0/20:5")! < PostgresPosition("0/20:6")!)
+        #expect(PostgresPosition("0/1F")! < PostgresPosition("0/20:1")!)
+    }
+
+    @Test func handsOutEachChangeAsItIsReadAndSkipsReplays() throws {
         var assembler = Wal2JSONAssembler(after: LSN(0))
         #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726) == nil)
-        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
         #expect(assembler.isInsideTransaction)
-        let batch = try #require(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726))
-        #expect(batch.position == "0/1527278")
-        #expect(batch.changes.count == 1)
-        #expect(batch.changes[0].seq == "0/1527278:1")
-        #expect(batch.changes[0].extra["txn"] == "726")
-        #expect(batch.changes[0].collection == ["public", "notes"])
+        let change = try #require(Self.change(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1)))
+        #expect(change.seq == "0/1527278:1")
+        #expect(change.extra["txn"] == "726")
+        #expect(change.collection == ["public", "notes"])
+        #expect(assembler.after == PostgresPosition("0/1527278:1"))
+        #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726)
+            == .commit(PostgresPosition(lsn: LSN("0/1527278")!)))
+        #expect(!assembler.isInsideTransaction)
 
         // Replayed by a rewound slot: skipped.
         #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726) == nil)
         #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
         #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726) == nil)
-        #expect(assembler.after == LSN("0/1527278"))
+        #expect(assembler.after == PostgresPosition("0/1527278"))
 
         // An empty transaction (DDL) still moves the position.
-        #expect(try assembler.feed(lsn: LSN("0/1528000")!, data: #"{"action":"B","xid":730}"#) == nil)
-        let empty = try #require(
-            try assembler.feed(lsn: LSN("0/1528100")!, data: #"{"action":"C","xid":730,"nextlsn":"0/1528100"}"#))
-        #expect(empty.changes.isEmpty)
-        #expect(empty.position == "0/1528100")
+        #expect(try assembler.feed(lsn: LSN("0/1528000")!, data: #"{"action":"B","xid":730,"nextlsn":"0/1528100"}"#) == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1528100")!, data: #"{"action":"C","xid":730,"nextlsn":"0/1528100"}"#)
+            == .commit(PostgresPosition("0/1528100")!))
+    }
+
+    /// The begin row's nextlsn names every change's position before the commit is read; without it (no
+    /// include-lsn) a transaction could only be relayed whole.
+    @Test func refusesABeginWithoutItsCommitPosition() {
+        var assembler = Wal2JSONAssembler(after: LSN(0))
+        expectRelayError(.malformedWal2JSON) { try assembler.feed(lsn: LSN(1), data: #"{"action":"B","xid":730}"#) }
     }
 
     @Test func assemblerStartingAfterACheckpointSkipsEverythingBelow() throws {
         var assembler = Wal2JSONAssembler(after: LSN("0/1527278")!)
         _ = try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726)
-        _ = try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1)
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
         #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726) == nil)
-        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"B","xid":727}"#)
-        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: Self.update)
-        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"T","xid":727,"schema":"public","table":"notes"}"#)
-        let batch = try #require(
-            try assembler.feed(lsn: LSN("0/1527390")!, data: #"{"action":"C","xid":727,"nextlsn":"0/1527390"}"#))
-        #expect(batch.changes.map(\.operation) == [.update, .truncate])
-        #expect(batch.changes.map(\.seq) == ["0/1527390:1", "0/1527390:2"])
-        #expect(batch.changes[1].id == nil)
+        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"B","xid":727,"nextlsn":"0/1527390"}"#)
+        let update = try #require(Self.change(try assembler.feed(lsn: LSN("0/1527300")!, data: Self.update)))
+        let truncate = try #require(Self.change(
+            try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"T","xid":727,"schema":"public","table":"notes"}"#)))
+        #expect([update.operation, truncate.operation] == [.update, .truncate])
+        #expect([update.seq, truncate.seq] == ["0/1527390:1", "0/1527390:2"])
+        #expect(truncate.id == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1527390")!, data: #"{"action":"C","xid":727,"nextlsn":"0/1527390"}"#)
+            == .commit(PostgresPosition("0/1527390")!))
+    }
+
+    /// A relay stopped in the middle of a transaction resumes after the last change it checkpointed: the slot
+    /// replays the transaction from its begin, the assembler skips the changes up to the index.
+    @Test func resumesInsideATransaction() throws {
+        var assembler = Wal2JSONAssembler(after: PostgresPosition("0/1527390:1")!)
+        _ = try assembler.feed(lsn: LSN("0/1527160")!, data: Self.begin726)
+        #expect(try assembler.feed(lsn: LSN("0/1527160")!, data: Self.insertN1) == nil)
+        #expect(try assembler.feed(lsn: LSN("0/1527278")!, data: Self.commit726) == nil)
+        _ = try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"B","xid":727,"nextlsn":"0/1527390"}"#)
+        #expect(try assembler.feed(lsn: LSN("0/1527300")!, data: Self.update) == nil)
+        let truncate = try #require(Self.change(
+            try assembler.feed(lsn: LSN("0/1527300")!, data: #"{"action":"T","xid":727,"schema":"public","table":"notes"}"#)))
+        #expect(truncate.seq == "0/1527390:2")
+        #expect(truncate.extra["txn"] == "727")
+        #expect(try assembler.feed(lsn: LSN("0/1527390")!, data: #"{"action":"C","xid":727,"nextlsn":"0/1527390"}"#)
+            == .commit(PostgresPosition("0/1527390")!))
     }
 
     /// An update's and a delete's old values, for routes: the identity wal2json gave; when it gave none (the key
@@ -111,18 +153,31 @@ import Testing
         let noIdentity = #"{"action":"U","schema":"public","table":"notes","columns":[{"name":"id","type":"text","value":"n1"},{"name":"owner","type":"text","value":"a"}]}"#
         var assembler = Wal2JSONAssembler(after: LSN(0))
         assembler.identityColumns = ["public.notes": ["id", "owner"]]
-        _ = try assembler.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1}"#)
-        _ = try assembler.feed(lsn: LSN("0/1")!, data: noIdentity)
-        let batch = try #require(try assembler.feed(lsn: LSN("0/2")!, data: #"{"action":"C","xid":1,"nextlsn":"0/2"}"#))
-        #expect(batch.changes[0].previous == ["id": "n1", "owner": "a"])
+        _ = try assembler.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1,"nextlsn":"0/2"}"#)
+        let change = try #require(Self.change(try assembler.feed(lsn: LSN("0/1")!, data: noIdentity)))
+        #expect(change.previous == ["id": "n1", "owner": "a"])
 
         var full = Wal2JSONAssembler(after: LSN(0))
         let everyColumn: [String]? = nil  // REPLICA IDENTITY FULL
         full.identityColumns = ["public.notes": everyColumn]
-        _ = try full.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1}"#)
-        _ = try full.feed(lsn: LSN("0/1")!, data: noIdentity)
-        let unknown = try #require(try full.feed(lsn: LSN("0/2")!, data: #"{"action":"C","xid":1,"nextlsn":"0/2"}"#))
-        #expect(unknown.changes[0].previous == nil)
+        _ = try full.feed(lsn: LSN("0/1")!, data: #"{"action":"B","xid":1,"nextlsn":"0/2"}"#)
+        let unknown = try #require(Self.change(try full.feed(lsn: LSN("0/1")!, data: noIdentity)))
+        #expect(unknown.previous == nil)
+    }
+
+    /// A full resync pages by key: the first page from the start, each next one after the last key sent, cast
+    /// back to the key's types; a table without a primary key pages by ctid.
+    @Test func resyncPagesByKeyNeverByOffset() {
+        let key = ResyncKey(names: ["org", "Id"], types: ["text", "integer"])
+        #expect(key.pageSQL(of: #""public"."notes""#, after: nil, limit: 10).sql
+            == #"SELECT row_to_json(t)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t ORDER BY t."org", t."Id" LIMIT 10"#)
+        let next = key.pageSQL(of: #""public"."notes""#, after: ["o'1", "7"], limit: 10)
+        #expect(next.sql
+            == #"SELECT row_to_json(t)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t WHERE (t."org", t."Id") > (CAST($1 AS text), CAST($2 AS integer)) ORDER BY t."org", t."Id" LIMIT 10"#)
+        #expect(next.binds == ["o'1", "7"])
+        #expect(!next.sql.contains("OFFSET"))
+        let physical = ResyncKey(names: [], types: []).pageSQL(of: "s.t", after: ["(0,5)"], limit: 3)
+        #expect(physical.sql == "SELECT row_to_json(t)::text, t.ctid::text FROM ONLY s.t t WHERE (t.ctid) > (CAST($1 AS tid)) ORDER BY t.ctid LIMIT 3")
     }
 
     /// The start check: routed columns must be in the table and in its replica identity, else one line that names

@@ -101,3 +101,94 @@ import Testing
         }
     }
 }
+
+/// The memory is a journal: a batch appends what it changed (its cost grows with the batch, not with the memory), a
+/// compaction in the background folds the journal into the snapshot, and whatever was saved is read again by a
+/// new process, as after a `kill -9` (nothing is written at exit).
+@Suite(.serialized) struct AudienceJournalTests {
+    static let route = try! Route(parsing: "notes=/users/{doc.owner}/notes")
+
+    static func change(_ id: String, owner: String?) -> Change {
+        var document: JSONObject = ["_id": .string(id)]
+        let operation: Change.Operation = owner == nil ? .delete : .update
+        if let owner { document["owner"] = .string(owner) } else { document["_deleted"] = true }
+        return Change(collection: ["notes"], id: id, operation: operation, seq: id, document: document)
+    }
+
+    /// The file's size, -1 when it does not exist.
+    static func size(_ path: String) -> Int {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { return -1 }
+        defer { close(fd) }
+        return Int(lseek(fd, 0, SEEK_END))
+    }
+
+    @Test func aBatchAppendsItsOwnEntriesOnly() throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let path = directory + "/checkpoint.audience"
+        let memory = AudienceMemory(limit: 100_000, path: path)
+        for i in 0..<5000 { memory.remember(Self.change("n\(i)", owner: "u\(i % 7)"), routes: [Self.route]) }
+        try memory.save()
+        let journal = try #require(memory.journalPath(0))
+        let afterBig = Self.size(journal)
+        let snapshot = Self.size(path)
+        #expect(afterBig > 5000 * 20)
+        // One more change among 5,000 remembered documents: one line appended, the snapshot not rewritten.
+        memory.remember(Self.change("n1", owner: "moved"), routes: [Self.route])
+        try memory.save()
+        #expect(Self.size(journal) - afterBig < 100)
+        #expect(Self.size(path) == snapshot)
+        // A new process reads the snapshot and replays the journal.
+        let again = AudienceMemory(limit: 100_000, path: path)
+        try again.load()
+        #expect(again.count == 5000)
+        #expect(again.previous(of: Self.change("n1", owner: "x")) == ["owner": "moved"])
+        #expect(again.previous(of: Self.change("n2", owner: "x")) == ["owner": "u2"])
+    }
+
+    @Test func compactionFoldsTheJournalIntoTheSnapshotAndLoadingAgainGivesTheSameMemory() async throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let path = directory + "/checkpoint.audience"
+        let memory = AudienceMemory(limit: 300, path: path)
+        // Past the limit (the oldest forgotten), deletes, and enough saves to compact several times.
+        for round in 0..<40 {
+            for i in 0..<100 { memory.remember(Self.change("n\(round * 37 + i)", owner: "r\(round)"), routes: [Self.route]) }
+            memory.remember(Self.change("n\(round * 37)", owner: nil), routes: [Self.route])
+            try memory.save()
+            // Wait for a running compaction before the next check (a condition, with a deadline).
+            let deadline = ContinuousClock.now + .seconds(30)
+            while memory.isCompacting, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        }
+        let again = AudienceMemory(limit: 300, path: path)
+        try again.load()
+        #expect(again.count == memory.count)
+        for i in 0..<(40 * 37 + 100) {
+            let probe = Self.change("n\(i)", owner: "x")
+            #expect(again.previous(of: probe) == memory.previous(of: probe), "n\(i)")
+        }
+        // Compacted: the snapshot holds an epoch past 0, and no journal before it is left.
+        let snapshot = try #require(try RelayFile.contents(of: path, limit: 1 << 24))
+        let epoch = try #require(try JSONParser().parse(snapshot).objectValue?["epoch"]?.integerValue)
+        #expect(epoch > 0)
+        for old in 0..<epoch { #expect(Self.size(memory.journalPath(UInt64(old))!) == -1) }
+    }
+
+    /// A process killed in the middle of an append leaves a cut line: it belonged to a batch that was never
+    /// checkpointed, and is ignored.
+    @Test func aCutLastLineIsIgnored() throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let path = directory + "/checkpoint.audience"
+        let memory = AudienceMemory(limit: 100, path: path)
+        memory.remember(Self.change("n1", owner: "a"), routes: [Self.route])
+        try memory.save()
+        let fd = open(memory.journalPath(0)!, O_WRONLY | O_APPEND)
+        _ = "[\"notes\\u0000n1\",{\"own".withCString { write(fd, $0, strlen($0)) }
+        close(fd)
+        let again = AudienceMemory(limit: 100, path: path)
+        try again.load()
+        #expect(again.previous(of: Self.change("n1", owner: "x")) == ["owner": "a"])
+    }
+}
