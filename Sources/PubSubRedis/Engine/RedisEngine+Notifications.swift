@@ -187,7 +187,13 @@ extension RedisEngine {
                     "notifications resumed",
                     metadata: ["pubsub.redis.recovered": "\(recovered)", "pubsub.redis.missed": "\(gap)"])
             }
-            if gap > 0 || lostData { self.tellGap() }
+            // The gap is known once the history was read while listening: then the sessions of the cut are told.
+            let atCut = self.state.withLockedValue { s -> Set<String>? in
+                guard case .success = result, !s.filling else { return nil }
+                defer { s.sessionsAtCut = nil }
+                return s.sessionsAtCut ?? []
+            }
+            if let atCut, gap > 0 || lostData { self.tellGap(atCut) }
             for message in buffered { self.handle(message) }
         }
     }
@@ -197,9 +203,12 @@ extension RedisEngine {
         case .connected:
             subscriber.sendWithoutReply([RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))])
         case .disconnected(let error):
+            let resident = Set(local.snapshot().map(\.id))
             state.withLockedValue { s in
                 s.subscribed = false
                 s.filling = true
+                // Kept from the first cut until the history fills the gap (a cut may come again meanwhile).
+                if s.sessionsAtCut == nil { s.sessionsAtCut = resident }
             }
             resetLedger()
             logger.warning("lost the Redis notification connection", metadata: ["pubsub.error": "\(error)"])
@@ -294,12 +303,12 @@ extension RedisEngine {
 
 extension RedisEngine {
     /// Events were published that this node will never deliver (the history no longer held them after a cut, or
-    /// Redis lost its data): which channels they were on is gone with them, so every resident session with a
-    /// subscription is told, as one dropped for overflow: its connection closes or its next connect fails with
-    /// `advice: {reconnect: "handshake"}`, and its client handshakes again (and resumes from its positions, which
-    /// says exactly what is gone). Never silence.
-    func tellGap() {
-        let affected = local.snapshot().filter { !$0.subscriptions.isEmpty }.map(\.id)
+    /// Redis lost its data): which channels they were on is gone with them, so every session with a subscription
+    /// that was resident when the cut began (`atCut`) is told, as one dropped for overflow: its held connect or
+    /// its next fails with `advice: {reconnect: "handshake"}`, and its client handshakes again (and resumes from
+    /// its positions, which says exactly what is gone). Never silence. A session that came later missed nothing.
+    func tellGap(_ atCut: Set<String>) {
+        let affected = local.snapshot().filter { !$0.subscriptions.isEmpty && atCut.contains($0.id) }.map(\.id)
         guard !affected.isEmpty else { return }
         for id in affected { local.evict(id, reason: .overflow) }
         state.withLockedValue { $0.redis.toldOfGap += UInt64(affected.count) }

@@ -66,6 +66,9 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
         var filling = true
         var fillRunning = false
         var buffered: [NodeMessage] = []
+        /// The resident sessions when the notification connection was cut: the ones a gap can have cost events
+        /// (`tellGap`); a session that came later missed nothing of it.
+        var sessionsAtCut: Set<String>?
         var adoptWaiters: [String: [EventLoopPromise<Void>]] = [:]
         var handoffWaiters: [String: EventLoopPromise<Void>] = [:]
         var abandoned: Set<String> = []
