@@ -27,6 +27,7 @@ import requests
 import websocket
 
 from pubsubtest.broker import Broker, pubsub_bin
+from pubsubtest.process import status_kib
 from pubsubtest.wait import wait_until
 
 KiB = 1 << 10
@@ -92,22 +93,14 @@ class HostileBroker(Broker):
 
 # ---------------------------------------------------------------- the process, from /proc
 
-def _status_kib(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
 def rss(pid):
     """Resident memory now, in bytes."""
-    return _status_kib(pid, "VmRSS") * KiB
+    return status_kib(pid, "VmRSS") * KiB
 
 
 def peak_rss(pid):
     """The largest resident memory the process ever had (VmHWM), in bytes."""
-    return _status_kib(pid, "VmHWM") * KiB
+    return status_kib(pid, "VmHWM") * KiB
 
 
 def open_fds(pid):

@@ -8,6 +8,15 @@ import threading
 import time
 
 
+def status_kib(pid, field):
+    """A `/proc/<pid>/status` field counted in kB (`VmRSS`, `VmHWM`, ...)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def stop_group(proc, timeout=10):
     """SIGTERM to `proc`'s process group (started with `start_new_session=True`), SIGKILL if it is still there after
     `timeout` seconds; a group already gone is fine."""

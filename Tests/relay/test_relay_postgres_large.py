@@ -11,6 +11,7 @@ import pytest
 
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.process import status_kib
 from relaykit import SECRET, Lines, events, start_subscriber, workdir  # noqa: F401  (workdir is a fixture)
 
 pytestmark = needs_wal2json()
@@ -61,14 +62,6 @@ def update_all_in_one_transaction(pg):
         db.execute("UPDATE notes SET rev = rev + 1")
 
 
-def memory_kb(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
-
-
 def index_of(data):
     """The change's index in its transaction (`data.seq` is `<commit end LSN>:<index>`)."""
     return int(data["seq"].rpartition(":")[2])
@@ -90,12 +83,12 @@ def test_a_large_transaction_is_relayed_in_bounded_memory_once_and_in_order(pg, 
         with psycopg.connect(pg.conninfo, autocommit=True) as db:
             db.execute("INSERT INTO notes (id, body) VALUES ('warm', 'x')")
         sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the first change")
-        idle = memory_kb(relay.proc.pid, "VmRSS")
+        idle = status_kib(relay.proc.pid, "VmRSS")
         started = time.monotonic()
         update_all_in_one_transaction(pg)
         sub.wait_for(lambda: len(sub.lines()) >= LARGE + 1, 270, f"{LARGE} events")
         elapsed = time.monotonic() - started
-        peak = memory_kb(relay.proc.pid, "VmHWM")
+        peak = status_kib(relay.proc.pid, "VmHWM")
         got = [m["data"] for m in events(sub)][1:]
         assert len(got) == LARGE
         assert len({d["id"] for d in got}) == LARGE and "warm" not in {d["id"] for d in got} and len({d["key"] for d in got}) == LARGE
