@@ -6,38 +6,13 @@ import NIOSSL
 import NIOWebSocket
 import PubSubCore
 
-/// The publish rate limits of the HTTP transports, and how connection problems are reported.
+/// The publish rate limits of the HTTP transports (429 and `X-RateLimit-*` headers), and how connection problems
+/// are reported.
 extension HTTPHandler {
-    /// How many messages of a request are publishes (not meta channels): what the rate limit counts.
-    static func publishCount(_ elements: [MessageBatch.Element]) -> Int {
-        var n = 0
-        for case .message(let message) in elements {
-            if let channel = message.channel, !Channel.isMeta(channel) { n += 1 }
-        }
-        return n
-    }
-
-    /// The token a publish request is limited by: `Authorization: Bearer …`, else the first publish's
-    /// `ext.private_pub_token` (PrivatePub's server-side publish) or `ext.token`.
-    static func publishToken(_ head: HTTPRequestHead, _ elements: [MessageBatch.Element]) -> String? {
-        if let authorization = head.headers.first(name: "authorization") {
-            let parts = authorization.split(separator: " ", maxSplits: 1)
-            if parts.count == 2, parts[0].lowercased() == "bearer" { return String(parts[1]) }
-        }
-        for case .message(let message) in elements {
-            guard let channel = message.channel, !Channel.isMeta(channel), let ext = message.ext else { continue }
-            if let token = ext["private_pub_token"]?.stringValue ?? ext["token"]?.stringValue { return token }
-        }
-        return nil
-    }
-
     /// The client's address: the connection's peer, or behind a trusted proxy (`--trust-forwarded-for`) the last
     /// hop of `X-Forwarded-For`.
     static func clientAddress(_ head: HTTPRequestHead, remoteAddress: String?, trustForwardedFor: Bool) -> String? {
-        if trustForwardedFor, let forwarded = head.headers["x-forwarded-for"].last?.split(separator: ",").last {
-            return forwarded.trimmed(of: " \t")
-        }
-        return remoteAddress
+        PublishLimitKeys.clientAddress(head.headers, remoteAddress: remoteAddress, trustForwardedFor: trustForwardedFor)
     }
 
     /// Checks the publish limits for a request; the headers go on its response whatever the verdict, and a
@@ -46,30 +21,18 @@ extension HTTPHandler {
         -> (headers: HTTPHeaders, refusal: HTTPResponse?)?
     {
         let operations = shared.operations
-        guard let limiter = operations.limiter else { return nil }
-        let cost = Self.publishCount(elements)
-        guard cost > 0 else { return nil }
-        let ip = Self.clientAddress(head, remoteAddress: remoteAddress, trustForwardedFor: operations.configuration.trustForwardedFor)
-        guard
-            let (verdict, scope) = limiter.check(
-                ip: ip, token: Self.publishToken(head, elements), cost: cost, now: .now())
-        else { return nil }
+        let keys = PublishLimitKeys(
+            head.headers, remoteAddress: remoteAddress, trustForwardedFor: operations.configuration.trustForwardedFor)
+        guard let (verdict, cost, explanation) = operations.checkPublishLimits(elements, keys: keys) else { return nil }
         var headers = HTTPHeaders()
         headers.add(name: "X-RateLimit-Limit", value: String(verdict.limit))
         headers.add(name: "X-RateLimit-Remaining", value: String(verdict.remaining))
         headers.add(name: "X-RateLimit-Reset", value: String(verdict.resetSeconds))
-        guard !verdict.allowed else { return (headers, nil) }
-        operations.metrics.rateLimited[scope]?.increment()
-        operations.noteRefusal(connection: false)
+        guard let explanation else { return (headers, nil) }
         var refusal = headers
         refusal.add(name: "Retry-After", value: String(verdict.retryAfterSeconds))
         refusal.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-        let per = scope == .ip ? "client address" : "publish token"
-        let window = operations.configuration.publishWindow
-        let seconds = Double(window.nanoseconds) / 1e9
-        let text =
-            "Publish rate limit exceeded: \(verdict.limit) messages per \(seconds == 1 ? "second" : "\(seconds) seconds") "
-            + "per \(per); this request has \(cost); retry after \(verdict.retryAfterSeconds) s\n"
+        let text = "\(explanation); this request has \(cost); retry after \(verdict.retryAfterSeconds) s\n"
         return (headers, HTTPResponse(status: .tooManyRequests, headers: refusal, body: ByteBuffer(string: text)))
     }
 

@@ -28,6 +28,8 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     /// Inside `parseFrames` (a frame handled at once finishes within it: the loop goes on by itself).
     private var parsing = false
     private var parser: WebSocketFrameParser
+    /// Who this socket's publishes are counted against, when publish limits are set (from the upgrade request).
+    private let publishLimitKeys: PublishLimitKeys?
 
     /// `eventLoop`: the channel's; the driver, made here, keeps the request context of the upgrade for every frame.
     init(shared: ServerShared, remoteAddress: String?, upgradeHeaders: HTTPHeaders = [:], eventLoop: any EventLoop) {
@@ -36,6 +38,12 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         self.parser = WebSocketFrameParser(
             maxFrameSize: maxFrame, maxMessageSize: maxFrame, maxFragments: 4096,
             compressed: Self.compresses(upgradeHeaders, shared.configuration))
+        let operations = shared.operations
+        publishLimitKeys = operations.limiter.map { _ in
+            PublishLimitKeys(
+                upgradeHeaders, remoteAddress: remoteAddress,
+                trustForwardedFor: operations.configuration.trustForwardedFor)
+        }
         let headers = RequestContext.authorizationHeaders(upgradeHeaders)
         let context = RequestContext(connectionType: .websocket, remoteAddress: remoteAddress, headers: headers)
         driver = ConnectionDriver(transport: self, context: context, shared: shared, eventLoop: eventLoop)
@@ -173,8 +181,27 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             writeFrame(.text, ByteBuffer(string: "[]"), context: context)
             return
         }
-        driver.handle(elements)
+        driver.handle(admitted(elements))
     }
+
+    /// The frame's messages, its publishes refused when they exceed the publish limits (the same buckets as
+    /// HTTP's: a frame is refused whole, as a request is). A refused publish gets `successful: false` and
+    /// `429:<channel>,<seconds to wait>:Publish rate limit exceeded` in its reply; the frame's meta messages are
+    /// handled as usual, so a connect sent with them is not lost.
+    private func admitted(_ elements: [MessageBatch.Element]) -> [MessageBatch.Element] {
+        guard let keys = publishLimitKeys,
+            let (verdict, _, refusal) = shared.operations.checkPublishLimits(elements, keys: keys), refusal != nil
+        else { return elements }
+        let retryAfter = String(verdict.retryAfterSeconds)
+        return elements.map { element in
+            guard case .message(var message) = element, let channel = message.channel, !Channel.isMeta(channel)
+            else { return element }
+            message.error = BayeuxError(Self.publishRateLimited, channel, retryAfter).description
+            return .message(message)
+        }
+    }
+
+    static let publishRateLimited = BayeuxError.Code(429, "Publish rate limit exceeded")
 
     // MARK: ConnectionTransport
 
