@@ -8,7 +8,7 @@ import PubSubRedis
 /// `--engine memory|redis` and where Redis is: several `pubsub serve` nodes sharing one Redis form a cluster.
 struct EngineOptions: ParsableArguments {
     @Option(help: "memory (one node) or redis (several nodes sharing sessions through Redis) (PUBSUB_ENGINE).")
-    var engine: String?
+    var engine: EngineKind?
     @Option(help: "redis[s]://[[user]:password@]host[:port][/db] for --engine redis (PUBSUB_REDIS_URL).")
     var redisUrl: String?
     @Option(help: "Prefix of every Redis key; nodes with the same prefix and database form one cluster (PUBSUB_REDIS_PREFIX).")
@@ -37,23 +37,23 @@ struct EngineOptions: ParsableArguments {
     var redisCaFile: String?
 
     func validate() throws {
-        let name = try resolvedEngine()
-        if name != "redis", redisUrl != nil { throw ValidationError("--redis-url needs --engine redis") }
-        if name != "redis", redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
-        if name != "redis", redisCluster != nil { throw ValidationError("--redis-cluster needs --engine redis") }
+        let memory = try resolvedEngine() == .memory
+        if memory, redisUrl != nil { throw ValidationError("--redis-url needs --engine redis") }
+        if memory, redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
+        if memory, redisCluster != nil { throw ValidationError("--redis-cluster needs --engine redis") }
         _ = try resolvedRedis()
         _ = try resolvedShards()
     }
 
     /// `--redis-shards` and `--redis-shard-segments` as a shard map; nil without shards.
     func resolvedShards() throws -> ShardMap? {
-        let count = try redisShards ?? Environment.value("PUBSUB_REDIS_SHARDS", as: Int.self)
-        let segments = try redisShardSegments ?? Environment.value("PUBSUB_REDIS_SHARD_SEGMENTS", as: Int.self)
+        let count = try Environment.pick(redisShards, "PUBSUB_REDIS_SHARDS")
+        let segments = try Environment.pick(redisShardSegments, "PUBSUB_REDIS_SHARD_SEGMENTS")
         guard count != nil || segments != nil else { return nil }
-        guard try resolvedEngine() == "redis", redisCluster ?? Environment.string("PUBSUB_REDIS_CLUSTER") != nil else {
+        guard try resolvedEngine() == .redis, try Environment.pick(redisCluster, "PUBSUB_REDIS_CLUSTER") != nil else {
             throw ValidationError("--redis-shards and --redis-shard-segments need --redis-cluster")
         }
-        let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") ?? RedisEngineConfiguration().keyPrefix
+        let prefix = try Environment.pick(redisPrefix, "PUBSUB_REDIS_PREFIX", RedisEngineConfiguration().keyPrefix)
         do {
             return try ShardMap(prefix: prefix, count: count ?? 1, segments: segments ?? 1)
         } catch {
@@ -69,11 +69,11 @@ struct EngineOptions: ParsableArguments {
     }
 
     func resolvedRedis() throws -> RedisTarget {
-        let url = redisUrl ?? Environment.string("PUBSUB_REDIS_URL")
-        let sentinels = redisSentinels ?? Environment.string("PUBSUB_REDIS_SENTINELS")
-        let masterName = redisMasterName ?? Environment.string("PUBSUB_REDIS_MASTER_NAME")
-        let caFile = redisCaFile ?? Environment.string("PUBSUB_REDIS_CA_FILE")
-        let clusterNodes = redisCluster ?? Environment.string("PUBSUB_REDIS_CLUSTER")
+        let url = try Environment.pick(redisUrl, "PUBSUB_REDIS_URL")
+        let sentinels = try Environment.pick(redisSentinels, "PUBSUB_REDIS_SENTINELS")
+        let masterName = try Environment.pick(redisMasterName, "PUBSUB_REDIS_MASTER_NAME")
+        let caFile = try Environment.pick(redisCaFile, "PUBSUB_REDIS_CA_FILE")
+        let clusterNodes = try Environment.pick(redisCluster, "PUBSUB_REDIS_CLUSTER")
         if clusterNodes != nil, url != nil || sentinels != nil {
             throw ValidationError(
                 "--redis-cluster (PUBSUB_REDIS_CLUSTER) cannot be used with --redis-url or --redis-sentinels: one Redis server, the sentinels, or the cluster's nodes")
@@ -119,10 +119,8 @@ struct EngineOptions: ParsableArguments {
         }
     }
 
-    func resolvedEngine() throws -> String {
-        let name = engine ?? Environment.string("PUBSUB_ENGINE") ?? "memory"
-        guard name == "memory" || name == "redis" else { throw ValidationError("--engine must be memory or redis") }
-        return name
+    func resolvedEngine() throws -> EngineKind {
+        try Environment.pick(engine, "PUBSUB_ENGINE", .memory)
     }
 
     /// The Redis engine, connected (or still trying, logged); nil for the memory engine.
@@ -130,7 +128,7 @@ struct EngineOptions: ParsableArguments {
     func makeEngine(configuration: BrokerConfiguration, events: (any SessionEventObserver)? = nil, logger: Logger)
         async throws -> (any Engine)?
     {
-        guard try resolvedEngine() == "redis" else {
+        guard try resolvedEngine() == .redis else {
             return events.map { MemoryEngine(configuration: configuration, events: $0, logger: logger) }
         }
         var settings: RedisEngineConfiguration
@@ -142,7 +140,7 @@ struct EngineOptions: ParsableArguments {
         case .cluster(let cluster):
             settings = RedisEngineConfiguration(redis: cluster.connection, cluster: cluster)
         }
-        if let prefix = redisPrefix ?? Environment.string("PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
+        if let prefix = try Environment.pick(redisPrefix, "PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
         let engine: any Engine
         let started: EventLoopFuture<Void>
         let description: String

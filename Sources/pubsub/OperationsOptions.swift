@@ -33,47 +33,41 @@ struct OperationsOptions: ParsableArguments {
     /// `--max-connections` or PUBSUB_MAX_CONNECTIONS when given; nil for the default derived from the descriptor
     /// limit at start (`Serve.descriptorBudget`).
     func explicitMaxConnections() throws -> Int? {
-        guard let value = try maxConnections ?? Environment.value("PUBSUB_MAX_CONNECTIONS", as: Int.self) else { return nil }
+        guard let value = try Environment.pick(maxConnections, "PUBSUB_MAX_CONNECTIONS") else { return nil }
         guard value >= 0 else { throw ValidationError("--max-connections must not be negative") }
         return value
     }
 
     func resolve() throws -> OperationsConfiguration {
-        func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String) throws -> T? {
-            if let flag { return flag }
-            return try Environment.value(env, as: T.self)
-        }
         var operations = OperationsConfiguration(systemd: true)
-        let cert = try pick(tlsCert, "PUBSUB_TLS_CERT")
-        let key = try pick(tlsKey, "PUBSUB_TLS_KEY")
+        let cert = try Environment.pick(tlsCert, "PUBSUB_TLS_CERT")
+        let key = try Environment.pick(tlsKey, "PUBSUB_TLS_KEY")
         switch (cert, key) {
         case (let cert?, let key?): operations.tls = .init(certificatePath: cert, keyPath: key)
         case (nil, nil): break
         default: throw ValidationError("--tls-cert and --tls-key go together")
         }
         operations.maxConnections = try explicitMaxConnections() ?? 0
-        operations.publishLimitPerIP = try pick(publishLimitPerIp, "PUBSUB_PUBLISH_LIMIT_PER_IP")
-        operations.publishLimitPerToken = try pick(publishLimitPerToken, "PUBSUB_PUBLISH_LIMIT_PER_TOKEN")
+        operations.publishLimitPerIP = try Environment.pick(publishLimitPerIp, "PUBSUB_PUBLISH_LIMIT_PER_IP")
+        operations.publishLimitPerToken = try Environment.pick(publishLimitPerToken, "PUBSUB_PUBLISH_LIMIT_PER_TOKEN")
         for (value, name) in [(operations.publishLimitPerIP, "per-ip"), (operations.publishLimitPerToken, "per-token")] {
             if let value, value <= 0 { throw ValidationError("--publish-limit-\(name) must be a positive number") }
         }
         func seconds(_ amount: TimeAmount) -> Double { Double(amount.nanoseconds) / 1e9 }
-        let window = try pick(publishLimitWindow, "PUBSUB_PUBLISH_LIMIT_WINDOW") ?? seconds(operations.publishWindow)
+        let window = try Environment.pick(publishLimitWindow, "PUBSUB_PUBLISH_LIMIT_WINDOW") ?? seconds(operations.publishWindow)
         guard window > 0, window <= 86_400 else {
             throw ValidationError("--publish-limit-window must be above 0 and at most 86400 seconds")
         }
         operations.publishWindow = .nanoseconds(Int64(window * 1e9))
-        operations.trustForwardedFor =
-            trustForwardedFor || ["1", "true", "yes"].contains(Environment.string("PUBSUB_TRUST_FORWARDED_FOR")?.lowercased() ?? "")
-        if let port = try pick(metricsPort, "PUBSUB_METRICS_PORT") {
+        operations.trustForwardedFor = Environment.isSet(trustForwardedFor, "PUBSUB_TRUST_FORWARDED_FOR")
+        if let port = try Environment.pick(metricsPort, "PUBSUB_METRICS_PORT") {
             guard (0...65535).contains(port) else { throw ValidationError("--metrics-port must be between 0 and 65535") }
             operations.metricsPort = port
         }
-        let drain = try pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? seconds(operations.drainTimeout)
+        let drain = try Environment.pick(drainTimeout, "PUBSUB_DRAIN_TIMEOUT") ?? seconds(operations.drainTimeout)
         guard drain > 0, drain <= 3600 else { throw ValidationError("--drain-timeout must be above 0 and at most 3600 seconds") }
         operations.drainTimeout = .nanoseconds(Int64(drain * 1e9))
-        operations.reusePort =
-            reusePort || ["1", "true", "yes"].contains(Environment.string("PUBSUB_REUSE_PORT")?.lowercased() ?? "")
+        operations.reusePort = Environment.isSet(reusePort, "PUBSUB_REUSE_PORT")
         return operations
     }
 }

@@ -17,7 +17,7 @@ struct AuthOptions: ParsableArguments {
         help: ArgumentHelp(
             "Subscription signatures accepted: privatepub (SHA-1, the default), hmac (HMAC-SHA256) or both (PUBSUB_SIGNATURES).",
             valueName: "scheme"))
-    var signatures: String?
+    var signatures: SignatureScheme?
 
     @Flag(help: "HMAC signatures must be bound to the subscriber's clientId (PUBSUB_REQUIRE_CLIENT_BINDING=1).")
     var requireClientBinding = false
@@ -46,12 +46,9 @@ struct AuthOptions: ParsableArguments {
         let expiration =
             try signatureExpiration ?? file?.signatureExpiration
             ?? Environment.value("PUBSUB_SIGNATURE_EXPIRATION", as: Double.self)
-        let skew = try maxClockSkew ?? Environment.value("PUBSUB_MAX_CLOCK_SKEW", as: Double.self) ?? 300
-        let schemeName = signatures ?? Environment.string("PUBSUB_SIGNATURES") ?? "privatepub"
-        guard let scheme = SignatureScheme(rawValue: schemeName) else {
-            throw ValidationError("--signatures must be privatepub, hmac or both")
-        }
-        let binding = requireClientBinding || Environment.string("PUBSUB_REQUIRE_CLIENT_BINDING") == "1"
+        let skew = try Environment.pick(maxClockSkew, "PUBSUB_MAX_CLOCK_SKEW") ?? 300
+        let scheme = try Environment.pick(signatures, "PUBSUB_SIGNATURES", .privatePub)
+        let binding = Environment.isSet(requireClientBinding, "PUBSUB_REQUIRE_CLIENT_BINDING")
         let publics = try publicPatterns()
         if let expiration, !(expiration >= 0 && expiration.isFinite) {
             throw ValidationError("--signature-expiration must be a number of seconds")

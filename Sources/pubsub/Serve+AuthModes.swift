@@ -99,10 +99,10 @@ struct AuthModeOptions: ParsableArguments {
         }
         var hook: HookSettings?
         let actionsText = authHookActions ?? Environment.string("PUBSUB_AUTH_HOOK_ACTIONS")
-        let timeout = try authHookTimeout ?? Environment.value("PUBSUB_AUTH_HOOK_TIMEOUT", as: Double.self) ?? 2
-        let cache = try authHookCache ?? Environment.value("PUBSUB_AUTH_HOOK_CACHE", as: Double.self) ?? 0
+        let timeout = try Environment.pick(authHookTimeout, "PUBSUB_AUTH_HOOK_TIMEOUT") ?? 2
+        let cache = try Environment.pick(authHookCache, "PUBSUB_AUTH_HOOK_CACHE") ?? 0
         let concurrency =
-            try authHookConcurrency ?? Environment.value("PUBSUB_AUTH_HOOK_CONCURRENCY", as: Int.self) ?? 64
+            try Environment.pick(authHookConcurrency, "PUBSUB_AUTH_HOOK_CONCURRENCY") ?? 64
         if let url = authHook ?? Environment.string("PUBSUB_AUTH_HOOK") {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme ?? ""), parsed.host != nil
             else { throw ValidationError("--auth-hook \(url): not an http:// or https:// URL") }
@@ -135,7 +135,7 @@ struct AuthModeOptions: ParsableArguments {
             do { origins = try OriginPolicy.parse(list) } catch { throw ValidationError("--allowed-origins \(error)") }
             if origins.patterns?.isEmpty == true { throw ValidationError("--allowed-origins names no origin") }
         }
-        let noJSONP = disableCallbackPolling || Environment.string("PUBSUB_DISABLE_CALLBACK_POLLING") == "1"
+        let noJSONP = Environment.isSet(disableCallbackPolling, "PUBSUB_DISABLE_CALLBACK_POLLING")
         return Resolved(
             jwtKey: jwtKey, jwtPublicKeyPEM: pem, jwtPublicKeyFile: keyFile, jwtExpectations: expectations,
             jwks: jwks, hook: hook, origins: origins,
@@ -145,7 +145,7 @@ struct AuthModeOptions: ParsableArguments {
     /// `--jwt-jwks-url` and `--jwt-jwks-refresh` (or their variables): an http(s) URL with a host, and a refresh
     /// between 1 s and a day.
     func resolveJWKS() throws -> JWKSSettings? {
-        let refresh = try jwtJwksRefresh ?? Environment.value("PUBSUB_JWT_JWKS_REFRESH", as: Double.self)
+        let refresh = try Environment.pick(jwtJwksRefresh, "PUBSUB_JWT_JWKS_REFRESH")
         guard let url = jwtJwksUrl ?? Environment.string("PUBSUB_JWT_JWKS_URL") else {
             if jwtJwksRefresh != nil { throw ValidationError("--jwt-jwks-refresh needs --jwt-jwks-url") }
             return nil

@@ -37,7 +37,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Largest WebSocket message in bytes; larger closes with 1009 (PUBSUB_MAX_FRAME_BYTES).")
     var maxFrameBytes: Int?
     @Option(help: "WebSocket compression (permessage-deflate), on or off: each event is compressed once per publish for the clients that negotiate it (PUBSUB_WEBSOCKET_COMPRESSION).")
-    var websocketCompression: String?
+    var websocketCompression: Switch?
     @Option(help: "Events shorter than this many bytes go uncompressed (PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES).")
     var websocketCompressionMinBytes: Int?
     @Option(help: "Events queued per client before it is dropped (PUBSUB_MAX_QUEUE).") var maxQueue: Int?
@@ -72,57 +72,50 @@ struct Serve: AsyncParsableCommand {
     var relay: String?
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
-    var logLevel: String?
+    var logLevel: Logger.Level?
 
     func resolved() throws -> (ServerConfiguration, Logger.Level) {
         // Each default is written once, in the configuration types; a flag, then its variable, replace it.
         let defaults = ServerConfiguration()
-        func pick<T: LosslessStringConvertible>(_ flag: T?, _ env: String, _ fallback: T) throws -> T {
-            if let flag { return flag }
-            return try Environment.value(env, as: T.self) ?? fallback
-        }
         func seconds(_ amount: TimeAmount) -> Double { Double(amount.nanoseconds) / 1e9 }
         func positive(_ value: Int, _ name: String) throws -> Int {
             guard value > 0 else { throw ValidationError("--\(name) must be a positive number") }
             return value
         }
-        let timeout = try pick(self.timeout, "PUBSUB_TIMEOUT", seconds(defaults.broker.timeout))
-        let interval = try pick(self.interval, "PUBSUB_INTERVAL", seconds(defaults.broker.interval))
-        let port = try pick(self.port, "PUBSUB_PORT", defaults.port)
+        let timeout = try Environment.pick(self.timeout, "PUBSUB_TIMEOUT", seconds(defaults.broker.timeout))
+        let interval = try Environment.pick(self.interval, "PUBSUB_INTERVAL", seconds(defaults.broker.interval))
+        let port = try Environment.pick(self.port, "PUBSUB_PORT", defaults.port)
         guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535") }
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be above 0 and at most 3600 seconds") }
         guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
-        let historySize = try pick(self.historySize, "PUBSUB_HISTORY_SIZE", defaults.broker.historySize)
+        let historySize = try Environment.pick(self.historySize, "PUBSUB_HISTORY_SIZE", defaults.broker.historySize)
         guard historySize >= 0 else { throw ValidationError("--history-size must not be negative") }
-        let historyTTL = try pick(self.historyTtl, "PUBSUB_HISTORY_TTL", defaults.broker.historyTTL.map(seconds) ?? 0)
+        let historyTTL = try Environment.pick(self.historyTtl, "PUBSUB_HISTORY_TTL", defaults.broker.historyTTL.map(seconds) ?? 0)
         guard historyTTL >= 0 else { throw ValidationError("--history-ttl must not be negative") }
-        let historyBytes = try pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", defaults.broker.historyBytes)
+        let historyBytes = try Environment.pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", defaults.broker.historyBytes)
         guard historyBytes >= 0 else { throw ValidationError("--history-bytes must not be negative") }
         let broker = BrokerConfiguration(
             timeout: .nanoseconds(Int64(timeout * 1e9)),
             interval: .nanoseconds(Int64(interval * 1e9)),
-            maxQueue: try positive(pick(maxQueue, "PUBSUB_MAX_QUEUE", defaults.broker.maxQueue), "max-queue"),
+            maxQueue: try positive(Environment.pick(maxQueue, "PUBSUB_MAX_QUEUE", defaults.broker.maxQueue), "max-queue"),
             maxSubscriptionsPerClient: try positive(
-                pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", defaults.broker.maxSubscriptionsPerClient),
+                Environment.pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", defaults.broker.maxSubscriptionsPerClient),
                 "max-subscriptions"),
             maxChannelLength: try positive(
-                pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", defaults.broker.maxChannelLength), "max-channel-length"),
+                Environment.pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", defaults.broker.maxChannelLength), "max-channel-length"),
             maxMessagesPerRequest: try positive(
-                pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", defaults.broker.maxMessagesPerRequest),
+                Environment.pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", defaults.broker.maxMessagesPerRequest),
                 "max-messages-per-request"),
             historySize: historySize,
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
             historyBytes: historyBytes,
-            eventCompression: try resolvedCompression(defaults.broker.eventCompression, pick)
+            eventCompression: try resolvedCompression(defaults.broker.eventCompression)
         )
         _ = try auth.resolve()
         let access = try auth.modes.resolve()
-        let levelName = try pick(logLevel, "PUBSUB_LOG_LEVEL", "info")
-        guard let level = Logger.Level(rawValue: levelName) else {
-            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
-        }
+        let level = try Environment.pick(logLevel, "PUBSUB_LOG_LEVEL", .info)
         func duration(_ flag: Double?, _ env: String, _ fallback: TimeAmount, _ name: String) throws -> TimeAmount {
-            let value = try pick(flag, env, seconds(fallback))
+            let value = try Environment.pick(flag, env, seconds(fallback))
             guard value > 0, value <= 3600 else {
                 throw ValidationError("--\(name) must be above 0 and at most 3600 seconds")
             }
@@ -133,21 +126,21 @@ struct Serve: AsyncParsableCommand {
         timeouts.idle = try duration(idleTimeout, "PUBSUB_IDLE_TIMEOUT", defaults.timeouts.idle, "idle-timeout")
         timeouts.send = try duration(sendTimeout, "PUBSUB_SEND_TIMEOUT", defaults.timeouts.send, "send-timeout")
         let pingInterval = try duration(self.pingInterval, "PUBSUB_PING_INTERVAL", defaults.pingInterval, "ping-interval")
-        let maxDepth = try positive(pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", defaults.maxJSONDepth), "max-json-depth")
+        let maxDepth = try positive(Environment.pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", defaults.maxJSONDepth), "max-json-depth")
         guard maxDepth <= 512 else { throw ValidationError("--max-json-depth must be at most 512") }
         let configuration = ServerConfiguration(
-            host: try pick(host, "PUBSUB_HOST", defaults.host),
+            host: try Environment.pick(host, "PUBSUB_HOST", defaults.host),
             port: port,
-            mount: try pick(mount, "PUBSUB_MOUNT", defaults.mount),
+            mount: try Environment.pick(mount, "PUBSUB_MOUNT", defaults.mount),
             maxRequestBytes: try positive(
-                pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", defaults.maxRequestBytes), "max-request-bytes"),
-            maxFrameBytes: try positive(pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", defaults.maxFrameBytes), "max-frame-bytes"),
+                Environment.pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", defaults.maxRequestBytes), "max-request-bytes"),
+            maxFrameBytes: try positive(Environment.pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", defaults.maxFrameBytes), "max-frame-bytes"),
             maxJSONDepth: maxDepth,
             maxOutboundBytes: try positive(
-                pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", defaults.maxOutboundBytes), "max-outbound-bytes"),
+                Environment.pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", defaults.maxOutboundBytes), "max-outbound-bytes"),
             broker: broker,
             extensions: ExtensionPipeline(),
-            threads: try pick(threads, "PUBSUB_THREADS", defaults.threads),
+            threads: try Environment.pick(threads, "PUBSUB_THREADS", defaults.threads),
             operations: try operations.resolve(),
             timeouts: timeouts,
             pingInterval: pingInterval,
@@ -160,25 +153,21 @@ struct Serve: AsyncParsableCommand {
     }
 
     /// `--websocket-compression` and its minimum size; nil when off.
-    func resolvedCompression(
-        _ fallback: EventCompression?, _ pick: (String?, String, String) throws -> String
-    ) throws -> EventCompression? {
-        switch try pick(websocketCompression, "PUBSUB_WEBSOCKET_COMPRESSION", fallback == nil ? "off" : "on") {
-        case "off": return nil
-        case "on":
-            let fallbackBytes = String(fallback?.minimumBytes ?? EventCompression.defaultMinimumBytes)
-            let text = try pick(websocketCompressionMinBytes.map(String.init), "PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES", fallbackBytes)
-            guard let bytes = Int(text), bytes >= 0 else {
-                throw ValidationError("--websocket-compression-min-bytes must be a number of bytes, 0 or more")
-            }
-            return EventCompression(minimumBytes: bytes)
-        default: throw ValidationError("--websocket-compression must be on or off")
+    func resolvedCompression(_ fallback: EventCompression?) throws -> EventCompression? {
+        let compression = try Environment.pick(websocketCompression, "PUBSUB_WEBSOCKET_COMPRESSION", fallback == nil ? .off : .on)
+        guard compression.isOn else { return nil }
+        let bytes = try Environment.pick(
+            websocketCompressionMinBytes, "PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES",
+            fallback?.minimumBytes ?? EventCompression.defaultMinimumBytes)
+        guard bytes >= 0 else {
+            throw ValidationError("--websocket-compression-min-bytes must be a number of bytes, 0 or more")
         }
+        return EventCompression(minimumBytes: bytes)
     }
 
     /// `--api-key`, then PUBSUB_API_KEY; a key shorter than 16 bytes is refused (it guards kicking clients).
     func resolvedAPIKey() throws -> String? {
-        guard let key = apiKey ?? Environment.string("PUBSUB_API_KEY") else { return nil }
+        guard let key = try Environment.pick(apiKey, "PUBSUB_API_KEY") else { return nil }
         guard key.utf8.count >= 16, !key.contains(where: { $0 == " " || $0.isNewline }) else {
             throw ValidationError("--api-key must be at least 16 characters, without spaces")
         }
@@ -192,38 +181,14 @@ struct Serve: AsyncParsableCommand {
         // Likewise a SIGHUP (a renewal hook that runs as soon as the port answers) is kept for the reloader, not
         // taken with the default action, which ends the process.
         let reloads = await UnixSignalsSequence(trapping: .sighup)
-        let (resolvedConfiguration, level) = try resolved()
-        var configuration = resolvedConfiguration
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        var (configuration, level) = try resolved()
+        let registry = Self.bootstrap(level)
         let logger = Logger(label: "pubsub")
-        // One registry for /metrics: the broker's own metrics and whatever uses swift-metrics in this process.
-        let registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         // After the bootstraps: the hook's logger and counters are made with it.
         let authorization = try await auth.makeAuthorization()
         configuration.extensions.authorization = authorization.pipeline
-        var relayFile: RelayFile?
-        if let path = relay ?? Environment.string("PUBSUB_RELAY") {
-            do {
-                relayFile = try RelayFile(path: path, logger: Logger(label: "pubsub.relay"))
-            } catch let error as RelayError where error.code == .configuration {
-                printError("pubsub: \(error.message)")
-                throw ExitCode(ExitStatus.usage)
-            }
-        }
-        let webhooks: WebhookDispatcher?
-        do {
-            webhooks = try self.webhooks.resolve().map {
-                WebhookDispatcher(configuration: $0, logger: Logger(label: "pubsub.webhooks"))
-            }
-        } catch let error as ValidationError {
-            printError("pubsub: \(error.message)")
-            throw ExitCode(ExitStatus.usage)
-        }
+        let relayFile = try loadRelayFile()
+        let webhooks = try makeWebhooks()
         // After every flag and file was checked (a bad one is a single line on stderr), before the engine's and
         // the server's connections: the soft descriptor limit raised, and the connection limit it allows.
         configuration.operations.maxConnections = try descriptorBudget(logger: logger)
@@ -237,6 +202,69 @@ struct Serve: AsyncParsableCommand {
         let engine = try await cluster.makeEngine(configuration: configuration.broker, events: webhooks, logger: logger)
         let server = PubSubServer(
             configuration: configuration, logger: logger, metrics: .prometheus(registry), engine: engine)
+        try await listen(server, configuration, logger: logger)
+        // Before the server: the JWKS refresh and the webhooks stop after it has drained (the last sessions'
+        // events still go); the relay after it, so that it shuts down first and no publish meets a draining broker.
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: CertificateReloader(server: server, signals: reloads, logger: logger))
+        ]
+        services.append(contentsOf: authorization.services.map { .init(service: $0) })
+        if let webhooks {
+            services.append(.init(service: webhooks))
+            logger.info("webhooks: \(webhooks.configuration.urls.count) URL(s), events \(webhooks.configuration.events.map(\.rawValue).sorted().joined(separator: ","))")
+        }
+        services.append(.init(service: server))
+        if let relayFile { services.append(.init(service: try relayService(relayFile, server: server, logger: logger))) }
+        // SIGTERM or SIGINT: a graceful drain (services stop in reverse order: the relay, then the server).
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: services, logger: logger))
+        let drainOnSignal = Task {
+            for await _ in signals {
+                await group.triggerGracefulShutdown()
+                return
+            }
+        }
+        defer { drainOnSignal.cancel() }
+        try await group.run()
+    }
+
+    /// Logs to stderr at `level`; one registry for /metrics: the broker's own metrics and whatever uses
+    /// swift-metrics in this process.
+    private static func bootstrap(_ level: Logger.Level) -> PrometheusCollectorRegistry {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        return registry
+    }
+
+    /// `--relay`'s file, read and checked; a bad one is one line on stderr and the usage exit status.
+    private func loadRelayFile() throws -> RelayFile? {
+        guard let path = try Environment.pick(relay, "PUBSUB_RELAY") else { return nil }
+        do {
+            return try RelayFile(path: path, logger: Logger(label: "pubsub.relay"))
+        } catch let error as RelayError where error.code == .configuration {
+            printError("pubsub: \(error.message)")
+            throw ExitCode(ExitStatus.usage)
+        }
+    }
+
+    /// The webhook dispatcher, when webhooks are configured; bad settings are one line and the usage status.
+    private func makeWebhooks() throws -> WebhookDispatcher? {
+        do {
+            return try webhooks.resolve().map {
+                WebhookDispatcher(configuration: $0, logger: Logger(label: "pubsub.webhooks"))
+            }
+        } catch let error as ValidationError {
+            printError("pubsub: \(error.message)")
+            throw ExitCode(ExitStatus.usage)
+        }
+    }
+
+    /// Opens the port (and says where); what stops it is one line on stderr and a failure exit status.
+    private func listen(_ server: PubSubServer, _ configuration: ServerConfiguration, logger: Logger) async throws {
         let port: Int
         do {
             port = try await server.start()
@@ -256,43 +284,22 @@ struct Serve: AsyncParsableCommand {
         }
         let scheme = configuration.operations.tls == nil ? "http" : "https"
         logger.info("listening on \(scheme)://\(configuration.host):\(port)\(configuration.mount)")
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: CertificateReloader(server: server, signals: reloads, logger: logger))
-        ]
-        // Before the server: the JWKS refresh stops after the server has drained.
-        services.append(contentsOf: authorization.services.map { .init(service: $0) })
-        if let webhooks {
-            // Before the server: it stops after the server has drained, so the last sessions' events still go.
-            services.append(.init(service: webhooks))
-            logger.info("webhooks: \(webhooks.configuration.urls.count) URL(s), events \(webhooks.configuration.events.map(\.rawValue).sorted().joined(separator: ","))")
+    }
+
+    /// The feeds of `--relay`, published in-process.
+    private func relayService(_ relayFile: RelayFile, server: PubSubServer, logger: Logger) throws -> RelayService {
+        let token = try auth.secretToken()
+        let jwt = relayFile.token ?? Environment.string("PUBSUB_TOKEN")
+        let runners = relayFile.feeds.map { feed in
+            FeedRunner(
+                feed: feed,
+                publisher: MessagePublisher(token: token, jwt: jwt, batchSize: feed.batchSize) { messages in
+                    try await server.publishInProcess(messages)
+                },
+                logger: Logger(label: "pubsub.relay"))
         }
-        services.append(.init(service: server))
-        if let relayFile {
-            let token = try auth.secretToken()
-            let runners = relayFile.feeds.map { feed in
-                FeedRunner(
-                    feed: feed,
-                    publisher: MessagePublisher(
-                        token: token, jwt: relayFile.token ?? Environment.string("PUBSUB_TOKEN"), batchSize: feed.batchSize
-                    ) { messages in
-                        try await server.publishInProcess(messages)
-                    },
-                    logger: Logger(label: "pubsub.relay"))
-            }
-            logger.info("relaying \(runners.count) feed(s) in-process")
-            // After the server: shut down first, so no publish meets a draining broker.
-            services.append(.init(service: RelayService(runners: runners)))
-        }
-        // SIGTERM or SIGINT: a graceful drain (services stop in reverse order: the relay, then the server).
-        let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: services, logger: logger))
-        let drainOnSignal = Task {
-            for await _ in signals {
-                await group.triggerGracefulShutdown()
-                return
-            }
-        }
-        defer { drainOnSignal.cancel() }
-        try await group.run()
+        logger.info("relaying \(runners.count) feed(s) in-process")
+        return RelayService(runners: runners)
     }
 }
 

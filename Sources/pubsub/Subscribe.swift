@@ -79,6 +79,20 @@ struct Subscribe: AsyncParsableCommand {
         case counted, timedOut, signalled, unrecovered
     }
 
+    /// What the callbacks of one run share with it: why it stops, how to stop the consumer, and the channels
+    /// whose events could not be recovered.
+    final class Outcome: Sendable {
+        let stop = NIOLockedValueBox<Stop?>(nil)
+        let interrupt = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
+        let lost = NIOLockedValueBox<[String]>([])
+
+        /// Records why the run stops (the first reason stays) and stops the consumer.
+        func end(_ reason: Stop) {
+            stop.withLockedValue { $0 = $0 ?? reason }
+            interrupt.withLockedValue { $0 }?()
+        }
+    }
+
     func run() async throws {
         // Trapped before anything else, so a SIGTERM that comes early still ends the command cleanly.
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
@@ -95,7 +109,23 @@ struct Subscribe: AsyncParsableCommand {
         } catch {
             throw failure(error.message, ExitStatus.dataError)
         }
-        let useHMAC = hmac
+        let outcome = Outcome()
+        let bayeux: BayeuxClient
+        do {
+            bayeux = try BayeuxClient(url: url, configuration: configuration(secret: secret, outcome: outcome))
+        } catch let error as BayeuxClientError {
+            throw failure(error)
+        }
+        let recorder = try await subscribe(bayeux, stored: stored, file: file)
+        if !quiet {
+            printError("pubsub: subscribed to \(channels.joined(separator: ", ")) (\(bayeux.connectionType))")
+        }
+        let result = await consume(bayeux, recorder: recorder, outcome: outcome, signals: signalSequence)
+        try await finish(bayeux, result: result, recorder: recorder, outcome: outcome)
+    }
+
+    /// The client's configuration: resume on, the callbacks that report on stderr, signed subscriptions.
+    private func configuration(secret: String?, outcome: Outcome) -> BayeuxClient.Configuration {
         let (quiet, acceptGaps) = (self.quiet, self.acceptGaps)
         var configuration = BayeuxClient.Configuration(transport: websocket ? .webSocket : .automatic)
         configuration.trustRoots = client.trustRoots
@@ -107,42 +137,41 @@ struct Subscribe: AsyncParsableCommand {
         configuration.onConnectionLost = { error in
             printError("pubsub: the connection to the broker broke (\(error)); reconnecting and resuming")
         }
-        // Set once the consumer runs: a resume that lost events ends it (unless --accept-gaps).
-        let stop = NIOLockedValueBox<Stop?>(nil)
-        let interrupt = NIOLockedValueBox<(@Sendable () -> Void)?>(nil)
-        let lost = NIOLockedValueBox<[String]>([])
-        configuration.onResumed = { channel, outcome in
-            if outcome.recovered {
-                if !quiet { printError("pubsub: resumed \(channel): recovered \(outcome.missed) events") }
+        configuration.onResumed = { channel, resumed in
+            if resumed.recovered {
+                if !quiet { printError("pubsub: resumed \(channel): recovered \(resumed.missed) events") }
                 return
             }
-            lost.withLockedValue { $0.append(channel) }
-            let missed = outcome.missed > 0 ? ", at least \(outcome.missed) events missed" : ""
+            outcome.lost.withLockedValue { $0.append(channel) }
+            let missed = resumed.missed > 0 ? ", at least \(resumed.missed) events missed" : ""
             printError("pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false\(missed))"
                        + (acceptGaps ? "; going on from here" : ": refetch"))
-            if !acceptGaps {
-                stop.withLockedValue { $0 = $0 ?? .unrecovered }
-                interrupt.withLockedValue { $0 }?()
+            if !acceptGaps { outcome.end(.unrecovered) }
+        }
+        if let secret { configuration.subscriptionExt = Self.signer(secret: secret, hmac: hmac) }
+        return configuration
+    }
+
+    /// Signs each subscription with PrivatePub's SHA-1 scheme or HMAC-SHA256 bound to the clientId.
+    private static func signer(secret: String, hmac: Bool) -> @Sendable (String, String) -> JSONObject? {
+        { channel, clientId in
+            let timestamp = String(nowMilliseconds())
+            if hmac {
+                let signature = PrivatePubAuth.hmacSignature(
+                    secret: secret, channel: channel, timestamp: timestamp, clientId: clientId)
+                return ["signature": .string(signature), "timestamp": .number(timestamp)]
             }
+            let signature = PrivatePubAuth.signature(secret: secret, channel: channel, timestamp: timestamp)
+            return ["private_pub_signature": .string(signature), "private_pub_timestamp": .number(timestamp)]
         }
-        if let secret {
-            configuration.subscriptionExt = { channel, clientId in
-                let timestamp = String(nowMilliseconds())
-                if useHMAC {
-                    let signature = PrivatePubAuth.hmacSignature(
-                        secret: secret, channel: channel, timestamp: timestamp, clientId: clientId)
-                    return ["signature": .string(signature), "timestamp": .number(timestamp)]
-                }
-                let signature = PrivatePubAuth.signature(secret: secret, channel: channel, timestamp: timestamp)
-                return ["private_pub_signature": .string(signature), "private_pub_timestamp": .number(timestamp)]
-            }
-        }
-        let bayeux: BayeuxClient
-        do {
-            bayeux = try BayeuxClient(url: url, configuration: configuration)
-        } catch let error as BayeuxClientError {
-            throw failure(error)
-        }
+    }
+
+    /// Subscribes to every channel (resuming from the position file's positions) and returns what keeps the
+    /// positions in the file; exits when a subscription is refused, the broker gives no positions for a file, or
+    /// events are gone without --accept-gaps.
+    private func subscribe(_ bayeux: BayeuxClient, stored: SubscriptionPositions?, file: PositionFile?)
+        async throws -> PositionRecorder?
+    {
         let unrecovered: [String]
         do {
             unrecovered = try await subscribeAll(bayeux, from: stored, in: file)
@@ -169,10 +198,15 @@ struct Subscribe: AsyncParsableCommand {
             await bayeux.disconnect()
             throw ExitCode(ExitStatus.notRecovered)
         }
-        if !quiet {
-            printError("pubsub: subscribed to \(channels.joined(separator: ", ")) (\(bayeux.connectionType))")
-        }
+        return recorder
+    }
 
+    /// Prints each event as it comes until --count, --timeout, a signal or an unrecovered resume stops it;
+    /// returns how many were printed, or why the stream ended.
+    private func consume(
+        _ bayeux: BayeuxClient, recorder: PositionRecorder?, outcome: Outcome,
+        signals signalSequence: UnixSignalsSequence
+    ) async -> Result<Int, any Error> {
         let (full, count) = (self.full, self.count)
         let consumer = Task { () async throws -> Int in
             var received = 0
@@ -182,7 +216,7 @@ struct Subscribe: AsyncParsableCommand {
                 try recorder?.record(message)
                 received += 1
                 if let count, received >= count {
-                    stop.withLockedValue { $0 = $0 ?? .counted }
+                    outcome.stop.withLockedValue { $0 = $0 ?? .counted }
                     break
                 }
             }
@@ -191,19 +225,19 @@ struct Subscribe: AsyncParsableCommand {
         let timer = timeout.map { seconds in
             Task {
                 try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
-                stop.withLockedValue { $0 = $0 ?? .timedOut }
+                outcome.stop.withLockedValue { $0 = $0 ?? .timedOut }
                 consumer.cancel()
             }
         }
         let signals = Task {
             for await _ in signalSequence {
-                stop.withLockedValue { $0 = $0 ?? .signalled }
+                outcome.stop.withLockedValue { $0 = $0 ?? .signalled }
                 consumer.cancel()
                 return
             }
         }
-        interrupt.withLockedValue { $0 = { consumer.cancel() } }
-        if stop.withLockedValue({ $0 }) == .unrecovered { consumer.cancel() }
+        outcome.interrupt.withLockedValue { $0 = { consumer.cancel() } }
+        if outcome.stop.withLockedValue({ $0 }) == .unrecovered { consumer.cancel() }
         let flusher = recorder.map { recorder in
             Task {
                 while !Task.isCancelled {
@@ -216,12 +250,19 @@ struct Subscribe: AsyncParsableCommand {
         timer?.cancel()
         flusher?.cancel()
         _ = signals  // left waiting: the process ends next
-        let ending = stop.withLockedValue { $0 }
+        return result
+    }
+
+    /// Keeps the last positions, says goodbye to the broker, and turns how the run ended into its exit status.
+    private func finish(
+        _ bayeux: BayeuxClient, result: Result<Int, any Error>, recorder: PositionRecorder?, outcome: Outcome
+    ) async throws {
+        let ending = outcome.stop.withLockedValue { $0 }
         if let recorder {
             // Subscriptions whose events are gone continue from where the broker resumed them.
             if ending == .unrecovered || acceptGaps {
                 let now = bayeux.receivedPositions
-                for channel in lost.withLockedValue({ $0 }) { recorder.set(channel, now[channel: channel]) }
+                for channel in outcome.lost.withLockedValue({ $0 }) { recorder.set(channel, now[channel: channel]) }
             }
             do {
                 try recorder.flush()

@@ -40,7 +40,7 @@ struct WebhookOptions: ParsableArguments {
             if events.isEmpty { throw ValidationError("--webhook-events names no event") }
         }
         var queue = WebhookQueueSettings()
-        if let capacity = try webhookQueue ?? Environment.value("PUBSUB_WEBHOOK_QUEUE", as: Int.self) {
+        if let capacity = try Environment.pick(webhookQueue, "PUBSUB_WEBHOOK_QUEUE") {
             guard capacity > 0 else { throw ValidationError("--webhook-queue must be a positive number") }
             queue.capacity = capacity
         }

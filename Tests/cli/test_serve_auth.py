@@ -146,7 +146,7 @@ def test_open_broker_says_so_once():
 
 @pytest.mark.parametrize("args,text", [
     (["--public", "/news/**"], "needs an authorization mode"),
-    (["--secret", "s", "--signatures", "md5"], "--signatures must be privatepub, hmac or both"),
+    (["--secret", "s", "--signatures", "md5"], "'privatepub', 'hmac' or 'both'"),
     (["--secret", "s", "--public", "/meta/**"], "--public /meta/**"),
     (["--secret", "s", "--max-clock-skew", "-1"], "--max-clock-skew"),
 ])
