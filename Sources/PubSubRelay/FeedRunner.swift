@@ -69,7 +69,7 @@ public struct FeedRunner: Sendable {
     }
 
     public func run() async {
-        var delay = Duration.seconds(1)
+        var backoff = Backoff(initial: Duration.seconds(1), maximum: .seconds(30))
         while !Task.isCancelled {
             let source: any ChangeSource
             do {
@@ -95,19 +95,19 @@ public struct FeedRunner: Sendable {
                 await source.close()
                 return
             } catch {
+                if ContinuousClock.now - began > .seconds(60) { backoff.reset() }
                 if !Task.isCancelled {
                     Counter(label: "pubsub_relay_restarts_total", dimensions: [("source", source.sourceID)]).increment()
                     logger.error("relay feed stopped on an error; restarting it", metadata: [
                         "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
-                        "pubsub.relay.retry_in": "\(delay)",
+                        "pubsub.relay.retry_in": "\(backoff.current)",
                     ])
                 }
             }
             await source.close()
             if Task.isCancelled { return }
-            if ContinuousClock.now - began > .seconds(60) { delay = .seconds(1) }
-            try? await Task.sleep(for: delay)
-            delay = min(delay * 2, .seconds(30))
+            if ContinuousClock.now - began > .seconds(60) { backoff.reset() }
+            try? await backoff.wait()
         }
     }
 

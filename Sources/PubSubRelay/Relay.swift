@@ -108,7 +108,7 @@ public struct Relay: Sendable {
             for unrouted in mapped.unrouted { report(unrouted, change: change) }
         }
         if !messages.isEmpty {
-            var delay = configuration.retryDelay
+            var backoff = Backoff(initial: configuration.retryDelay, maximum: configuration.maxRetryDelay)
             while true {
                 do {
                     try await publisher.publish(messages)
@@ -121,8 +121,7 @@ public struct Relay: Sendable {
                         "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
                         "pubsub.relay.batch": "\(messages.count)",
                     ])
-                    try await Task.sleep(nanoseconds: UInt64(delay.nanoseconds))
-                    delay = min(delay * 2, configuration.maxRetryDelay)
+                    try await backoff.wait()
                 }
             }
         }
@@ -152,54 +151,73 @@ public struct Relay: Sendable {
         ])
     }
 
-    /// Runs until cancelled or a non-retryable error; logs progress while catching up. With a source that
-    /// `readsAhead`, the next batch is read while the current one is published.
+    /// Runs until cancelled or a non-retryable error; logs progress while catching up. A source that `pushes` is
+    /// waited on: each batch is relayed as its reader hands it over, and the reader reads on (up to its stream's
+    /// capacity) while the batch before is published. A polled source is asked again after `idle` when it had
+    /// nothing new; one that `readsAhead` is asked for the next batch while the current one is published.
     public func run(idle: TimeAmount = .milliseconds(100)) async throws {
         try await start()
-        var published = 0
-        var windowStart = ContinuousClock.now
-        var busy = false
+        var progress = Progress()
+        if source.pushes {
+            while let batch = try await source.next() {
+                progress.add(try await relay(batch))
+                await report(&progress)
+            }
+            // A pushing source ends its stream only when it is closed; anything else is a restart's business.
+            if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
+            return
+        }
         var current = try await source.next()
         while !Task.isCancelled {
-            var count: Int?
             if let batch = current {
                 if source.readsAhead {
                     async let following = source.next()
-                    count = try await relay(batch)
+                    progress.add(try await relay(batch))
                     current = try await following
                     // Read while the batch was published, it may have found nothing that came meanwhile: look
                     // again at once rather than after an idle pause.
                     if current == nil { current = try await source.next() }
                 } else {
-                    count = try await relay(batch)
+                    progress.add(try await relay(batch))
                     current = try await source.next()
                 }
             }
-            if let count, count > 0 {
-                published += count
-                busy = true
-            }
-            let elapsed = ContinuousClock.now - windowStart
-            if elapsed >= .nanoseconds(configuration.progressInterval.nanoseconds) {
-                if busy {
-                    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-                    let lag = await source.lag()
-                    if let lag { metrics.lag(unit: lag.unit).record(lag.amount) }
-                    logger.info("relay progress", metadata: [
-                        "pubsub.relay.source": "\(source.sourceID)",
-                        "pubsub.relay.changes_per_second": "\(Int((Double(published) / seconds).rounded()))",
-                        "pubsub.relay.lag": "\(lag.map { "\($0.amount) \($0.unit)" } ?? "unknown")",
-                    ])
-                }
-                published = 0
-                busy = false
-                windowStart = ContinuousClock.now
-            }
+            await report(&progress)
             if current == nil {
                 try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds))
                 current = try await source.next()
             }
         }
+    }
+
+    /// Changes published in the current progress window.
+    struct Progress {
+        var published = 0
+        var busy = false
+        var windowStart = ContinuousClock.now
+
+        mutating func add(_ count: Int) {
+            guard count > 0 else { return }
+            published += count
+            busy = true
+        }
+    }
+
+    /// Logs progress (and records the lag) once per `progressInterval` in which something was published.
+    private func report(_ progress: inout Progress) async {
+        let elapsed = ContinuousClock.now - progress.windowStart
+        guard elapsed >= .nanoseconds(configuration.progressInterval.nanoseconds) else { return }
+        if progress.busy {
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            let lag = await source.lag()
+            if let lag { metrics.lag(unit: lag.unit).record(lag.amount) }
+            logger.info("relay progress", metadata: [
+                "pubsub.relay.source": "\(source.sourceID)",
+                "pubsub.relay.changes_per_second": "\(Int((Double(progress.published) / seconds).rounded()))",
+                "pubsub.relay.lag": "\(lag.map { "\($0.amount) \($0.unit)" } ?? "unknown")",
+            ])
+        }
+        progress = Progress()
     }
 }
 

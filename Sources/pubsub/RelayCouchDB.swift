@@ -12,7 +12,7 @@ struct RelayCouchDB: AsyncParsableCommand {
             gives <prefix>/<db>/<scope>/<collection>/<escaped id>), waits for the broker's acknowledgement and \
             writes the checkpoint (the seq) durably. After a crash it resumes with since=<checkpoint>: \
             delivery is at least once, and a change delivered twice carries the same data.key. A connection \
-            that drops or stays silent for twice the heartbeat is reopened from the last checkpoint. A since \
+            that drops or stays silent for twice the heartbeat is reopened after the last change read. A since \
             the server no longer knows (HTTP 400) starts a full resync from since=0, logged at error level and \
             counted in pubsub_relay_resyncs_total; its events carry data.resync = true. The snapshot is read in \
             pages of --max-batch rows (feed=normal&limit=N), checkpointed at the rows' own seqs, so a relay \

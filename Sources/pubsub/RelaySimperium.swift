@@ -12,7 +12,7 @@ struct RelaySimperium: AsyncParsableCommand {
             checkpoint, or when the server no longer knows the checkpointed cv (cv:?), it pages through the \
             full index and publishes every entity as an update with resync: true (the latter logged at error \
             level and counted in pubsub_relay_resyncs_total). Sends h:<n> heartbeats when the stream is quiet \
-            and reconnects from the checkpoint when they go unanswered or the connection drops.
+            and reconnects after the last change read when they go unanswered or the connection drops.
 
             data holds id, op (insert, update, delete), seq (the cv), rev (the entity version), key (the \
             idempotency key), collection (the bucket), source, resync for index entries, and with --include-doc \

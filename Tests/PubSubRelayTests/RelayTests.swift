@@ -283,3 +283,83 @@ struct WaitingForReadAheadPublisher: Publisher {
         #expect(events.firstIndex(of: "read 0/20")! < events.firstIndex(of: "confirm 0/10")!)
     }
 }
+
+/// A source that pushes through `PushFeed`: the test hands batches over as a server would send them.
+final class PushingSource: ChangeSource {
+    let sourceID = "fake:push"
+    let feed: PushFeed
+    let journal: Journal
+
+    init(journal: Journal, capacity: Int) {
+        self.journal = journal
+        feed = PushFeed(capacity: capacity)
+    }
+
+    var pushes: Bool { true }
+    func start(after position: String?) async throws {
+        feed.start(after: position, backoff: Backoff(initial: .milliseconds(1), maximum: .milliseconds(1)),
+                   connect: { _ in try await Task.sleep(for: .seconds(3600)) }, ended: { _, _ in .pause(reset: false) })
+    }
+    func next() async throws -> ChangeBatch? { try await feed.next() }
+    func confirm(_ position: String) async throws { journal.record("confirm \(position)") }
+    func lag() async -> SourceLag? { nil }
+    func close() async { await feed.close() }
+}
+
+/// A broker that holds every publish until it is let go.
+final class GatedPublisher: Publisher {
+    let open = NIOLockedValueBox(false)
+    let published = NIOLockedValueBox(0)
+    func publish(_ messages: [RelayMessage]) async throws {
+        while !open.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(2)) }
+        published.withLockedValue { $0 += messages.count }
+    }
+}
+
+@Suite(.timeLimit(.minutes(1))) struct PushingSourceTests {
+    static func waitFor(_ condition: () -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !condition() {
+            guard ContinuousClock.now < deadline else { throw Injected() }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+    }
+
+    @Test func aPushedBatchIsRelayedAtOnceAndTheReaderWaitsWhileTheBrokerIsBehind() async throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let journal = Journal()
+        let source = PushingSource(journal: journal, capacity: 2)
+        let publisher = GatedPublisher()
+        let relay = Relay(source: source, publisher: publisher,
+                          store: FileCheckpointStore(path: directory + "/checkpoint"), logger: Logger(label: "test"))
+        // An idle pause of an hour: a relay that polled would not see the batches below within the test.
+        let task = Task { try await relay.run(idle: .seconds(3600)) }
+        defer { task.cancel() }
+        try await Self.waitFor { source.feed.connections == 1 }
+        let handed = NIOLockedValueBox(0)
+        let reader = Task {
+            for index in 1...6 {
+                try await source.feed.hand(ChangeBatch(changes: [change("d\(index)", "0/\(index):1")],
+                                                       position: "0/\(index)"))
+                handed.withLockedValue { $0 = index }
+            }
+        }
+        // The broker holds the first batch the relay took: the stream fills up (two batches) and the reader waits.
+        try await Self.waitFor { handed.withLockedValue { $0 } >= 1 }
+        try await Task.sleep(for: .milliseconds(100))
+        let stopped = handed.withLockedValue { $0 }
+        #expect(stopped <= 2)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(handed.withLockedValue { $0 } == stopped)
+        #expect(source.feed.stream.bufferedChanges <= 2)
+        publisher.open.withLockedValue { $0 = true }
+        try await reader.value
+        try await Self.waitFor { journal.events.contains("confirm 0/6") }
+        #expect(journal.events == (1...6).map { "confirm 0/\($0)" })
+        #expect(publisher.published.withLockedValue { $0 } == 6)
+        task.cancel()
+        _ = await task.result
+        await source.close()
+    }
+}

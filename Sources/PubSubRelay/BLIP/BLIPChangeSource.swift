@@ -10,7 +10,8 @@ import WSClient
 /// `subChanges` (continuous, from the checkpointed `since`), and the `changes` messages that follow. Each `changes`
 /// message is answered only in `confirm(_:)`, once the relay persisted its entries, and with an empty array (no
 /// bodies wanted): Sync Gateway limits how many it keeps unanswered, which gives natural backpressure. The feed is
-/// read in a background task into a bounded queue, so reading overlaps publishing.
+/// read in a background task; each complete `changes` message is handed to the relay as one batch through a bounded
+/// `ChangeStream`, which the relay waits on, so reading overlaps publishing and stops while the relay is behind.
 ///
 /// With `includeDocuments` (`--include-doc`, or routes, which read the documents) a `changes` message is answered at
 /// once with `[[], …]` (every revision wanted, no ancestors known, no `deltas`), so Sync Gateway sends each revision's
@@ -20,7 +21,7 @@ import WSClient
 /// a delete.
 ///
 /// A dropped connection (or a BLIP protocol error: bad checksum, bad deflate data, a text message) reconnects with
-/// backoff from the last confirmed position; what was queued but not confirmed is read again (at least once). When
+/// backoff from the position of the last batch handed to the relay; a message not complete yet is read again. When
 /// Sync Gateway refuses the `since` (an ERR reply to `subChanges`), the source starts over from `since=0`: those
 /// changes carry `extra["resync"] = true`, and the first batch carries `ChangeBatch.resync`.
 public actor BLIPChangeSource: ChangeSource {
@@ -30,11 +31,11 @@ public actor BLIPChangeSource: ChangeSource {
         /// Only changes of these Sync Gateway channels (`filter=sync_gateway/bychannel`); empty: every channel the
         /// user can see.
         public var channels: [String]
-        /// `batch` of `subChanges` (entries per `changes` message), also the most changes per batch for the relay.
+        /// `batch` of `subChanges` (entries per `changes` message), so the most changes per batch for the relay.
         public var batch: Int
         /// Leave out deleted documents (`activeOnly=true`).
         public var activeOnly: Bool
-        /// `changes` messages read ahead of the relay.
+        /// `changes` messages read ahead of the relay (batches waiting in the stream).
         public var bufferedMessages: Int
         /// WebSocket ping interval; a connection without a pong in time is closed and reconnected.
         public var heartbeat: Duration
@@ -91,42 +92,37 @@ public actor BLIPChangeSource: ChangeSource {
         var missing: [String: Int]
     }
 
-    /// A batch handed to the relay and not yet confirmed: the `changes` messages it completes.
+    /// A batch handed to the relay and not yet confirmed: what to answer once it is.
     struct HandedOut {
         var position: String
         var generation: UInt64
-        /// The resync count when it was handed out: a batch from before a resync does not move `confirmed`.
-        var epoch: Int
         var completes: [Reply]
     }
 
     public nonisolated let sourceID: String
     public let configuration: Configuration
     private let logger: Logger
-    private let queue: BoundedQueue<Delivery>
-    /// Bumped on every connection: what an older one queued or will answer is dropped.
+    private let feed: PushFeed
+    /// Bumped on every connection: what an older one will answer is dropped.
     private var generation: UInt64 = 0
     private var session: BLIPSession?
-    /// Where a new connection subscribes from: the last confirmed position (JSON text of a seq).
-    private var confirmed: String?
-    private var current: (delivery: Delivery, index: Int)?
     private var awaitingRevisions: [AwaitingRevisions] = []
     private var handedOut: [HandedOut] = []
     /// Set while a full resync (from since 0 after a refused since) has not caught up yet.
     private var resyncing = false
-    /// Full resyncs so far.
-    private var epoch = 0
     /// Reported on the first batch of a resync.
     private var pendingResync: Resync?
     private var caughtUp = false
-    private var reader: Task<Void, Never>?
+    /// Whether the last connection received anything (the backoff then starts over).
+    private var traffic = NIOLockedValueBox(false)
+    private var started = false
     private var closed = false
 
     public init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
         self.sourceID = "blip:" + configuration.url.hostAndPort + "/" + configuration.url.database
         self.logger = logger
-        self.queue = BoundedQueue(capacity: configuration.bufferedMessages)
+        self.feed = PushFeed(capacity: configuration.bufferedMessages)
     }
 
     public func start(after position: String?) async throws {
@@ -137,63 +133,33 @@ public actor BLIPChangeSource: ChangeSource {
                 throw RelayError(.blipProtocol, "checkpoint position \(position) is not a JSON Sync Gateway sequence")
             }
         }
-        confirmed = position
-        guard reader == nil else { return }
-        reader = Task { await self.readLoop() }
+        guard !started else { return }
+        started = true
+        // A new connection subscribes from the position of the last batch handed to the relay (JSON text of a seq).
+        feed.start(
+            after: position,
+            backoff: Backoff(initial: configuration.reconnectDelay, maximum: configuration.maxReconnectDelay),
+            connect: { [self] _ in try await connectOnce() },
+            ended: { [self] error, backoff in await ended(error, backoff: backoff) })
     }
 
+    /// The next batch the connection handed over, waiting for it; nil once the source is closed.
     public func next() async throws -> ChangeBatch? {
-        var changes: [Change] = []
-        var completes: [Reply] = []
-        /// Entries taken (skipped ones included), and the sequence of the last one: the batch's position.
-        var taken = 0
-        var position: String?
-        while taken < configuration.batch {
-            if current == nil {
-                // Only the first wait suspends: every change of a batch comes from the current connection.
-                let delivery = taken == 0 ? await queue.pop(timeout: .milliseconds(200)) : queue.tryPop()
-                guard let delivery else { break }
-                current = (delivery, 0)
-            }
-            guard let entry = current else { break }
-            let (delivery, index) = (entry.delivery, entry.index)
-            guard delivery.generation == generation else {
-                current = nil
-                continue
-            }
-            let end = min(delivery.changes.count, index + configuration.batch - taken)
-            for offset in index..<end where !delivery.skipped.contains(offset) { changes.append(delivery.changes[offset]) }
-            taken += end - index
-            position = delivery.changes[end - 1].seq
-            if end == delivery.changes.count {
-                completes += delivery.replies
-                current = nil
-            } else {
-                current = (delivery, end)
-            }
-        }
-        guard let position else { return nil }
-        handedOut.append(HandedOut(position: position, generation: generation, epoch: epoch, completes: completes))
-        var resync: Resync?
-        if let pending = pendingResync, changes.contains(where: { $0.extra["resync"] == .bool(true) }) {
-            resync = pending
-            pendingResync = nil
-        }
-        return ChangeBatch(changes: changes, position: position, resync: resync)
+        try await feed.next()
     }
 
+    public nonisolated var pushes: Bool { true }
+
+    /// Answers the `changes` (or `rev`) messages of every batch up to `position`, on the connection they came on.
     public func confirm(_ position: String) async throws {
         var replies: [Reply] = []
-        var batchEpoch = epoch
         while !handedOut.isEmpty {
             let batch = handedOut.removeFirst()
             if batch.generation == generation {
                 replies += batch.completes
             }
-            batchEpoch = batch.epoch
             if batch.position == position { break }
         }
-        if batchEpoch == epoch { confirmed = position }
         guard let session, session.generation == generation else { return }
         for reply in replies {
             _ = try? session.send(BLIPMessage(type: .response, number: reply.number, body: reply.body))
@@ -202,48 +168,59 @@ public actor BLIPChangeSource: ChangeSource {
 
     /// Changes read ahead of the relay (Sync Gateway does not tell how far behind its head the feed is).
     public func lag() async -> SourceLag? {
-        var buffered = current.map { $0.delivery.changes.count - $0.index } ?? 0
-        buffered += queue.count * configuration.batch
-        return SourceLag(amount: UInt64(buffered), unit: caughtUp ? "changes buffered" : "changes buffered, catching up")
+        SourceLag(amount: UInt64(feed.stream.bufferedChanges),
+                  unit: caughtUp ? "changes buffered" : "changes buffered, catching up")
+    }
+
+    /// Hands a complete `changes` message to the relay as one batch (without the entries whose revision is gone),
+    /// waiting while the relay is behind; what to answer is kept until the relay confirms it.
+    private func hand(_ delivery: Delivery) async throws {
+        guard let position = delivery.changes.last?.seq else { return }
+        var changes: [Change] = []
+        changes.reserveCapacity(delivery.changes.count)
+        for (offset, change) in delivery.changes.enumerated() where !delivery.skipped.contains(offset) {
+            changes.append(change)
+        }
+        var resync: Resync?
+        if let pending = pendingResync, changes.contains(where: { $0.extra["resync"] == .bool(true) }) {
+            resync = pending
+            pendingResync = nil
+        }
+        handedOut.append(HandedOut(position: position, generation: delivery.generation, completes: delivery.replies))
+        try await feed.hand(ChangeBatch(changes: changes, position: position, resync: resync))
     }
 
     public func close() async {
         closed = true
-        queue.close()
-        reader?.cancel()
+        feed.cancel()
         await session?.close()
-        await reader?.value
-        reader = nil
+        await feed.close()
     }
 
     // MARK: - Connection
 
-    private func readLoop() async {
-        var delay = configuration.reconnectDelay
-        while !closed && !Task.isCancelled {
-            generation += 1
-            queue.clear()
-            current = nil
-            awaitingRevisions = []
-            let generation = generation
-            let traffic = NIOLockedValueBox(false)
-            do {
-                try await connect(generation: generation, traffic: traffic)
-                if closed || Task.isCancelled { break }
-                logger.warning("Sync Gateway closed the BLIP connection; reconnecting", metadata: metadata())
-            } catch {
-                if closed || Task.isCancelled { break }
-                // A refused certificate will not fix itself: said at error level.
-                logger.log(level: FeedTLS.isCertificateFailure(error) ? .error : .warning,
-                           "BLIP connection failed; reconnecting", metadata: metadata([
-                               "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(confirmed ?? "0")",
-                           ]))
-            }
-            session = nil
-            if traffic.withLockedValue({ $0 }) { delay = configuration.reconnectDelay }
-            try? await Task.sleep(for: delay)
-            delay = min(delay * 2, configuration.maxReconnectDelay)
+    /// One connection: what an older one queued for answering or still completes is dropped.
+    private func connectOnce() async throws {
+        guard !closed else { throw CancellationError() }
+        generation += 1
+        awaitingRevisions = []
+        traffic = NIOLockedValueBox(false)
+        defer { session = nil }
+        try await connect(generation: generation, traffic: traffic)
+    }
+
+    private func ended(_ error: (any Error)?, backoff: Backoff) -> PushFeed.Next {
+        if closed { return .pause(reset: false) }
+        if let error {
+            // A refused certificate will not fix itself: said at error level.
+            logger.log(level: FeedTLS.isCertificateFailure(error) ? .error : .warning,
+                       "BLIP connection failed; reconnecting", metadata: metadata([
+                           "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
+                       ]))
+        } else {
+            logger.warning("Sync Gateway closed the BLIP connection; reconnecting", metadata: metadata())
         }
+        return .pause(reset: traffic.withLockedValue { $0 })
     }
 
     private func connect(generation: UInt64, traffic: NIOLockedValueBox<Bool>) async throws {
@@ -300,7 +277,7 @@ public actor BLIPChangeSource: ChangeSource {
     private func attach(_ session: BLIPSession) throws -> Bool {
         guard !closed, session.generation == generation else { return false }
         self.session = session
-        try subscribe(session, since: confirmed)
+        try subscribe(session, since: feed.resume)
         return true
     }
 
@@ -336,7 +313,7 @@ public actor BLIPChangeSource: ChangeSource {
             guard configuration.includeDocuments else {
                 // "[]": none of the revisions is wanted (metadata only); answered once the relay confirmed them.
                 let replies = noReply ? [] : [Reply(number: message.number, body: Array("[]".utf8))]
-                try await queue.push(Delivery(generation: session.generation, changes: changes, replies: replies))
+                try await hand(Delivery(generation: session.generation, changes: changes, replies: replies))
                 return
             }
             // `[]` per entry: no known ancestors, send every revision; the `rev` messages are answered on confirm.
@@ -368,8 +345,7 @@ public actor BLIPChangeSource: ChangeSource {
             logger.error("unknown position: FULL RESYNC from since=0", metadata: metadata(["pubsub.relay.reason": "\(reason)"]))
             pendingResync = Resync(reason: reason)
             resyncing = true
-            epoch += 1
-            confirmed = nil
+            feed.resume(from: nil)
             try subscribe(session, since: nil)
         case .error:
             logger.warning("Sync Gateway answered with an error", metadata: metadata([
@@ -379,7 +355,7 @@ public actor BLIPChangeSource: ChangeSource {
         }
     }
 
-    /// A `rev` (document body) or `norev` for an entry of a `changes` message; complete messages go to the queue in
+    /// A `rev` (document body) or `norev` for an entry of a `changes` message; complete messages go to the relay in
     /// the order their `changes` came.
     private func received(revision message: BLIPMessage, session: BLIPSession) async throws {
         let key = (message["id"] ?? "") + "\u{0}" + (message["rev"] ?? "")
@@ -410,7 +386,7 @@ public actor BLIPChangeSource: ChangeSource {
         }
         while let first = awaitingRevisions.first, first.missing.isEmpty {
             awaitingRevisions.removeFirst()
-            try await queue.push(first.delivery)
+            try await hand(first.delivery)
         }
     }
 

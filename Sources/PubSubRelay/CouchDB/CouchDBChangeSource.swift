@@ -8,14 +8,16 @@ import Synchronization
 /// A CouchDB-style `_changes` feed over HTTP(S): CouchDB 1.x (integer seqs), CouchDB 2+/Cloudant (opaque string
 /// seqs), PouchDB Server, and Sync Gateway's REST feed (`12::34`-style seqs, channel filter, `removed`).
 ///
-/// A background task reads the feed (`continuous`, `longpoll` or `eventsource`) into a bounded buffer, so reading
-/// overlaps publishing; `next()` hands out up to `maxBatch` changes. Every seq is kept as the server wrote it (a
-/// string seq without its JSON quotes) and sent back as `since` so. Positions (checkpoints) are the seq of the last change of a batch, or
-/// a feed's `last_seq`.
+/// A background task reads the feed (`continuous`, `longpoll` or `eventsource`) and yields what each piece the
+/// server sent holds as a batch of at most `maxBatch` changes into a bounded `ChangeStream`, which the relay waits
+/// on: reading overlaps publishing, and the reader stops reading while the relay is behind. Every seq is kept as
+/// the server wrote it (a string seq without its JSON quotes) and sent back as `since` so. Positions (checkpoints)
+/// are the seq of the last change of a batch, or a feed's `last_seq`.
 ///
-/// * A dropped connection, a malformed row or no byte for twice the heartbeat: the connection is dropped, the buffer
-///   emptied, and the feed reopened after a backoff from the last *confirmed* position (changes already handed out
-///   come again with the same keys: at least once).
+/// * A dropped connection, a malformed row or no byte for twice the heartbeat: the connection is dropped and the
+///   feed reopened after a backoff from the position of the last batch handed to the relay (what the stream holds
+///   is relayed; rows of the lost connection not yet handed over are read again). A new source starts from the
+///   checkpoint: changes handed out but not confirmed come again with the same keys (at least once).
 /// * An unknown `since` (HTTP 400, as CouchDB and Sync Gateway answer it): a full resync, read from `since=0` in pages
 ///   of `feed=normal&since=<last seq>&limit=<maxBatch>`, so only one page is held at a time; its changes carry
 ///   `extra.resync = true` and its first batch `ChangeBatch.resync`, logged at error. Positions inside the snapshot are
@@ -47,7 +49,7 @@ public final class CouchDBChangeSource: ChangeSource {
         public var initialSince: String
         /// The most changes per batch handed to the relay, and the rows per page of a full resync.
         public var maxBatch: Int
-        /// The most changes read ahead of the relay.
+        /// The most changes read ahead of the relay (as batches of up to `maxBatch`: at least two batches).
         public var bufferCapacity: Int
         /// Which certificate authorities an `https://` server's certificate must come from.
         public var tls = FeedTLS()
@@ -73,20 +75,24 @@ public final class CouchDBChangeSource: ChangeSource {
     }
 
     struct State {
-        /// The last position confirmed by the relay (or the start checkpoint).
-        var confirmed: String?
         var pending: UInt64?
-        var reader: Task<Void, Never>?
-        /// A resync's first item is in the buffer and not handed out yet: if the buffer is emptied before it is, it
-        /// is pushed again (the relay sees `ChangeBatch.resync` once per resync).
-        var resyncQueued = false
+        /// While a full resync is read, page by page.
+        var snapshot: Snapshot?
+    }
+
+    /// A full resync in progress: read from `since=0` in pages, the feed then followed from the last page's seq.
+    struct Snapshot {
+        var reason: String
+        var rows = 0
+        /// Whether a batch carried the resync to the relay yet.
+        var announced = false
     }
 
     public let sourceID: String
     public let configuration: Configuration
     let logger: Logger
     let client: HTTPClient
-    let buffer: BoundedQueue<FeedItem>
+    let feed: PushFeed
     let state = Mutex(State())
 
     public init(configuration: Configuration, logger: Logger) {
@@ -97,7 +103,7 @@ public final class CouchDBChangeSource: ChangeSource {
         http.timeout = .init(connect: .seconds(10), read: nil)
         http.tlsConfiguration = configuration.tls.clientConfiguration
         self.client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: http)
-        self.buffer = BoundedQueue(capacity: configuration.bufferCapacity)
+        self.feed = PushFeed(capacity: max(2, configuration.bufferCapacity / max(1, configuration.maxBatch)))
     }
 
     var metadata: Logger.Metadata { ["pubsub.relay.source": "\(sourceID)"] }
@@ -117,10 +123,10 @@ public final class CouchDBChangeSource: ChangeSource {
         } catch {
             throw RelayError(.source, "cannot read \(configuration.url.base): \(FeedTLS.describe(error))")
         }
-        state.withLock { $0.confirmed = position }
-        let start = since
-        let task = Task { await self.read(from: start) }
-        state.withLock { $0.reader = task }
+        feed.start(
+            after: since, backoff: Backoff(initial: TimeAmount.milliseconds(100), maximum: .seconds(5)),
+            connect: { [self] since in try await read(since: since ?? "0") },
+            ended: { [self] error, backoff in ended(error, backoff: backoff) })
     }
 
     /// `GET /{db}`, which CouchDB, PouchDB Server and Sync Gateway all answer with the database's info.
@@ -144,37 +150,24 @@ public final class CouchDBChangeSource: ChangeSource {
         }
     }
 
+    /// The next batch the reader handed over, waiting for it; nil once the source is closed.
     public func next() async throws -> ChangeBatch? {
-        let max = configuration.maxBatch
-        if let batch = await buffer.take(timeout: .milliseconds(250), { FeedItem.batch(of: $0, max: max) }) {
-            if batch.resync != nil { state.withLock { $0.resyncQueued = false } }
-            return batch
-        }
-        try Task.checkCancellation()
-        return nil
+        try await feed.next()
     }
 
-    /// The feed is read ahead into the buffer anyway; a batch handed out before the previous one is confirmed is
-    /// never handed out again (only a lost connection re-reads from the confirmed position).
-    public var readsAhead: Bool { true }
+    public var pushes: Bool { true }
 
-    public func confirm(_ position: String) async throws {
-        state.withLock { $0.confirmed = position }
-    }
+    /// Nothing to do: the feed is read on from where the reader is, never from a confirmed position.
+    public func confirm(_ position: String) async throws {}
 
-    /// `pending` of the last list or `last_seq` the server sent (CouchDB 2+), plus what is buffered.
+    /// `pending` of the last list or `last_seq` the server sent (CouchDB 2+), plus what waits in the stream.
     public func lag() async -> SourceLag? {
         guard let pending = state.withLock({ $0.pending }) else { return nil }
-        return SourceLag(amount: pending + UInt64(buffer.count), unit: "changes")
+        return SourceLag(amount: pending + UInt64(feed.stream.bufferedChanges), unit: "changes")
     }
 
     public func close() async {
-        let task = state.withLock { state -> Task<Void, Never>? in
-            defer { state.reader = nil }
-            return state.reader
-        }
-        task?.cancel()
-        await task?.value
+        await feed.close()
         try? await client.shutdown()
     }
 
@@ -186,80 +179,66 @@ public final class CouchDBChangeSource: ChangeSource {
 
     // MARK: - Reading
 
-    /// The reader: reads the feed into the buffer until cancelled, reconnecting and resyncing as needed.
-    func read(from start: String) async {
-        var since = start
-        /// While a full resync is read: its reason (`since` is then the last seq of the snapshot read so far).
-        var snapshot: String?
-        /// The resync's first item is still to be pushed.
-        var announce = false
-        var snapshotRows = 0
-        var delay = TimeAmount.milliseconds(100)
-        while !Task.isCancelled {
-            do {
-                if let reason = snapshot {
-                    if announce {
-                        state.withLock { $0.resyncQueued = true }
-                        try await buffer.push(.resync(reason))
-                        announce = false
-                    }
-                    let page = try await list(since: since, feed: "normal", limit: configuration.maxBatch)
-                    for row in page.rows {
-                        try await buffer.push(.change(row.change(collection: configuration.url.collection, resync: true)))
-                    }
-                    try await buffer.push(.position(page.lastSeq))
-                    state.withLock { $0.pending = page.pending }
-                    since = page.lastSeq
-                    snapshotRows += page.rows.count
-                    if page.rows.count < configuration.maxBatch {
-                        snapshot = nil
-                        logger.notice("full resync read; following the feed again", metadata: metadata.merging(
-                            ["pubsub.relay.changes": "\(snapshotRows)", "pubsub.relay.since": "\(since)"]) { $1 })
-                    }
-                } else if configuration.feed == .longpoll {
-                    let result = try await list(since: since, feed: "longpoll")
-                    for row in result.rows {
-                        try await buffer.push(.change(row.change(collection: configuration.url.collection)))
-                    }
-                    try await buffer.push(.position(result.lastSeq))
-                    state.withLock { $0.pending = result.pending }
-                    since = result.lastSeq
-                } else {
-                    since = try await stream(since: since)
-                }
-                delay = .milliseconds(100)
-            } catch is CancellationError {
-                return
-            } catch let error as UnknownSince {
-                if snapshot == nil {
-                    logger.error("the server does not know the position: FULL RESYNC from since=0",
-                                 metadata: metadata.merging(["pubsub.relay.reason": "\(error.reason)"]) { $1 })
-                    snapshot = error.reason
-                    announce = true
-                    snapshotRows = 0
-                }
-                // During a resync: nothing of the snapshot was confirmed yet, the snapshot starts over.
-                since = "0"
-            } catch {
-                if Task.isCancelled { return }
-                let (confirmed, lostResync) = state.withLock { state in
-                    buffer.clear()
-                    return (state.confirmed, state.resyncQueued)
-                }
-                if snapshot != nil && lostResync { announce = true }
-                since = confirmed ?? start
-                logger.warning("lost the _changes feed; reconnecting from the last confirmed position", metadata: metadata.merging([
-                    "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(since)",
-                    "pubsub.relay.retry_ms": "\(delay.nanoseconds / 1_000_000)",
-                ]) { $1 })
-                do {
-                    try await Task.sleep(nanoseconds: UInt64(delay.nanoseconds))
-                } catch {
-                    return
-                }
-                delay = min(delay * 2, .seconds(5))
+    /// One request of the reader: the next page of a full resync, one long poll, or the continuous feed until it
+    /// ends; what it reads goes to the relay as it comes.
+    func read(since: String) async throws {
+        var collector = BatchCollector(limit: configuration.maxBatch)
+        if let snapshot = state.withLock({ $0.snapshot }) {
+            if !snapshot.announced { _ = collector.startResync(Resync(reason: snapshot.reason)) }
+            let page = try await list(since: since, feed: "normal", limit: configuration.maxBatch)
+            for row in page.rows {
+                let change = row.change(collection: configuration.url.collection, resync: true)
+                try await feed.hand(collector.add(change, position: change.seq))
             }
+            _ = collector.add(nil, position: page.lastSeq)
+            try await feed.hand(collector.flush())
+            let rows = state.withLock { state -> Int in
+                state.pending = page.pending
+                state.snapshot?.announced = true
+                state.snapshot?.rows += page.rows.count
+                return state.snapshot?.rows ?? 0
+            }
+            if page.rows.count < configuration.maxBatch {
+                state.withLock { $0.snapshot = nil }
+                logger.notice("full resync read; following the feed again", metadata: metadata.merging(
+                    ["pubsub.relay.changes": "\(rows)", "pubsub.relay.since": "\(page.lastSeq)"]) { $1 })
+            }
+        } else if configuration.feed == .longpoll {
+            let result = try await list(since: since, feed: "longpoll")
+            for row in result.rows {
+                let change = row.change(collection: configuration.url.collection)
+                try await feed.hand(collector.add(change, position: change.seq))
+            }
+            _ = collector.add(nil, position: result.lastSeq)
+            try await feed.hand(collector.flush())
+            state.withLock { $0.pending = result.pending }
+        } else {
+            try await stream(since: since)
         }
+    }
+
+    /// After each request: on at once when it answered; a position the server does not know starts a full resync
+    /// (during one, the snapshot starts over); anything else is a lost feed, opened again after a pause.
+    func ended(_ error: (any Error)?, backoff: Backoff) -> PushFeed.Next {
+        guard let error else { return .again }
+        if let error = error as? UnknownSince {
+            let starting = state.withLock { state -> Bool in
+                guard state.snapshot == nil else { return false }
+                state.snapshot = Snapshot(reason: error.reason)
+                return true
+            }
+            if starting {
+                logger.error("the server does not know the position: FULL RESYNC from since=0",
+                             metadata: metadata.merging(["pubsub.relay.reason": "\(error.reason)"]) { $1 })
+            }
+            feed.resume(from: "0")
+            return .again
+        }
+        logger.warning("lost the _changes feed; reconnecting after the last change read", metadata: metadata.merging([
+            "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
+            "pubsub.relay.retry_ms": "\(Backoff.milliseconds(backoff.current))",
+        ]) { $1 })
+        return .pause(reset: false)
     }
 
     func request(since: String, feed: String, limit: Int? = nil) -> HTTPClientRequest {
@@ -317,43 +296,50 @@ public final class CouchDBChangeSource: ChangeSource {
         return try CouchDBFeedParser.list(body)
     }
 
-    /// A `continuous` or `eventsource` feed, pushed row by row; returns the position to continue from when the
-    /// server ends the feed cleanly.
-    func stream(since start: String) async throws -> String {
+    /// A `continuous` or `eventsource` feed, pushed row by row, until the server ends it.
+    func stream(since start: String) async throws {
         let feed = configuration.feed
         let response = try await open(since: start, feed: feed.rawValue)
         let collection = configuration.url.collection
-        return try await watched(response.body) { [self] chunks in
-            var since = start
+        try await watched(response.body) { [self] chunks in
             var continuous = ContinuousFeedParser()
             var events = EventSourceFeedParser()
+            var collector = BatchCollector(limit: configuration.maxBatch)
             for try await chunk in chunks {
                 Activity.touch()
                 let parsed = feed == .eventsource ? try events.feed(chunk) : try continuous.feed(chunk)
                 for event in parsed {
                     switch event {
                     case .row(let row):
-                        try await buffer.push(.change(row.change(collection: collection)))
-                        since = row.seq
+                        let change = row.change(collection: collection)
+                        try await hand(collector.add(change, position: change.seq))
                     case .end(let lastSeq, let pending):
-                        try await buffer.push(.position(lastSeq))
+                        _ = collector.add(nil, position: lastSeq)
                         state.withLock { $0.pending = pending }
-                        since = lastSeq
                     case .heartbeat:
                         break
                     }
                 }
+                // What one piece of the body held goes over at once: a live change waits for nothing.
+                try await hand(collector.flush())
                 Activity.touch()
             }
             if continuous.lines.hasPartialLine || events.lines.hasPartialLine {
                 throw RelayError(.feed, "the feed ended in the middle of a row")
             }
-            return since
         }
     }
 
     /// Runs `body` over the response body, dropping the connection when no byte came for twice the heartbeat (time
-    /// spent waiting for room in the buffer does not count).
+    /// spent waiting for the relay to take what was read does not count).
+    /// Hands `batch` (if any) to the relay; the wait for the relay does not count as the server's silence.
+    func hand(_ batch: ChangeBatch?) async throws {
+        guard batch != nil else { return }
+        Activity.wait()
+        defer { Activity.touch() }
+        try await feed.hand(batch)
+    }
+
     func watched<T: Sendable>(_ chunks: HTTPClientResponse.Body,
                               _ body: @escaping @Sendable (HTTPClientResponse.Body) async throws -> T) async throws -> T {
         let limit = configuration.heartbeat * 2
@@ -375,14 +361,20 @@ public final class CouchDBChangeSource: ChangeSource {
     }
 }
 
-/// When the current feed last showed life.
+/// When the current feed last showed life; while the reader waits for the relay, the server is not to blame.
 final class Activity: Sendable {
     @TaskLocal static var current: Activity?
-    private let last = Mutex(NIODeadline.now())
+    private let last = Mutex((at: NIODeadline.now(), waiting: false))
 
-    static func touch() { current?.last.withLock { $0 = .now() } }
+    static func touch() { current?.last.withLock { $0 = (.now(), false) } }
 
-    var silence: TimeAmount { .now() - last.withLock { $0 } }
+    /// The reader waits for the relay to take what it read: silence does not count until the next `touch`.
+    static func wait() { current?.last.withLock { $0.waiting = true } }
+
+    var silence: TimeAmount {
+        let (at, waiting) = last.withLock { ($0.at, $0.waiting) }
+        return waiting ? .zero : .now() - at
+    }
 }
 
 extension String {
@@ -391,47 +383,5 @@ extension String {
         while let first = text.first, first.isWhitespace { text.removeFirst() }
         while let last = text.last, last.isWhitespace { text.removeLast() }
         return String(text)
-    }
-}
-
-extension CouchDBChangeSource {
-    /// What the feed reader hands to the relay through the bounded buffer; `push` waits while it is full.
-    enum FeedItem: Sendable {
-        case change(Change)
-        /// A position without a change (`last_seq`).
-        case position(String)
-        /// The following items are a full resync; the batch starting here carries the reason.
-        case resync(String)
-
-        /// Up to `max` changes from the front of `items` as a batch, never across the start of a resync, with the
-        /// number of items it takes; nil while no position is there yet.
-        static func batch(of items: ArraySlice<FeedItem>, max: Int) -> (count: Int, result: ChangeBatch)? {
-            var changes: [Change] = []
-            var position: String?
-            var resync: Resync?
-            var taken = 0
-            for item in items {
-                switch item {
-                case .resync(let reason):
-                    if taken > 0 { break }
-                    resync = Resync(reason: reason)
-                    taken += 1
-                    continue
-                case .change(let change):
-                    if changes.count >= max { break }
-                    changes.append(change)
-                    position = change.seq
-                    taken += 1
-                    continue
-                case .position(let seq):
-                    position = seq
-                    taken += 1
-                    continue
-                }
-                break
-            }
-            guard let position else { return nil }
-            return (taken, ChangeBatch(changes: changes, position: position, resync: resync))
-        }
     }
 }

@@ -63,7 +63,8 @@ public actor PostgresChangeSource: ChangeSource {
     /// minutes), back to `queryTimeout` after one that answered: a large transaction is never retried forever
     /// with a wait too short for it.
     private var peekTimeout: TimeAmount
-    private var reconnectDelay = TimeAmount.milliseconds(100)
+    /// The pause before each reconnection attempt: 100 ms, doubling up to 5 s while they fail.
+    private var backoff = Backoff(initial: TimeAmount.milliseconds(100), maximum: .seconds(5))
     /// Set while the relayed tables are read in full because changes between the checkpoint and the slot are lost.
     private var resync: Resync?
 
@@ -385,12 +386,12 @@ public actor PostgresChangeSource: ChangeSource {
         connection = nil
         stream = nil
         pendingAdvance = nil
-        reconnectDelay = .milliseconds(100)
+        backoff.reset()
     }
 
     /// One reconnection attempt after a pause that doubles up to 5 s; nil (and a warning) when it failed.
     private func reconnect() async throws -> PostgresConnection? {
-        try await Task.sleep(nanoseconds: UInt64(reconnectDelay.nanoseconds))
+        try await Task.sleep(for: backoff.next())
         do {
             try await open()
             logger.notice("reconnected to PostgreSQL", metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
@@ -400,7 +401,6 @@ public actor PostgresChangeSource: ChangeSource {
             connection = nil
             logger.warning("cannot reconnect to PostgreSQL", metadata: [
                 "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(error)"])
-            reconnectDelay = min(reconnectDelay * 2, .seconds(5))
             return nil
         }
     }

@@ -15,8 +15,12 @@ import WSClient
 /// (`--include-doc`, or routes, which read the documents) every change but a delete waits for its entity version
 /// (`e:<id>.<v>`, the `data` of the answer going into `Change.document`), in feed order; a version that no longer
 /// exists (`?`) skips its change, whose position still counts. Every change carries the token's user as the route
-/// variable `user`. Sends `h:<n>` after a quiet period and reconnects (from the last confirmed position) when no
-/// `h` comes back in time, when the connection drops or when the server sends something malformed.
+/// variable `user`. Sends `h:<n>` after a quiet period and reconnects when no `h` comes back in time, when the
+/// connection drops or when the server sends something malformed, from the position of the last batch handed to
+/// the relay (what the connection read but had not handed over is read again).
+///
+/// What one server message brings is handed to the relay at once, as a batch of at most `batchSize` changes, through
+/// a bounded `ChangeStream`: the relay waits on it, and the connection stops reading while the relay is behind.
 public final class SimperiumChangeSource: ChangeSource {
     public struct Configuration: Sendable {
         /// The full WebSocket URL (see `websocketURL(base:appID:)`).
@@ -30,7 +34,7 @@ public final class SimperiumChangeSource: ChangeSource {
         public var indexPageSize: Int
         /// Changes per batch handed to the relay.
         public var batchSize: Int
-        /// Entries read ahead of the relay at most.
+        /// Entries read ahead of the relay at most (as batches of up to `batchSize`: at least two batches).
         public var bufferCapacity: Int
         /// Fetch each entity version (`e:<id>.<v>`) and put it in `Change.document`.
         public var includeDocuments: Bool
@@ -75,18 +79,15 @@ public final class SimperiumChangeSource: ChangeSource {
     }
 
     private struct State {
-        /// Where the next connection resumes: the last confirmed position ("" or nil: no change version yet).
-        var confirmed: String?
-        var fatal: RelayError?
         var starting: CheckedContinuation<Void, any Error>?
-        var task: Task<Void, Never>?
-        var connections = 0
+        /// The connection in progress, or the last one.
+        var session: SimperiumSession?
     }
 
     public let sourceID: String
     public let configuration: Configuration
     private let logger: Logger
-    private let buffer: BoundedQueue<SimperiumEntry>
+    private let feed: PushFeed
     private let state = NIOLockedValueBox(State())
     private let eventLoopGroup: any EventLoopGroup
 
@@ -95,56 +96,47 @@ public final class SimperiumChangeSource: ChangeSource {
         self.configuration = configuration
         self.sourceID = "simperium:\(configuration.appID)/\(configuration.bucket)"
         self.logger = logger
-        self.buffer = BoundedQueue(capacity: configuration.bufferCapacity)
+        self.feed = PushFeed(capacity: max(2, configuration.bufferCapacity / max(1, configuration.batchSize)))
         self.eventLoopGroup = eventLoopGroup
     }
 
-    /// The connection reads into a bounded buffer on its own; `next()` only takes from it, so the relay may ask for
-    /// the next batch while it publishes the current one.
-    public var readsAhead: Bool { true }
+    /// The connection reads on its own and hands batches over through the stream.
+    public var pushes: Bool { true }
 
     /// How many connections were opened so far (for tests and logs).
-    public var connections: Int { state.withLockedValue { $0.connections } }
+    public var connections: Int { feed.connections }
 
+    /// Connects, and returns once the server accepted the token (or throws: a refused token, no server).
     public func start(after position: String?) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            state.withLockedValue { state in
-                state.confirmed = position
-                state.starting = continuation
-                state.task = Task { await self.run() }
-            }
+            state.withLockedValue { $0.starting = continuation }
+            feed.start(
+                after: position,
+                backoff: Backoff(initial: configuration.reconnectDelay, maximum: configuration.maxReconnectDelay),
+                connect: { [self] resume in try await connect(resumeFrom: resume) },
+                ended: { [self] _, backoff in ended(backoff: backoff) })
         }
     }
 
+    /// The next batch the connection handed over, waiting for it; nil once the source is closed. Throws the fatal
+    /// error (a refused token) that ended the feed, after the batches read before it.
     public func next() async throws -> ChangeBatch? {
-        if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
-        // The first entry of a resync starts a batch of its own, so that the batch carries the resync.
-        let entries = await buffer.take(max: configuration.batchSize, timeout: .milliseconds(200)) { $0.resync != nil }
-        guard let first = entries.first, let last = entries.last else {
-            if let fatal = state.withLockedValue({ $0.fatal }) { throw fatal }
-            return nil
-        }
-        return ChangeBatch(changes: entries.compactMap(\.change), position: last.position, resync: first.resync)
+        try await feed.next()
     }
 
-    public func confirm(_ position: String) async throws {
-        state.withLockedValue { $0.confirmed = position }
-    }
+    /// Nothing to do: a new connection resumes from where the last one handed over, never from a confirmed position.
+    public func confirm(_ position: String) async throws {}
 
     public func lag() async -> SourceLag? {
-        SourceLag(amount: UInt64(buffer.count), unit: "changes read ahead")
+        SourceLag(amount: UInt64(feed.stream.bufferedChanges), unit: "changes read ahead")
     }
 
     public func close() async {
-        let task = state.withLockedValue { state -> Task<Void, Never>? in
-            defer { state.task = nil }
-            return state.task
-        }
-        task?.cancel()
-        await task?.value
+        await feed.close()
+        finishStarting(CancellationError())
     }
 
-    // MARK: - Connection loop
+    // MARK: - Connections
 
     private func finishStarting(_ error: (any Error)?) {
         let continuation = state.withLockedValue { state -> CheckedContinuation<Void, any Error>? in
@@ -154,51 +146,47 @@ public final class SimperiumChangeSource: ChangeSource {
         if let error { continuation?.resume(throwing: error) } else { continuation?.resume() }
     }
 
-    private func run() async {
-        var delay = configuration.reconnectDelay
-        while !Task.isCancelled {
-            let resumeFrom = state.withLockedValue { state -> String? in
-                state.connections += 1
-                return state.confirmed
+    /// One connection, resuming after `resumeFrom` ("" or nil: the full index first); why it ended is kept on the
+    /// session.
+    private func connect(resumeFrom: String?) async throws {
+        let session = SimperiumSession(configuration: configuration, resumeFrom: resumeFrom, feed: feed,
+                                       logger: logger) { self.finishStarting(nil) }
+        state.withLockedValue { $0.session = session }
+        do {
+            try await WebSocketClient.connect(
+                url: configuration.url, configuration: .init(maxFrameSize: 1 << 24, closeTimeout: .seconds(2)),
+                tlsConfiguration: configuration.tls.clientConfiguration, eventLoopGroup: eventLoopGroup,
+                logger: logger
+            ) { inbound, outbound, _ in
+                try await session.run(inbound: inbound, outbound: outbound)
             }
-            let session = SimperiumSession(configuration: configuration, resumeFrom: resumeFrom, buffer: buffer,
-                                           logger: logger) { self.finishStarting(nil) }
-            do {
-                try await WebSocketClient.connect(
-                    url: configuration.url, configuration: .init(maxFrameSize: 1 << 24, closeTimeout: .seconds(2)),
-                    tlsConfiguration: configuration.tls.clientConfiguration, eventLoopGroup: eventLoopGroup,
-                    logger: logger
-                ) { inbound, outbound, _ in
-                    try await session.run(inbound: inbound, outbound: outbound)
-                }
-                session.fail(RelayError(.source, "the server closed the connection"))
-            } catch {
-                session.fail(error)
-            }
-            buffer.clear()
-            if Task.isCancelled { break }
-            let error = session.error ?? RelayError(.source, "the connection ended")
-            if error.isFatal {
-                let fatal = error
-                state.withLockedValue { $0.fatal = fatal }
-                finishStarting(fatal)
-                return
-            }
-            if !session.authenticated && state.withLockedValue({ $0.starting != nil }) {
-                let failure = RelayError(.sourceFatal, "cannot open \(configuration.url): \(Self.describe(error))")
-                state.withLockedValue { $0.fatal = failure }
-                finishStarting(failure)
-                return
-            }
-            if session.authenticated { delay = configuration.reconnectDelay }
-            logger.warning("simperium: connection lost; reconnecting", metadata: [
-                "pubsub.relay.source": "\(sourceID)", "pubsub.relay.error": "\(Self.describe(error))",
-                "pubsub.relay.delay_ms": "\(delay.nanoseconds / 1_000_000)",
-            ])
-            try? await Task.sleep(nanoseconds: UInt64(delay.nanoseconds))
-            delay = min(delay * 2, configuration.maxReconnectDelay)
+            session.fail(RelayError(.source, "the server closed the connection"))
+        } catch {
+            session.fail(error)
+            // The relay is gone: nothing more to read for.
+            if error is CancellationError { throw error }
         }
-        finishStarting(CancellationError())
+    }
+
+    /// A refused token, or no server at all while starting, ends the feed; anything else reconnects.
+    private func ended(backoff: Backoff) -> PushFeed.Next {
+        guard let session = state.withLockedValue({ $0.session }) else { return .pause(reset: false) }
+        let error = session.error ?? RelayError(.source, "the connection ended")
+        if error.isFatal {
+            finishStarting(error)
+            return .stop(error)
+        }
+        if !session.authenticated && state.withLockedValue({ $0.starting != nil }) {
+            let failure = RelayError(.sourceFatal, "cannot open \(configuration.url): \(Self.describe(error))")
+            finishStarting(failure)
+            return .stop(failure)
+        }
+        let delay = session.authenticated ? backoff.initial : backoff.current
+        logger.warning("simperium: connection lost; reconnecting", metadata: [
+            "pubsub.relay.source": "\(sourceID)", "pubsub.relay.error": "\(Self.describe(error))",
+            "pubsub.relay.delay_ms": "\(Backoff.milliseconds(delay))",
+        ])
+        return .pause(reset: session.authenticated)
     }
 
     public func describe(_ error: any Error) -> String { Self.describe(error) }
@@ -222,7 +210,7 @@ struct SimperiumEntry: Sendable {
 final class SimperiumSession: Sendable {
     private struct Activity {
         var lastReceived = NIODeadline.now()
-        /// The reader waits for room in the buffer: the server is not to blame for the silence.
+        /// The reader waits for the relay to take what it read: the server is not to blame for the silence.
         var blocked = false
         var heartbeatSent: NIODeadline?
         /// The number the next heartbeat carries: 0 first, then the last number the server sent back.
@@ -240,16 +228,16 @@ final class SimperiumSession: Sendable {
 
     let configuration: SimperiumChangeSource.Configuration
     let resumeFrom: String?
-    let buffer: BoundedQueue<SimperiumEntry>
+    let feed: PushFeed
     let logger: Logger
     let onAuthenticated: @Sendable () -> Void
     private let activity = NIOLockedValueBox(Activity())
 
-    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, buffer: BoundedQueue<SimperiumEntry>,
+    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, feed: PushFeed,
          logger: Logger, onAuthenticated: @escaping @Sendable () -> Void) {
         self.configuration = configuration
         self.resumeFrom = resumeFrom
-        self.buffer = buffer
+        self.feed = feed
         self.logger = logger
         self.onAuthenticated = onAuthenticated
     }
@@ -304,7 +292,9 @@ final class SimperiumSession: Sendable {
         }
     }
 
-    private func put(_ entry: SimperiumEntry) async throws {
+    /// Hands `batch` (if any) to the relay, waiting while the relay is behind.
+    private func hand(_ batch: ChangeBatch?) async throws {
+        guard let batch else { return }
         activity.withLockedValue { $0.blocked = true }
         defer {
             activity.withLockedValue { activity in
@@ -313,7 +303,7 @@ final class SimperiumSession: Sendable {
                 if activity.heartbeatSent != nil { activity.heartbeatSent = .now() }
             }
         }
-        try await buffer.push(entry)
+        try await feed.hand(batch)
     }
 
     private func read(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
@@ -333,6 +323,13 @@ final class SimperiumSession: Sendable {
         /// Answers to `e` requests not yet attached (nil: the version no longer exists).
         var documents: [String: JSONObject?] = [:]
         var asked: Set<String> = []
+        /// What this message brought, handed over when it is read (a full batch at once).
+        var collector = BatchCollector(limit: configuration.batchSize)
+
+        func put(_ entry: SimperiumEntry) async throws {
+            if let resync = entry.resync { try await hand(collector.startResync(resync)) }
+            try await hand(collector.add(entry.change, position: entry.position))
+        }
 
         func send(_ text: String) async throws { try await outbound.write(.text(text)) }
 
@@ -467,6 +464,8 @@ final class SimperiumSession: Sendable {
                 documents[key] = .some(data?.objectValue?["data"]?.objectValue)
                 try await flush()
             }
+            // What this message brought goes to the relay now: a live change waits for nothing.
+            try await hand(collector.flush())
         }
         throw RelayError(.source, "the server closed the connection")
     }

@@ -13,6 +13,7 @@ final class RecordingSource: ChangeSource {
     let batches = NIOLockedValueBox<[ChangeBatch]>([])
     var sourceID: String { inner.sourceID }
     var readsAhead: Bool { inner.readsAhead }
+    var pushes: Bool { inner.pushes }
 
     init(_ inner: CouchDBChangeSource) { self.inner = inner }
 
