@@ -62,6 +62,8 @@ final class ConnectionDriver: TimerQueueOwner {
     private var holdDeadline: NIODeadline?
     /// What else is timed: a stream's heartbeats, or a WebSocket's pings, silence and send timeouts.
     private var timing = Timing.none
+    /// When `noteUnsent` last asked the channel for its unsent bytes (at most every `unsentCheckEvery`).
+    private var unsentCheckedAt = NIODeadline.uptimeNanoseconds(0)
     /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
     private var requestContext: RequestContext
     /// How the attached client is counted (`pubsub_clients`): an open WebSocket, a parked connect, a stream.
@@ -255,7 +257,7 @@ final class ConnectionDriver: TimerQueueOwner {
 
     func deliver(_ events: CircularBuffer<ByteBuffer>, generation: UInt32) {
         guard generation == self.generation, sink != nil else { return }
-        switch machine.eventsDelivered(events) {
+        switch machine.eventsDelivered(events, now: eventLoop.now) {
         case .none: break
         case .write(let events):
             live?.send(replies: [], events: events)
@@ -390,14 +392,22 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// After a WebSocket's write: bytes the socket did not take start the send timeout even while the channel stays
     /// writable (`ConnectionGuardState.writesPending`), so a reader that stopped is closed within `--send-timeout`.
+    /// Asked at most every `unsentCheckEvery`: the channel's option is a dynamic lookup, and a socket that takes
+    /// its bytes is the rule. A reader that stops while events go on is still seen within this much; one that stops
+    /// after the last event is the ping's to find (`--ping-interval`).
     private func noteUnsent() {
         guard case .keepAlive(var state) = timing, state.blockedSince == nil, let live else { return }
+        let now = eventLoop.now
+        guard now - unsentCheckedAt >= Self.unsentCheckEvery else { return }
+        unsentCheckedAt = now
         let unsent = live.unsentBytes
         guard unsent > 0 else { return }
-        state.writesPending(unsentBytes: unsent, now: eventLoop.now)
+        state.writesPending(unsentBytes: unsent, now: now)
         timing = .keepAlive(state)
         rearm()
     }
+
+    static let unsentCheckEvery = TimeAmount.milliseconds(50)
 
     /// A slow consumer: more than `maxQueue` events wait on a connection that is not writable.
     private func drop(_ clientId: String) {

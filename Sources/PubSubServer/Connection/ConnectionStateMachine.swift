@@ -141,6 +141,8 @@ struct ConnectionStateMachine {
         /// Events delivered since the held connect came: at `confirmEvery` it is answered, so that the client's
         /// next connect confirms them (`DeliveryLedger`) and the session's unconfirmed events stay few.
         var sinceConnect: Int32 = 0
+        /// When a delivery last answered the held connect (`confirmInterval`).
+        var answeredAt = NIODeadline.uptimeNanoseconds(0)
         /// The session ended while a frame was handled: the frame's replies go first (the disconnect's own
         /// reply), then the socket closes (`frameFinished`).
         var closeAfterFrame: CloseReason?
@@ -160,10 +162,15 @@ struct ConnectionStateMachine {
     }
 
     let maxQueue: Int
-    /// A WebSocket's held connect is answered once this many events went out after it: 32, or a quarter of the
-    /// queue if less. What a session keeps unconfirmed, and sends again after a fault, is about twice this; a
-    /// connect round trip every 32 events is little beside them.
+    /// A WebSocket's held connect is answered once `confirmEvery` events went out after it (32, or a quarter of
+    /// the queue if less) and `confirmInterval` passed since a delivery last answered one, or once `confirmAtMost`
+    /// events went out (a quarter of the queue), whichever comes first: so that the client's next connect confirms
+    /// them and what a session keeps unconfirmed, and sends again after a fault, stays small at any rate (about
+    /// twice the larger bound, within the ledger's `maxQueue`), while a fast stream pays a connect round trip a
+    /// few times a second, not every 32 events (which cost a fan-out a quarter of its throughput).
     var confirmEvery: Int32 { Int32(clamping: max(1, min(32, maxQueue / 4))) }
+    var confirmAtMost: Int32 { Int32(clamping: max(1, maxQueue / 4)) }
+    static let confirmInterval = TimeAmount.milliseconds(200)
     private(set) var state: State
     private(set) var isWritable = true
     private var readPending = false
@@ -334,7 +341,7 @@ struct ConnectionStateMachine {
     // MARK: Deliveries
 
     /// The engine delivers events of the attached session.
-    mutating func eventsDelivered(_ events: CircularBuffer<ByteBuffer>) -> DeliverAction {
+    mutating func eventsDelivered(_ events: CircularBuffer<ByteBuffer>, now: NIODeadline = .now()) -> DeliverAction {
         switch state {
         case .parked(let parked):
             state = .idle
@@ -353,9 +360,14 @@ struct ConnectionStateMachine {
             }
             socket.sinceConnect &+= Int32(truncatingIfNeeded: events.count)
             // Written now (the socket keeps up), and enough since the held connect: its reply goes with them.
-            if case .write(let out) = action, socket.sinceConnect >= confirmEvery, var answer = Self.take(&socket.held) {
+            if case .write(let out) = action, socket.held != nil,
+                socket.sinceConnect >= confirmAtMost
+                    || (socket.sinceConnect >= confirmEvery && now - socket.answeredAt >= Self.confirmInterval),
+                var answer = Self.take(&socket.held)
+            {
                 answer.events = out
                 socket.sinceConnect = 0
+                socket.answeredAt = now
                 state = .socket(socket)
                 return .answer(answer)
             }

@@ -94,7 +94,7 @@ import Testing
         #expect(Self.describe(m.holdTimerFired()) == [], "a timer of an answered connect does nothing")
     }
 
-    /// 32 events (a quarter of the queue if less) written after the held connect answer it, with those events in the same write,
+    /// 256 events (a quarter of the queue if less) written after the held connect answer it, with those events in the same write,
     /// so that the client's next connect confirms them (`DeliveryLedger`); not while the socket is blocked.
     /// A request pipelined behind the one its connection closed on (a client killed mid-pipeline) is not handled:
     /// the machine says so instead of stopping the process.
@@ -122,6 +122,28 @@ import Testing
         #expect(m.isHolding, "a blocked socket keeps its connect")
         // The hold's end takes what waits along, before the reply in the same write.
         #expect(Self.describe(m.holdTimerFired()) == ["answer(c2 events=5,6)"])
+    }
+
+    /// With room in the queue, a fast stream answers its held connect once `confirmInterval` passed since the last
+    /// early answer (a few round trips a second, not one per 32 events), and at a quarter of the queue whatever the
+    /// time, so the ledger's bound is never reached.
+    @Test func webSocketAnswersAtMostEveryIntervalUnlessAQuarterOfTheQueueWentOut() {
+        var m = Machine(transport: .webSocket, maxQueue: 1000)
+        #expect((m.confirmEvery, m.confirmAtMost) == (32, 250))
+        let t0 = NIODeadline.uptimeNanoseconds(5_000_000_000)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c1"))
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...31), now: t0)).hasPrefix("write("))
+        #expect(Self.describe(m.eventsDelivered(Self.events(32...32), now: t0)).hasPrefix("answer(c1 events=32"))
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2"))
+        // 32 more within the interval: written, the connect still held.
+        #expect(Self.describe(m.eventsDelivered(Self.events(33...100), now: t0 + .milliseconds(100))).hasPrefix("write("))
+        #expect(m.isHolding)
+        #expect(Self.describe(m.eventsDelivered(Self.events(101...101), now: t0 + .milliseconds(200))).hasPrefix("answer(c2 events=101"))
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c3"))
+        // A quarter of the queue within the interval: answered anyway.
+        #expect(Self.describe(m.eventsDelivered(Self.events(102...350), now: t0 + .milliseconds(210))).hasPrefix("write("))
+        #expect(Self.describe(m.eventsDelivered(Self.events(351...351), now: t0 + .milliseconds(210))).hasPrefix("answer(c3 events=351"))
     }
 
     @Test func webSocketNewerConnectSupersedesTheHeldOne() {
