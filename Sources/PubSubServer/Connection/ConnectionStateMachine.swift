@@ -166,11 +166,11 @@ struct ConnectionStateMachine {
     /// the queue if less) and `confirmInterval` passed since a delivery last answered one, or once `confirmAtMost`
     /// events went out (a quarter of the queue), whichever comes first: so that the client's next connect confirms
     /// them and what a session keeps unconfirmed, and sends again after a fault, stays small at any rate (about
-    /// twice the larger bound, within the ledger's `maxQueue`), while a fast stream pays a connect round trip a
-    /// few times a second, not every 32 events (which cost a fan-out a quarter of its throughput).
+    /// twice the larger bound, within the ledger's `maxQueue`), while a fast stream pays a connect round trip
+    /// about once a second, not every 32 events (which cost a fan-out a quarter of its throughput).
     var confirmEvery: Int32 { Int32(clamping: max(1, min(32, maxQueue / 4))) }
     var confirmAtMost: Int32 { Int32(clamping: max(1, maxQueue / 4)) }
-    static let confirmInterval = TimeAmount.milliseconds(200)
+    static let confirmInterval = TimeAmount.seconds(1)
     private(set) var state: State
     private(set) var isWritable = true
     private var readPending = false
