@@ -2,7 +2,7 @@
 Tests/ on the path):
 
     broker    Broker: `pubsub serve` (or real Faye, PUBSUB_TARGET=faye) on a free loopback port; pubsub_bin()
-    ports     free_port(), closed_port()
+    ports     free_port(), closed_port(): ports below the ephemeral range, held by the test process
     wait      wait_until(predicate, timeout, interval, message): the predicate's truthy value, or AssertionError
               (raises=False: its last value)
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,

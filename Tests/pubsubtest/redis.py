@@ -24,16 +24,31 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="pubsub-cluster-redis-")
         self.proc = None
         self.extra_args = list(extra_args)
+        self.started = False
 
     @property
     def url(self):
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self):
+        """Starts the server; on its first start, again on a new port if the port was taken (a restart keeps the
+        port its clients know)."""
+        for attempt in range(3):
+            if self._start_once():
+                self.started = True
+                return
+            if self.started or attempt == 2 or "Address already in use" not in self.log():
+                break
+            self.kill()
+            self.port = free_port()
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{self.log()}")
+
+    def _start_once(self):
         # Bounded life (timeout): a crashed test run leaves no server behind for long.
         self.proc = subprocess.Popen(
-            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")]
+            + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         deadline = time.monotonic() + 10
@@ -42,13 +57,13 @@ class RedisServer:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(16).startswith(b"+PONG"):
-                        return
+                        return True
             except OSError:
                 pass
             if self.proc.poll() is not None:
-                break
+                return False
             time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        return False
 
     def command(self, *args):
         """One command through redis-cli; its reply as text."""
