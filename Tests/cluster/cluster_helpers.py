@@ -13,6 +13,7 @@ from pubsubtest.bayeux import connect, subscribe  # noqa: F401  (subscribe: for 
 from pubsubtest.bayeux import handshake as bayeux_handshake, publish as bayeux_publish
 from pubsubtest.broker import Broker
 from pubsubtest.redis import wait_ready
+from pubsubtest.wait import wait_until
 
 HTTP_TIMEOUT = 10
 
@@ -141,13 +142,15 @@ def received(client, channel, name):
 
 def wait_failover_followed(nodes, timeout=30):
     """Waits until every node counts a failover and says it is ready again; fails with the first node's log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = [redis_metrics(n) for n in nodes]
-        if all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
-                requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes):
-            return
-        time.sleep(0.2)
+    m = []
+
+    def followed():
+        m[:] = [redis_metrics(n) for n in nodes]
+        return all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
+            requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes)
+
+    if wait_until(followed, timeout, 0.2, raises=False):
+        return
     raise AssertionError(f"no failover followed: {m}\n{nodes[0].log()[-3000:]}")
 
 
@@ -169,9 +172,8 @@ def stop_after_publishing_resumed(publishers, readers, count=20, timeout=10):
     """Waits until every publisher has had `count` more publishes acknowledged with a position (through the new
     master), then stops the publishers and the readers; fails if publishing did not resume."""
     started = {name: len(p.positioned) for name, p in publishers.items()}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(len(p.positioned) - started[n] < count for n, p in publishers.items()):
-        time.sleep(0.1)
+    wait_until(lambda: all(len(p.positioned) - started[n] >= count for n, p in publishers.items()), timeout, 0.1,
+               raises=False)
     for p in publishers.values():
         p.stop.set()
     for p in publishers.values():

@@ -15,6 +15,7 @@ import pytest
 from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.redis import wait_ready
+from pubsubtest.wait import wait_until
 
 
 @pytest.fixture
@@ -112,11 +113,12 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     client = WSClient(b, cid)
     client.connect()
     client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
-    total, rejected = 300, []
+    total, rejected, sent = 300, [], [0]
     stop = threading.Event()
 
     def publisher():
         for i in range(1, total + 1):
+            sent[0] = i
             try:
                 if not publish(a, "/stream", i, timeout=5).get("successful"):
                     rejected.append(i)
@@ -127,7 +129,7 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
 
     thread = threading.Thread(target=publisher, daemon=True)
     thread.start()
-    time.sleep(1.0)
+    wait_until(lambda: sent[0] - len(rejected) >= 30, 15, message="thirty events published before the outage")
     redis_server.kill()
     outage_started = time.monotonic()
     time.sleep(1.0)
@@ -136,11 +138,7 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     thread.join(timeout=60)
     assert stop.is_set()
     # Let the nodes reconnect and resynchronise, then publish a tail that must arrive whole.
-    deadline = time.monotonic() + 15
-    tail_ok = False
-    while time.monotonic() < deadline and not tail_ok:
-        tail_ok = publish(a, "/stream", "probe").get("successful", False)
-        time.sleep(0.2)
+    wait_until(lambda: publish(a, "/stream", "probe").get("successful", False), 15, 0.2, raises=False)
     # Redis came back empty: node B cannot deliver what it lost, so its subscribed session is told (its next
     # connect fails with 409 and advice to handshake again), never left silent. Its client does as told.
     client.pending = []
@@ -218,9 +216,7 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
     redis_server.start()
     for node in nodes:
         wait_ready(node)
-    deadline = time.monotonic() + 15
-    while not publish(a, "/res/x", "after").get("successful") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: publish(a, "/res/x", "after").get("successful"), 15, 0.2, raises=False)
     fresh = handshake(b)
     long_poll(b, fresh)
     reply = subscribe(b, fresh, "/res/*", resume=tokens[2], check=False)

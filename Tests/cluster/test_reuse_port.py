@@ -17,6 +17,7 @@ import websocket
 
 from pubsubtest.broker import pubsub_bin
 from pubsubtest.ports import free_port
+from pubsubtest.wait import wait_until
 
 CLIENTS = 40
 
@@ -31,16 +32,13 @@ def serve(port, redis_url, *extra, env=None, capture=False):
 
 
 def wait_healthy(proc, metrics_port, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready():
         if proc.poll() is not None:
             raise RuntimeError(f"broker exited with {proc.returncode}")
-        try:
-            if requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
+        return requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200
+
+    if wait_until(ready, timeout, 0.1, raises=False, ignore=(requests.RequestException,)):
+        return
     raise RuntimeError(f"broker with metrics on {metrics_port} not ready")
 
 
@@ -151,13 +149,8 @@ def test_a_second_broker_without_the_flag_is_refused(redis_server):
     port = free_port()
     first = serve(port, redis_server.url, "--metrics-port", str(free_port()))
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.5).close() or True, 20, 0.1,
+                   raises=False, ignore=(OSError,))
         second = serve(port, redis_server.url, "--reuse-port", capture=True)
         assert second.wait(timeout=20) != 0
         err = second.stderr.read().decode().strip()
