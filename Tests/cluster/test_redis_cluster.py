@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, publish,
+from cluster_helpers import (BayeuxWebSocket, Publisher, Reader, api, handshake, history_positions, long_poll, publish,
                              received, redis_metrics, start_brokers, stop_after_publishing_resumed, subscribe,
                              wait_failover_followed)
 from pubsubtest.broker import Broker
@@ -48,7 +48,7 @@ def test_nodes_share_sessions_and_events_through_one_shard(redis_cluster):
             assert f"slot {slot} of '{TAG}'" in n.log(), n.log()
 
         # Cross-node delivery: a WebSocket subscriber on a gets what b and c publish, in order.
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, "/feed")
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -103,7 +103,7 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
         pids = (a.pid, b.pid)
         subscribers = {}
         for name, node in (("a", a), ("b", b)):
-            client = WSClient(node, handshake(node))
+            client = BayeuxWebSocket(node, handshake(node))
             subscribe(node, client.cid, "/feed")
             client.connect()
             client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -197,7 +197,7 @@ def test_slot_migrated_to_another_master_while_publishing_nodes_follow(redis_clu
     target = next(n for n in cluster.nodes if n is not owner and "role:master" in n.command("INFO", "replication"))
     a, b = nodes = start_nodes(cluster, 2, lambda i: cluster.seeds)
     try:
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, "/m")
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))

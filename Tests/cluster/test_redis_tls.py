@@ -10,7 +10,7 @@ import tempfile
 import pytest
 import requests
 
-from cluster_helpers import WSClient, handshake, publish, subscribe
+from cluster_helpers import BayeuxWebSocket, handshake, publish, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.ports import free_port
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
@@ -73,7 +73,7 @@ class TLSSentinel(Sentinel):
 
 def delivered_across_two_nodes(nodes):
     a, b = nodes
-    client = WSClient(b, handshake(b))
+    client = BayeuxWebSocket(b, handshake(b))
     try:
         subscribe(b, client.cid, "/tls")
         client.connect()

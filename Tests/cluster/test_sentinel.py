@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from cluster_helpers import (Publisher, Reader, WSClient, handshake, history_positions, long_poll, publish, received,
-                             redis_metrics, stop_after_publishing_resumed, subscribe,
+from cluster_helpers import (BayeuxWebSocket, Publisher, Reader, handshake, history_positions, long_poll, publish,
+                             received, redis_metrics, stop_after_publishing_resumed, subscribe,
                              wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
@@ -70,7 +70,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     # Subscribers on both nodes, WebSocket, and a long-polling session made on a and used later through b.
     subscribers = {}
     for name, node in (("a", a), ("b", b)):
-        client = WSClient(node, handshake(node))
+        client = BayeuxWebSocket(node, handshake(node))
         subscribe(node, client.cid, CHANNEL)
         client.connect()
         client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
