@@ -3,10 +3,10 @@
 import json
 import os
 import subprocess
-import time
 
 from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux
 from pubsubtest.broker import pubsub_bin
+from pubsubtest.process import Lines
 
 
 def cli(*args, env=None, timeout=20):
@@ -63,15 +63,14 @@ def test_environment_and_errors(api_broker):
 
 def test_watch_refreshes_the_table(api_broker):
     b = api_broker
-    proc = subprocess.Popen([pubsub_bin(), "info", "--watch", "--every", "0.3", "--url", b.url, "--api-key", b.key],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = Lines([pubsub_bin(), "info", "--watch", "--every", "0.3", "--url", b.url, "--api-key", b.key])
     try:
-        time.sleep(1.0)
+        proc.wait_for(lambda: sum("total clients: 0" in line for line in proc.lines()) >= 2, 15, "two frames")
         api_handshake(b)
-        time.sleep(1.0)
+        proc.wait_for(lambda: sum("total clients: 1" in line for line in proc.lines()) >= 2, 15,
+                      "two frames after a handshake")
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=5)
-    frames = out.split("\x1b[H\x1b[2J")[1:]
+        proc.stop()
+    frames = "\n".join(proc.lines()).split("\x1b[H\x1b[2J")[1:]
     assert len(frames) >= 4
     assert "total clients: 0" in frames[0] and "total clients: 1" in frames[-1]

@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from pubsubtest.process import Lines
+
 from authkit import (Broker, HS_SECRET, Keys, Listener, alg_none, assert_nothing_delivered, bayeux, claims,
                      client_id, connect, es256, handshake, hs256, hs256_with_public_key_as_secret, publish, rs256,
                      subscribe)
@@ -184,12 +186,10 @@ def test_pubsub_publish_and_subscribe_take_a_token(hs_broker):
     import subprocess
     from authkit import pubsub_bin
     b = hs_broker
-    sub = subprocess.Popen([pubsub_bin(), "subscribe", "--url", b.url, "--count", "1", "--timeout", "20",
-                            "--token", hs256(claims("42", channels=["/cli/42"])), "/cli/42"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sub = Lines([pubsub_bin(), "subscribe", "--url", b.url, "--count", "1", "--timeout", "20",
+                 "--token", hs256(claims("42", channels=["/cli/42"])), "/cli/42"])
     try:
-        time.sleep(2)  # the subscriber handshakes with its token and subscribes
-        assert sub.poll() is None, sub.stderr.read()
+        sub.wait_for(lambda: "subscribed to" in sub.errors(), 20, "the subscriber's handshake and subscribe")
         refused = subprocess.run([pubsub_bin(), "publish", "--url", b.url, "--token",
                                   hs256(claims("app", publish=["/other"])), "/cli/42", '"no"'],
                                  capture_output=True, text=True, timeout=20)
@@ -198,12 +198,12 @@ def test_pubsub_publish_and_subscribe_take_a_token(hs_broker):
                              hs256(claims("app", publish=["/cli/**"])), "/cli/42", '"yes"'],
                             capture_output=True, text=True, timeout=20)
         assert ok.returncode == 0, ok.stderr
-        out, err = sub.communicate(timeout=20)
-        assert sub.returncode == 0, err
-        assert out.strip() == '"yes"'
+        assert sub.proc.wait(timeout=20) == 0, sub.errors()
+        for t in sub.threads:
+            t.join(timeout=5)
+        assert sub.lines() == ['"yes"']
     finally:
-        if sub.poll() is None:
-            sub.kill()
+        sub.kill9()
 
 
 def test_audience_and_issuer_when_configured():

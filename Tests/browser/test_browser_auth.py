@@ -8,6 +8,7 @@ import time
 import jwt
 import pytest
 import requests
+from pubsubtest.wait import wait_until
 
 
 HS_SECRET = "browser-auth-secret-0123456789abcdefghij"
@@ -77,7 +78,7 @@ def test_a_page_from_another_origin_is_refused(page, page_server, make_broker, w
     page.navigate(page_server.add(f"/refused-{websocket}.html", page_html(b, [token("42", 60, channels=[CHANNEL])])))
     if not websocket:
         page.evaluate("client.disable('websocket')")
-    time.sleep(4)
+    wait_until(lambda: "origin refused" in b.log(), 15, message="the broker refusing the page's origin")
     back_end_publish(b, "secret")
     time.sleep(1)
     assert page.evaluate("window.subscribed || false") is False

@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from pubsubtest.bayeux import publish_all
 from pubsubtest.proxy import CuttingProxy
 
 
@@ -64,19 +65,6 @@ def open_client_page(page, page_server, broker, name, options=None, setup="", be
     return page
 
 
-def publish(broker, channel, data, ext=None):
-    messages = data if isinstance(data, list) else [data]
-    body = []
-    for d in messages:
-        m = {"channel": channel, "data": d}
-        if ext:
-            m["ext"] = ext
-        body.append(m)
-    r = requests.post(broker.url, json=body, timeout=TIMEOUT)
-    assert r.status_code == 200, r.text
-    assert all(reply.get("successful") for reply in r.json()), r.json()
-
-
 def broker_requests(page, broker):
     return [r for r in page.requests() if r["url"].startswith(broker.url)]
 
@@ -86,7 +74,7 @@ def test_websocket_cross_origin(page, page_server, make_broker):
     open_client_page(page, page_server, b, "websocket")
     assert page.evaluate("client.getTransport()") == "websocket"
     assert page.evaluate("location.origin") != b.url[: -len("/faye")], "the page must be on another origin"
-    publish(b, "/chat/room", {"text": "hello over WebSocket"})
+    publish_all(b, "/chat/room", {"text": "hello over WebSocket"})
     page.wait_for("received.length >= 1")
     assert page.evaluate("received") == [{"text": "hello over WebSocket"}]
     assert page.websockets() == [b.ws_url]
@@ -104,7 +92,7 @@ def test_polling_when_websocket_is_disabled(page, page_server, make_broker, tran
         setup += "client.disable('cross-origin-long-polling');"
     open_client_page(page, page_server, b, f"polling-{transport}", setup=setup)
     assert page.evaluate("client.getTransport()") == transport
-    publish(b, "/chat/room", {"text": "hello by polling"})
+    publish_all(b, "/chat/room", {"text": "hello by polling"})
     page.wait_for("received.length >= 1")
     assert page.evaluate("received") == [{"text": "hello by polling"}]
     assert page.websockets() == []
@@ -142,7 +130,7 @@ def test_falls_back_when_websocket_is_blocked(page, page_server, make_broker, bl
     if blocker == "hanging":
         assert 9 <= time.monotonic() - t0 < 20, "a socket that does not open is given up after 10 s"
     assert page.evaluate("client.getTransport()") == "cross-origin-long-polling"
-    publish(b, "/chat/room", {"text": "after the fallback"})
+    publish_all(b, "/chat/room", {"text": "after the fallback"})
     page.wait_for("received.length >= 1")
     assert page.evaluate("received") == [{"text": "after the fallback"}]
 
@@ -154,7 +142,7 @@ def test_message_order_both_ways(page, page_server, make_broker, transport):
              "cross-origin-long-polling": "client.disable('websocket');",
              "callback-polling": "client.disable('websocket'); client.disable('cross-origin-long-polling');"}[transport]
     open_client_page(page, page_server, b, f"order-{transport}", setup=setup)
-    publish(b, "/chat/room", list(range(40)))
+    publish_all(b, "/chat/room", list(range(40)))
     page.wait_for("received.length >= 40")
     assert page.evaluate("received") == list(range(40))
     # Publishes from the page leave in order and come back in order.
@@ -181,13 +169,13 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     page.evaluate("window.other = []; window.otherSub = client.subscribe('/other', function (d) { other.push(d); }); true")
     page.evaluate("otherSub.then(function () { window.otherReady = true; }); true")
     page.wait_for("window.otherReady")
-    publish(b, "/other", "one")
+    publish_all(b, "/other", "one")
     page.wait_for("other.length === 1")
     page.evaluate("otherSub.cancel(); true")
     page.wait_for("outgoing.indexOf('/meta/unsubscribe') >= 0")
     time.sleep(0.3)
-    publish(b, "/other", "two")
-    publish(b, "/chat/room", "still here")
+    publish_all(b, "/other", "two")
+    publish_all(b, "/chat/room", "still here")
     page.wait_for("received.length >= 1")
     assert page.evaluate("other") == ["one"], "a cancelled subscription gets nothing more"
 
@@ -198,7 +186,7 @@ def test_broker_restart_rehandshakes_and_resubscribes(page, page_server, make_br
     setup = "" if transport == "websocket" else "client.disable('websocket'); client.disable('cross-origin-long-polling');"
     open_client_page(page, page_server, b, f"restart-{transport}", setup=setup)
     assert page.evaluate("client.getTransport()") == transport
-    publish(b, "/chat/room", "before")
+    publish_all(b, "/chat/room", "before")
     page.wait_for("received.length >= 1")
     first_id = page.evaluate("client.getClientId()")
 
@@ -206,7 +194,7 @@ def test_broker_restart_rehandshakes_and_resubscribes(page, page_server, make_br
     page.wait_for(f"client.getClientId() && client.getClientId() !== {json.dumps(first_id)}", timeout=30,
                   what="a new handshake after the restart")
     page.wait_for("window.subscribes >= 2", timeout=15, what="the subscription made again")
-    publish(b, "/chat/room", "after")
+    publish_all(b, "/chat/room", "after")
     page.wait_for("received.length >= 2", timeout=15)
     assert page.evaluate("received") == ["before", "after"]
     assert page.evaluate("events") == ["up", "down", "up"]
@@ -330,17 +318,17 @@ def test_resume_after_the_session_is_lost(page, page_server, make_broker):
     b = make_broker(timeout=10)
     open_client_page(page, page_server, b, "resume",
                      setup="window.resumes = []; client.bind('resume', function (c, r) { resumes.push([c, r]); });")
-    publish(b, "/chat/room", 1)
+    publish_all(b, "/chat/room", 1)
     page.wait_for("received.length >= 1")
     first_id = page.evaluate("client.getClientId()")
     # The broker forgets the session (as after an expiry or an overflow) and messages go on meanwhile.
     r = requests.post(b.url, json=[{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)
     assert r.json()[0]["successful"] is True
-    publish(b, "/chat/room", [2, 3])
+    publish_all(b, "/chat/room", [2, 3])
     page.wait_for(f"client.getClientId() && client.getClientId() !== {json.dumps(first_id)}", timeout=30,
                   what="a new handshake")
     page.wait_for("received.length >= 3", timeout=15, what="the missed messages")
-    publish(b, "/chat/room", 4)
+    publish_all(b, "/chat/room", 4)
     page.wait_for("received.length >= 4", timeout=15)
     time.sleep(0.5)
     assert page.evaluate("received") == [1, 2, 3, 4]
@@ -361,21 +349,21 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
             setup += "client.disable('websocket');"
         open_client_page(page, page_server, proxy, f"reconnect-{transport}", options={"retry": 1}, setup=setup)
         assert page.evaluate("client.getTransport()") == transport
-        publish(b, "/chat/room", 1)
+        publish_all(b, "/chat/room", 1)
         page.wait_for("received.length >= 1")
         session = page.evaluate("client.getClientId()")
         proxy.stall()                       # written by the broker, never delivered
-        publish(b, "/chat/room", 2)
+        publish_all(b, "/chat/room", 2)
         proxy.cut(hold=True)
         page.wait_for("events.length === 2", what="the failure seen by the page")
         proxy.release()
         page.wait_for("received.indexOf(2) >= 0", timeout=20, what="the message written to the broken connection")
         proxy.cut(hold=True)                # published meanwhile: queued on the session, and in the resumed range too
-        publish(b, "/chat/room", [3, 4])
+        publish_all(b, "/chat/room", [3, 4])
         page.wait_for("events.length === 4", what="the second failure seen by the page")
         proxy.release()
         page.wait_for("resumes.length >= 2", timeout=20, what="the second resume")
-        publish(b, "/chat/room", 5)
+        publish_all(b, "/chat/room", 5)
         # In order: a message delivered twice would come before the last one.
         page.wait_for("received.indexOf(5) >= 0", timeout=15, what="the last message")
         assert page.evaluate("received") == [1, 2, 3, 4, 5]

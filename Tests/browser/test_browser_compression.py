@@ -11,8 +11,8 @@ test_browser_firefox.py, whose harness is its own.
 import json
 
 import pytest
-import requests
 
+from pubsubtest.bayeux import publish_all
 from pubsubtest.compression import ANSWER, job_progress
 
 TIMEOUT = 15
@@ -35,8 +35,7 @@ function negotiated() {{
 
 
 def publish(broker, data):
-    r = requests.post(broker.url, json=[{"channel": "/jobs/progress", "data": data}], timeout=TIMEOUT)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
+    publish_all(broker, "/jobs/progress", [data], timeout=TIMEOUT)
 
 
 def handshake_headers(page, broker):

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from pubsubtest.bayeux import publish_all
 from pubsubtest.compression import job_progress
 from pubsubtest.process import stop_group
 
@@ -163,12 +164,6 @@ def wait_subscribed(server, firefox):
         raise AssertionError(f"{e}\nfirefox:\n{firefox.output()}") from None
 
 
-def publish(broker, channel, data):
-    messages = data if isinstance(data, list) else [data]
-    r = requests.post(broker.url, json=[{"channel": channel, "data": d} for d in messages], timeout=10)
-    assert r.status_code == 200 and all(reply.get("successful") for reply in r.json()), r.text
-
-
 SETUP = {
     "websocket": "",
     "cross-origin-long-polling": "client.disable('websocket');",
@@ -188,7 +183,7 @@ def test_firefox_client_both_ways_and_across_a_broker_restart(make_broker, trans
         assert server.values("up"), server.all()
 
         # Messages from the server arrive in order; the page's own publishes leave and come back in order.
-        publish(b, "/chat/room", list(range(30)) + ["publish"])
+        publish_all(b, "/chat/room", list(range(30)) + ["publish"])
         server.wait(lambda s: len(s.values("received")) >= 31 and len(s.values("own")) >= 20, "31 messages and 20 own")
         assert server.values("received") == list(range(30)) + ["publish"]
         assert server.values("own") == list(range(20))
@@ -196,7 +191,7 @@ def test_firefox_client_both_ways_and_across_a_broker_restart(make_broker, trans
         # The broker restarts on its port: the client handshakes again, subscribes again, and goes on.
         b.restart()
         server.wait(lambda s: len(s.values("subscribed")) >= 2, "subscription after the restart", timeout=45)
-        publish(b, "/chat/room", ["after the restart"])
+        publish_all(b, "/chat/room", ["after the restart"])
         server.wait(lambda s: "after the restart" in s.values("received"), "a message after the restart")
         assert server.values("received")[-1] == "after the restart"
         assert server.values("subscribed") == [transport, transport]
@@ -245,7 +240,7 @@ def test_firefox_negotiates_permessage_deflate_and_receives_a_large_event(make_b
         assert socket == {"extensions": expected, "readyState": 1, "url": b.ws_url}, socket
 
         large = job_progress(4096, job="encode-9", step=21)
-        publish(b, "/jobs/progress", [large, {"job": "encode-9", "percent": 52.5}])
+        publish_all(b, "/jobs/progress", [large, {"job": "encode-9", "percent": 52.5}])
         server.wait(lambda s: len(s.values("received")) >= 2, "the large and the short event")
         assert server.values("received") == [large, {"job": "encode-9", "percent": 52.5}]
     finally:

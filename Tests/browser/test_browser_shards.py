@@ -14,8 +14,9 @@ import time
 import pytest
 import requests
 
+from pubsubtest.bayeux import publish_all
 from pubsubtest.redis import wait_ready
-from test_browser_client import TIMEOUT, publish
+from test_browser_client import TIMEOUT
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("CI") and not (shutil.which("redis-server") and shutil.which("redis-cli")),
@@ -70,7 +71,7 @@ def epoch(position):
 
 def publish_round(broker, n):
     for ch in CHANNELS:
-        publish(broker, ch, {"ch": ch, "n": n})
+        publish_all(broker, ch, {"ch": ch, "n": n})
 
 
 @pytest.mark.parametrize("transport", ["websocket", "cross-origin-long-polling"])

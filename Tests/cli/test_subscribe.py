@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from pubsubtest.wait import wait_until
 from clitools import SECRET, Broker, clean_env, closed_port, pubsub_bin, run
 
 pytestmark = pytest.mark.timeout(60)
@@ -173,9 +174,7 @@ def test_a_session_the_broker_ends_is_reported_then_resumed(accept_gaps):
             p = run(["publish", "--url", b.url, "--secret", SECRET, "--lines", "--batch-size", "200", "/slow/feed"],
                     input=lines)
             assert p.returncode == 0, p.stderr
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not any("recovered: false" in l for l in s.err_lines):
-                time.sleep(0.05)
+            wait_until(lambda: any("recovered: false" in l for l in s.err_lines), 20, raises=False)
             notice = [l for l in s.err_lines if "ended this session" in l]
             assert notice and "Queue overflow" in notice[0], s.err_lines
             gap = [l for l in s.err_lines if "recovered: false" in l]

@@ -1,68 +1,30 @@
 """Helpers of the cluster suite: Bayeux over HTTP and WebSocket (the redis-server is pubsubtest.redis's)."""
 
-import json
 import re
 import threading
 import time
 from functools import partial
 
 import requests
-import websocket
 
 from pubsubtest.bayeux import connect, subscribe  # noqa: F401  (subscribe: for the test modules)
 from pubsubtest.bayeux import handshake as bayeux_handshake, publish as bayeux_publish
 from pubsubtest.broker import Broker
 from pubsubtest.redis import wait_ready
+from pubsubtest.wait import wait_until
+from pubsubtest.websocket import BayeuxWebSocket  # noqa: F401  (for the test modules)
 
 HTTP_TIMEOUT = 10
 
 
 # ---------------------------------------------------------------- Bayeux over HTTP and WebSocket
 
-# The suite's handshakes offer WebSocket too (a WSClient goes on with the clientId over one); its publishes return
-# the reply unasserted (a test asserts it, or retries until a node takes it); long_poll is a connect answered at
-# once, returning (its reply, the events).
+# The suite's handshakes offer WebSocket too (a BayeuxWebSocket goes on with the clientId over one); its publishes
+# return the reply unasserted (a test asserts it, or retries until a node takes it); long_poll is a connect answered
+# at once, returning (its reply, the events).
 handshake = partial(bayeux_handshake, types=("long-polling", "websocket"))
 publish = partial(bayeux_publish, check=False)
 long_poll = partial(connect, advice_timeout=0, split=True)
-
-
-class WSClient:
-    """A Bayeux client over one WebSocket, bound to a client id (which may come from another node)."""
-
-    def __init__(self, b, cid):
-        self.cid = cid
-        self.ws = websocket.create_connection(b.ws_url, timeout=HTTP_TIMEOUT)
-        self.pending = []
-
-    def send(self, messages):
-        self.ws.send(json.dumps(messages))
-
-    def connect(self):
-        self.send([{"channel": "/meta/connect", "clientId": self.cid, "connectionType": "websocket",
-                    "advice": {"timeout": 0}}])
-
-    def read(self, until, timeout=10):
-        """Reads frames until `until(all messages so far)` is true or the time is up; returns the messages."""
-        deadline = time.monotonic() + timeout
-        while not until(self.pending) and time.monotonic() < deadline:
-            self.ws.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                frame = self.ws.recv()
-            except websocket.WebSocketTimeoutException:
-                break
-            if frame:
-                self.pending.extend(json.loads(frame))
-        return self.pending
-
-    def events(self):
-        return [m for m in self.pending if not m.get("channel", "").startswith("/meta/")]
-
-    def close(self):
-        try:
-            self.ws.close()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------- the API, metrics, publishers and readers
@@ -141,13 +103,15 @@ def received(client, channel, name):
 
 def wait_failover_followed(nodes, timeout=30):
     """Waits until every node counts a failover and says it is ready again; fails with the first node's log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = [redis_metrics(n) for n in nodes]
-        if all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
-                requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes):
-            return
-        time.sleep(0.2)
+    m = []
+
+    def followed():
+        m[:] = [redis_metrics(n) for n in nodes]
+        return all(x.get("pubsub_redis_failovers_total", 0) >= 1 for x in m) and all(
+            requests.get(f"http://127.0.0.1:{n.port}/readyz", timeout=5).status_code == 200 for n in nodes)
+
+    if wait_until(followed, timeout, 0.2, raises=False):
+        return
     raise AssertionError(f"no failover followed: {m}\n{nodes[0].log()[-3000:]}")
 
 
@@ -169,9 +133,8 @@ def stop_after_publishing_resumed(publishers, readers, count=20, timeout=10):
     """Waits until every publisher has had `count` more publishes acknowledged with a position (through the new
     master), then stops the publishers and the readers; fails if publishing did not resume."""
     started = {name: len(p.positioned) for name, p in publishers.items()}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(len(p.positioned) - started[n] < count for n, p in publishers.items()):
-        time.sleep(0.1)
+    wait_until(lambda: all(len(p.positioned) - started[n] >= count for n, p in publishers.items()), timeout, 0.1,
+               raises=False)
     for p in publishers.values():
         p.stop.set()
     for p in publishers.values():

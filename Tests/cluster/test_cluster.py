@@ -12,9 +12,10 @@ import requests
 
 import pytest
 
-from cluster_helpers import WSClient, handshake, long_poll, publish, subscribe
+from cluster_helpers import BayeuxWebSocket, handshake, long_poll, publish, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.redis import wait_ready
+from pubsubtest.wait import wait_until
 
 
 @pytest.fixture
@@ -41,8 +42,8 @@ def data_of(events, channel):
 
 def test_cross_node_delivery_both_ways(nodes):
     a, b, _ = nodes
-    on_a = WSClient(a, handshake(a))
-    on_b = WSClient(b, handshake(b))
+    on_a = BayeuxWebSocket(a, handshake(a))
+    on_b = BayeuxWebSocket(b, handshake(b))
     try:
         for client, node in ((on_a, a), (on_b, b)):
             subscribe(node, client.cid, "/chat")
@@ -84,7 +85,7 @@ def test_kill_9_of_the_node_a_websocket_client_was_on(nodes):
     a, b, c = nodes
     cid = handshake(a)
     subscribe(a, cid, "/k")
-    client = WSClient(a, cid)
+    client = BayeuxWebSocket(a, cid)
     client.connect()
     client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
     assert publish(c, "/k", 1)["successful"]
@@ -92,7 +93,7 @@ def test_kill_9_of_the_node_a_websocket_client_was_on(nodes):
     a.kill()
     client.close()
     # The client reconnects through another node with the same client id, and does not subscribe again.
-    again = WSClient(b, cid)
+    again = BayeuxWebSocket(b, cid)
     try:
         again.connect()
         msgs = again.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -109,14 +110,15 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     a, b, _ = nodes
     cid = handshake(b)
     subscribe(b, cid, "/stream")
-    client = WSClient(b, cid)
+    client = BayeuxWebSocket(b, cid)
     client.connect()
     client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
-    total, rejected = 300, []
+    total, rejected, sent = 300, [], [0]
     stop = threading.Event()
 
     def publisher():
         for i in range(1, total + 1):
+            sent[0] = i
             try:
                 if not publish(a, "/stream", i, timeout=5).get("successful"):
                     rejected.append(i)
@@ -127,7 +129,7 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
 
     thread = threading.Thread(target=publisher, daemon=True)
     thread.start()
-    time.sleep(1.0)
+    wait_until(lambda: sent[0] - len(rejected) >= 30, 15, message="thirty events published before the outage")
     redis_server.kill()
     outage_started = time.monotonic()
     time.sleep(1.0)
@@ -136,11 +138,7 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     thread.join(timeout=60)
     assert stop.is_set()
     # Let the nodes reconnect and resynchronise, then publish a tail that must arrive whole.
-    deadline = time.monotonic() + 15
-    tail_ok = False
-    while time.monotonic() < deadline and not tail_ok:
-        tail_ok = publish(a, "/stream", "probe").get("successful", False)
-        time.sleep(0.2)
+    wait_until(lambda: publish(a, "/stream", "probe").get("successful", False), 15, 0.2, raises=False)
     # Redis came back empty: node B cannot deliver what it lost, so its subscribed session is told (its next
     # connect fails with 409 and advice to handshake again), never left silent. Its client does as told.
     client.pending = []
@@ -153,7 +151,7 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
     client.close()
     fresh = handshake(b)
     subscribe(b, fresh, "/stream")
-    client = WSClient(b, fresh)
+    client = BayeuxWebSocket(b, fresh)
     client.connect()
     client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
     for i in range(total + 1, total + 21):
@@ -218,9 +216,7 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
     redis_server.start()
     for node in nodes:
         wait_ready(node)
-    deadline = time.monotonic() + 15
-    while not publish(a, "/res/x", "after").get("successful") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: publish(a, "/res/x", "after").get("successful"), 15, 0.2, raises=False)
     fresh = handshake(b)
     long_poll(b, fresh)
     reply = subscribe(b, fresh, "/res/*", resume=tokens[2], check=False)
@@ -232,11 +228,11 @@ def test_pipelined_frames_of_one_publisher_arrive_in_order(nodes):
     replies: every publish waits for a Redis round trip, and a later frame's must not overtake an earlier
     frame's. A subscriber on another node gets them all in the order sent."""
     a, b, _ = nodes
-    sub = WSClient(b, handshake(b))
+    sub = BayeuxWebSocket(b, handshake(b))
     subscribe(b, sub.cid, "/ordered")
     sub.connect()
     sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
-    pub = WSClient(a, handshake(a))
+    pub = BayeuxWebSocket(a, handshake(a))
     n = 0
     for _ in range(40):
         pub.send([{"channel": "/ordered", "clientId": pub.cid, "data": n + i, "id": str(n + i)} for i in range(10)])

@@ -12,10 +12,11 @@ import time
 import pytest
 import requests
 
-from cluster_helpers import (Publisher, Reader, WSClient, api, handshake, history_positions, long_poll, publish,
+from cluster_helpers import (BayeuxWebSocket, Publisher, Reader, api, handshake, history_positions, long_poll, publish,
                              received, redis_metrics, start_brokers, stop_after_publishing_resumed, subscribe,
                              wait_failover_followed)
 from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
 
 API_KEY = "k-redis-cluster-test-0123456789ab"
 TAG = "{pubsub:}"
@@ -47,7 +48,7 @@ def test_nodes_share_sessions_and_events_through_one_shard(redis_cluster):
             assert f"slot {slot} of '{TAG}'" in n.log(), n.log()
 
         # Cross-node delivery: a WebSocket subscriber on a gets what b and c publish, in order.
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, "/feed")
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -102,7 +103,7 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
         pids = (a.pid, b.pid)
         subscribers = {}
         for name, node in (("a", a), ("b", b)):
-            client = WSClient(node, handshake(node))
+            client = BayeuxWebSocket(node, handshake(node))
             subscribe(node, client.cid, "/feed")
             client.connect()
             client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -115,7 +116,8 @@ def test_slot_master_killed_and_replica_promoted_nodes_follow(redis_cluster):
         publishers = {"a": Publisher(a, "a", "/feed", API_KEY), "b": Publisher(b, "b", "/feed", API_KEY)}
         for p in publishers.values():
             p.start()
-        time.sleep(1.0)
+        wait_until(lambda: all(len(p.positioned) >= 10 for p in publishers.values()), 15,
+                   message="ten events of each publisher acknowledged before the fault")
 
         owner.kill()
         killed_at = time.monotonic()
@@ -195,7 +197,7 @@ def test_slot_migrated_to_another_master_while_publishing_nodes_follow(redis_clu
     target = next(n for n in cluster.nodes if n is not owner and "role:master" in n.command("INFO", "replication"))
     a, b = nodes = start_nodes(cluster, 2, lambda i: cluster.seeds)
     try:
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, "/m")
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -205,7 +207,7 @@ def test_slot_migrated_to_another_master_while_publishing_nodes_follow(redis_clu
         subscribe(b, roamer, "/roam")
         publisher = Publisher(b, "p", "/m", API_KEY)
         publisher.start()
-        time.sleep(0.5)
+        wait_until(lambda: len(publisher.positioned) >= 10, 15, message="ten events acknowledged before the migration")
 
         # Half a second with the slot migrating (scripts are answered ASK: they wait), then the keys move and the
         # slot is given to the target (commands on the old master are answered MOVED, its sharded channels are
@@ -213,18 +215,12 @@ def test_slot_migrated_to_another_master_while_publishing_nodes_follow(redis_clu
         migrate(cluster, slot, owner, target, pause=0.5)
         assert int(target.command("CLUSTER", "COUNTKEYSINSLOT", slot)) > 0
         assert owner.command("DBSIZE") == "0"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if all(f"127.0.0.1:{target.port}" in x.log() and
-                   requests.get(f"http://127.0.0.1:{x.port}/readyz", timeout=5).status_code == 200 for x in nodes):
-                break
-            time.sleep(0.1)
-        else:
+        if not wait_until(lambda: all(f"127.0.0.1:{target.port}" in x.log() and requests.get(
+                f"http://127.0.0.1:{x.port}/readyz", timeout=5).status_code == 200 for x in nodes), 20, 0.1,
+                raises=False):
             pytest.fail(f"nodes did not follow the slot:\n{a.log()[-3000:]}\n{b.log()[-3000:]}")
         count = len(publisher.positioned)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(publisher.positioned) < count + 20:
-            time.sleep(0.1)
+        wait_until(lambda: len(publisher.positioned) >= count + 20, 10, 0.1, raises=False)
         publisher.stop.set()
         publisher.join(timeout=15)
         assert len(publisher.positioned) >= count + 20, "publishing did not go on through the new master"
@@ -262,10 +258,7 @@ def test_a_server_not_in_cluster_mode_keeps_the_node_not_ready_and_says_why(redi
                                        "--log-level", "info"])
     b.start()
     try:
-        deadline = time.monotonic() + 10
-        while "cluster support disabled" not in b.log():
-            assert time.monotonic() < deadline, b.log()
-            time.sleep(0.1)
+        assert wait_until(lambda: "cluster support disabled" in b.log(), 10, 0.1, raises=False), b.log()
         assert requests.get(f"http://127.0.0.1:{b.port}/readyz", timeout=5).status_code == 503
         assert b.log().count("no master found for the engine's slot") == 1, b.log()
     finally:

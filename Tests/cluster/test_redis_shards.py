@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 
-from cluster_helpers import (WSClient, api, handshake, long_poll, publish, redis_metrics, start_brokers,
+from cluster_helpers import (BayeuxWebSocket, api, handshake, long_poll, publish, redis_metrics, start_brokers,
                              subscribe, wait_failover_followed)
 from pubsubtest.broker import pubsub_bin
 
@@ -46,7 +46,7 @@ def test_channels_spread_over_every_master(redis_cluster):
 
         # A WebSocket subscriber on a, subscribed to every channel, gets what b and c publish on all of them,
         # in order per channel.
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, CHANNELS)
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -142,7 +142,7 @@ def test_one_shards_master_killed_the_others_go_on(redis_cluster):
                 if k not in by_shard and owner.command("LINDEX", tag + "history", "-1").find(ch) >= 0:
                     by_shard[k] = ch
         assert sorted(by_shard) == [0, 1, 2], by_shard
-        sub = WSClient(a, handshake(a))
+        sub = BayeuxWebSocket(a, handshake(a))
         subscribe(a, sub.cid, list(by_shard.values()))
         sub.connect()
         sub.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))

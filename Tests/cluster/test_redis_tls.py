@@ -6,16 +6,16 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 
 import pytest
 import requests
 
-from cluster_helpers import WSClient, handshake, publish, subscribe
+from cluster_helpers import BayeuxWebSocket, handshake, publish, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.ports import free_port
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 from pubsubtest.tls import make_authority
+from pubsubtest.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ class TLSSentinel(Sentinel):
 
 def delivered_across_two_nodes(nodes):
     a, b = nodes
-    client = WSClient(b, handshake(b))
+    client = BayeuxWebSocket(b, handshake(b))
     try:
         subscribe(b, client.cid, "/tls")
         client.connect()
@@ -88,11 +88,9 @@ def delivered_across_two_nodes(nodes):
 def wait_redis_ready(b, timeout=15):
     """/readyz answers 200 only once the engine's connections to Redis are up (a handshake works without)."""
     wait_ready(b)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if requests.get(f"http://127.0.0.1:{b.port}/readyz", timeout=5).status_code == 200:
-            return
-        time.sleep(0.1)
+    if wait_until(lambda: requests.get(f"http://127.0.0.1:{b.port}/readyz", timeout=5).status_code == 200, timeout,
+                  0.1, raises=False):
+        return
     raise AssertionError(f"node not ready:\n{b.log()[-3000:]}")
 
 
@@ -167,10 +165,8 @@ def test_rediss_to_a_redis_cluster_that_speaks_tls(certificates):
                               *[f"127.0.0.1:{s.port}" for s in servers], "--cluster-yes"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
-        deadline = time.monotonic() + 30
-        while not all("cluster_state:ok" in s.command("CLUSTER", "INFO") for s in servers):
-            assert time.monotonic() < deadline, "the TLS cluster did not become ready"
-            time.sleep(0.1)
+        wait_until(lambda: all("cluster_state:ok" in s.command("CLUSTER", "INFO") for s in servers), 30, 0.1,
+                   message="the TLS cluster ready")
         seeds = ",".join(f"rediss://127.0.0.1:{s.port}" for s in servers[1:])
         nodes = start_nodes(["--redis-cluster", seeds, "--redis-ca-file", certificates["ca.pem"]])
         for b in nodes:
@@ -180,7 +176,8 @@ def test_rediss_to_a_redis_cluster_that_speaks_tls(certificates):
         untrusting = start_nodes(["--redis-cluster", seeds], count=1)
         nodes += untrusting
         wait_ready(untrusting[0])
-        time.sleep(1)
+        wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in untrusting[0].log(), 15,
+                   message="the node refusing Redis's certificate")
         assert requests.get(f"http://127.0.0.1:{untrusting[0].port}/readyz", timeout=5).status_code == 503
         assert "CERTIFICATE_VERIFY_FAILED" in untrusting[0].log()
     finally:

@@ -10,13 +10,13 @@ import json
 import os
 import socket
 import subprocess
-import time
 
 import requests
-import websocket
 
 from pubsubtest.broker import pubsub_bin
 from pubsubtest.ports import free_port
+from pubsubtest.wait import wait_until
+from pubsubtest.websocket import BayeuxWebSocket
 
 CLIENTS = 40
 
@@ -31,16 +31,13 @@ def serve(port, redis_url, *extra, env=None, capture=False):
 
 
 def wait_healthy(proc, metrics_port, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready():
         if proc.poll() is not None:
             raise RuntimeError(f"broker exited with {proc.returncode}")
-        try:
-            if requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
+        return requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1).status_code == 200
+
+    if wait_until(ready, timeout, 0.1, raises=False, ignore=(requests.RequestException,)):
+        return
     raise RuntimeError(f"broker with metrics on {metrics_port} not ready")
 
 
@@ -62,44 +59,14 @@ def stop(proc):
             proc.wait(timeout=5)
 
 
-class Subscriber:
+def subscriber(port, channel):
     """Handshake, subscribe and connect over one WebSocket to the shared port."""
-
-    def __init__(self, port, channel):
-        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}/faye", timeout=10)
-        self.pending = []
-        self.send({"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]})
-        self.cid = self.wait_for("/meta/handshake")["clientId"]
-        self.send({"channel": "/meta/subscribe", "clientId": self.cid, "subscription": channel})
-        assert self.wait_for("/meta/subscribe")["successful"]
-        self.send({"channel": "/meta/connect", "clientId": self.cid, "connectionType": "websocket",
-                   "advice": {"timeout": 0}})
-        assert self.wait_for("/meta/connect")["successful"]
-
-    def send(self, message):
-        self.ws.send(json.dumps([message]))
-
-    def wait_for(self, channel, timeout=10, event=False):
-        """The first message on `channel` (with `event`, the first carrying data, not a publish reply)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for i, m in enumerate(self.pending):
-                if m.get("channel") == channel and (not event or "data" in m):
-                    return self.pending.pop(i)
-            self.ws.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                frame = self.ws.recv()
-            except websocket.WebSocketTimeoutException:
-                break
-            if frame:
-                self.pending.extend(json.loads(frame))
-        raise AssertionError(f"nothing on {channel} within {timeout} s (have {self.pending})")
-
-    def close(self):
-        try:
-            self.ws.close()
-        except Exception:
-            pass
+    s = BayeuxWebSocket(f"ws://127.0.0.1:{port}/faye")
+    s.handshake()
+    s.subscribe(channel)
+    s.connect()
+    assert s.wait_for("/meta/connect")["successful"]
+    return s
 
 
 def test_two_brokers_share_a_port_and_form_one_cluster(redis_server):
@@ -115,7 +82,7 @@ def test_two_brokers_share_a_port_and_form_one_cluster(redis_server):
         for proc, m in zip(brokers, metrics):
             wait_healthy(proc, m)
         before = [accepted(m) for m in metrics]
-        subscribers = [Subscriber(port, "/shared") for _ in range(CLIENTS)]
+        subscribers = [subscriber(port, "/shared") for _ in range(CLIENTS)]
         spread = [accepted(m) - b for m, b in zip(metrics, before)]
         assert sum(spread) >= CLIENTS
         # Both processes took connections (all 40 on one side: 2^-39 with the kernel's hash).
@@ -123,7 +90,7 @@ def test_two_brokers_share_a_port_and_form_one_cluster(redis_server):
 
         # A publish through one broker reaches the subscribers of both.
         publisher = subscribers[0]
-        publisher.send({"channel": "/shared", "clientId": publisher.cid, "data": {"n": 1}})
+        publisher.send([{"channel": "/shared", "clientId": publisher.cid, "data": {"n": 1}}])
         for s in subscribers:
             event = s.wait_for("/shared", event=True)
             assert event["data"] == {"n": 1}
@@ -151,13 +118,8 @@ def test_a_second_broker_without_the_flag_is_refused(redis_server):
     port = free_port()
     first = serve(port, redis_server.url, "--metrics-port", str(free_port()))
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.5).close() or True, 20, 0.1,
+                   raises=False, ignore=(OSError,))
         second = serve(port, redis_server.url, "--reuse-port", capture=True)
         assert second.wait(timeout=20) != 0
         err = second.stderr.read().decode().strip()

@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from cluster_helpers import (Publisher, Reader, WSClient, handshake, history_positions, long_poll, publish, received,
-                             redis_metrics, stop_after_publishing_resumed, subscribe,
+from cluster_helpers import (BayeuxWebSocket, Publisher, Reader, handshake, history_positions, long_poll, publish,
+                             received, redis_metrics, stop_after_publishing_resumed, subscribe,
                              wait_failover_followed)
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
+from pubsubtest.wait import wait_until
 
 API_KEY = "k-sentinel-test-0123456789abcdef"
 CHANNEL = "/feed"
@@ -36,15 +37,12 @@ def sentinel_setup():
             s.start()
             sentinels.append(s)
         # A failover needs the sentinels to know each other and the replica: wait until every one does.
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            ready = all("127.0.0.1" in s.command("SENTINEL", "REPLICAS", "mymaster")
-                        and s.command("SENTINEL", "SENTINELS", "mymaster").count("127.0.0.1") >= 2 for s in sentinels)
-            synced = "master_link_status:up" in replica.command("INFO", "replication")
-            if ready and synced:
-                break
-            time.sleep(0.2)
-        else:
+        def ready():
+            return all("127.0.0.1" in s.command("SENTINEL", "REPLICAS", "mymaster")
+                       and s.command("SENTINEL", "SENTINELS", "mymaster").count("127.0.0.1") >= 2
+                       for s in sentinels) and "master_link_status:up" in replica.command("INFO", "replication")
+
+        if not wait_until(ready, 20, 0.2, raises=False):
             raise RuntimeError("sentinels did not find each other and the replica:\n" + sentinels[0].log())
         addresses = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
         for _ in range(2):
@@ -72,7 +70,7 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     # Subscribers on both nodes, WebSocket, and a long-polling session made on a and used later through b.
     subscribers = {}
     for name, node in (("a", a), ("b", b)):
-        client = WSClient(node, handshake(node))
+        client = BayeuxWebSocket(node, handshake(node))
         subscribe(node, client.cid, CHANNEL)
         client.connect()
         client.read(lambda ms: any(m.get("channel") == "/meta/connect" for m in ms))
@@ -86,7 +84,8 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     publishers = {"a": Publisher(a, "a", CHANNEL, API_KEY), "b": Publisher(b, "b", CHANNEL, API_KEY)}
     for p in publishers.values():
         p.start()
-    time.sleep(1.0)
+    wait_until(lambda: all(len(p.positioned) >= 10 for p in publishers.values()), 15,
+               message="ten events of each publisher acknowledged before the fault")
 
     # The replica misses what follows: stopped, its link cut by the master, so nothing more reaches it.
     replica_pid = replica.server_pid()

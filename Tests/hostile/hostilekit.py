@@ -442,31 +442,6 @@ def read_more(s, seconds):
         data += chunk
 
 
-def ws_upgrade_request(port, path="/faye"):
-    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
-
-
-def ws_frame(payload, opcode=0x1, mask=b"\x11\x22\x33\x44"):
-    """A masked client frame."""
-    if isinstance(payload, str):
-        payload = payload.encode()
-    n = len(payload)
-    if n < 126:
-        head = bytes([0x80 | opcode, 0x80 | n])
-    elif n < 1 << 16:
-        head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
-    else:
-        head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
-    masked = bytes(c ^ mask[i % 4] for i, c in enumerate(payload)) if n < 4096 else _mask_fast(payload, mask)
-    return head + mask + masked
-
-
-def _mask_fast(payload, mask):
-    key = int.from_bytes((mask * (len(payload) // 4 + 1))[:len(payload)], "big")
-    return (int.from_bytes(payload, "big") ^ key).to_bytes(len(payload), "big")
-
-
 def ones_body(n):
     """`[1,1,…,1]` with n elements: n messages that are not objects."""
     return b"[" + b",".join([b"1"] * n) + b"]"

@@ -31,7 +31,8 @@ if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from hostilekit import (KiB, MiB, HostileBroker, close_all, metric_value, new_client_served, ones_body,  # noqa: E402
                         open_fds, peak_rss, peer_closed, post_request, raw_socket, read_http_head, read_more, rss,
-                        send_for, ws_frame, ws_upgrade_request)
+                        send_for)
+from pubsubtest.websocket import TEXT, frame, upgrade_request  # noqa: E402
 from pubsubtest.bayeux import connect, handshake, publish, subscribe  # noqa: E402
 
 WAIT = float(os.environ.get("HOSTILE_MEASURE_WAIT", "10"))      # seconds the item-3 connections are watched
@@ -88,11 +89,11 @@ def item1():
             f"{len(reply)} error replies, {len(resp.content) / MiB:.1f} MiB of reply")
     for name, upgrade, request in [
             ("pipelined 1 MB `[1,1,…]` POSTs on one socket", False, post_request(0, ones_body(500_000))),
-            ("WebSocket frames of 1 MB `[1,1,…]` on one socket", True, ws_frame(ones_body(500_000)))]:
+            ("WebSocket frames of 1 MB `[1,1,…]` on one socket", True, frame(TEXT, ones_body(500_000)))]:
         with Run() as r:
             s = raw_socket(r.b, rcvbuf=4096)
             if upgrade:
-                s.sendall(ws_upgrade_request(r.b.port))
+                s.sendall(upgrade_request(r.b.port))
                 read_http_head(s)
             sent, g10 = _attack_for(r, s, request * 40, ATTACK)
             g = r.growth()
@@ -199,12 +200,12 @@ def item3():
         heads = []
         for _ in range(20):
             s = raw_socket(r.b)
-            s.sendall(ws_upgrade_request(r.b.port)[:-2])
+            s.sendall(upgrade_request(r.b.port)[:-2])
             heads.append(s)
         silent = []
         for _ in range(20):
             s = raw_socket(r.b)
-            s.sendall(ws_upgrade_request(r.b.port))
+            s.sendall(upgrade_request(r.b.port))
             read_http_head(s)
             silent.append(s)
         left_h = _count_open(heads, WAIT)

@@ -12,7 +12,8 @@ import requests
 import websocket
 
 from hostilekit import (ERROR_RE, MiB, hostile_broker, ones_body, post_request, raw_socket, read_http_head,
-                        send_for, ws_frame, ws_upgrade_request)
+                        send_for)
+from pubsubtest.websocket import TEXT, frame as ws_frame, upgrade_request
 
 OUTBOUND = 1 * MiB
 
@@ -85,10 +86,10 @@ def test_pipelined_requests_never_read_keep_memory_bounded(attack):
 @pytest.mark.parametrize("attack", ["oversized-batches", "in-limit-batches"])
 def test_websocket_frames_never_read_keep_memory_bounded(attack):
     with hostile_broker({"max-outbound-bytes": OUTBOUND}) as (b, g):
-        frame = ws_frame(ones_body(500_000 if attack == "oversized-batches" else 1000))
+        frame = ws_frame(TEXT, ones_body(500_000 if attack == "oversized-batches" else 1000))
         s = raw_socket(b, rcvbuf=4096)
         try:
-            s.sendall(ws_upgrade_request(b.port))
+            s.sendall(upgrade_request(b.port))
             status, _, _ = read_http_head(s)
             assert status == 101, status
             sent = send_for(s, lambda: frame * max(1, (256 * 1024) // len(frame)), 4, stop=g.over_bound)

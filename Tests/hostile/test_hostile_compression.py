@@ -5,7 +5,6 @@ A client negotiates permessage-deflate and sends a compressed message of about 1
 1009, again and again, without its memory growing and while it keeps serving its other clients.
 """
 
-import base64
 import json
 import threading
 import time
@@ -14,6 +13,7 @@ import zlib
 from hostilekit import MiB, RSS_BOUND, hostile_broker, new_client_served, read_http_head, raw_socket, rss
 
 from pubsubtest.compression import ANSWER
+from pubsubtest.websocket import RSV1, TEXT, frame, upgrade_request
 
 MAX_FRAME = 2 * MiB
 INFLATED = 1 << 30         # what the bomb inflates to
@@ -48,18 +48,12 @@ def bomb():
 
 def compressed_frame(payload):
     """A final text frame with RSV1, masked with the key 0 (a valid key that leaves the payload as it is)."""
-    n = len(payload)
-    head = bytes([0xC1, 0x80 | 127]) + n.to_bytes(8, "big") if n >= 1 << 16 else \
-        bytes([0xC1, 0x80 | 126]) + n.to_bytes(2, "big")
-    return head + b"\x00\x00\x00\x00" + payload
+    return frame(TEXT, payload, rsv=RSV1, mask=b"\0\0\0\0")
 
 
 def upgrade(b, offer="permessage-deflate; client_max_window_bits"):
     s = raw_socket(b, timeout=10)
-    key = base64.b64encode(b"hostile-deflate!").decode()
-    s.sendall((f"GET /faye HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-               f"Sec-WebSocket-Extensions: {offer}\r\n\r\n").encode())
+    s.sendall(upgrade_request(b.port, offer=offer))
     status, headers, rest = read_http_head(s, timeout=10)
     assert status == 101, (status, headers)
     assert headers.get("sec-websocket-extensions") == ANSWER, headers

@@ -12,7 +12,8 @@ import time
 import requests
 
 from hostilekit import (close_all, hostile_broker, new_client_served, open_fds, peer_closed, raw_socket,
-                        read_http_head, send_for, ws_upgrade_request)
+                        read_http_head, send_for)
+from pubsubtest.websocket import upgrade_request
 from pubsubtest.bayeux import connect, handshake, publish, subscribe
 from pubsubtest.wait import wait_until
 
@@ -92,11 +93,11 @@ def test_half_done_websocket_upgrades_are_closed():
         try:
             for _ in range(20):      # the upgrade request is never finished
                 s = raw_socket(b)
-                s.sendall(ws_upgrade_request(b.port)[:-2])
+                s.sendall(upgrade_request(b.port)[:-2])
                 heads.append(s)
             for _ in range(20):      # upgraded, then never a frame and never a pong
                 s = raw_socket(b)
-                s.sendall(ws_upgrade_request(b.port))
+                s.sendall(upgrade_request(b.port))
                 status, _, _ = read_http_head(s)
                 assert status == 101, status
                 silent.append(s)

@@ -3,13 +3,13 @@ reading a connection whose outbound bytes pass --max-outbound-bytes; its events 
 client is dropped: counted in pubsub_slow_consumer_drops_total, logged with its id and transport, and its next
 connect answered 409 with advice to handshake again. A well-behaved client keeps being served meanwhile."""
 
-import base64
 import os
 import socket
 import struct
 
 import pytest
 
+from pubsubtest.websocket import TEXT, frame, upgrade_request
 from opshelp import Broker, bayeux, connect, handshake, metric, scrape, subscribe, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,18 +87,15 @@ def test_eventsource_that_never_reads_is_dropped():
 def test_websocket_that_never_reads_is_dropped():
     with Broker(timeout=5, extra_args=ARGS) as b:
         s = never_reading_socket(b.port)
-        key = base64.b64encode(os.urandom(16)).decode()
-        s.sendall((f"GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        s.sendall(upgrade_request(b.port, host="x"))
         head = b""
         while b"\r\n\r\n" not in head:
             head += s.recv(1)
         assert head.startswith(b"HTTP/1.1 101")
         cid = handshake(b.url)
         subscribe(b.url, cid, "/ws")
-        frame = ('[{"channel":"/meta/connect","clientId":"%s","connectionType":"websocket"}]' % cid).encode()
-        mask = os.urandom(4)
-        s.sendall(bytes([0x81, 0x80 | len(frame)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(frame)))
+        s.sendall(frame(TEXT, '[{"channel":"/meta/connect","clientId":"%s","connectionType":"websocket"}]' % cid,
+                        mask=os.urandom(4)))
         wait_until(lambda: metric(scrape(f"http://127.0.0.1:{b.port}/metrics"), "pubsub_clients",
                                   transport="websocket") == 1.0, 5, message="socket bound")
         before = rss_mib(b.pid)

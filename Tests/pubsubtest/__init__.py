@@ -2,11 +2,13 @@
 Tests/ on the path):
 
     broker    Broker: `pubsub serve` (or real Faye, PUBSUB_TARGET=faye) on a free loopback port; pubsub_bin()
-    ports     free_port(), closed_port()
+    ports     free_port(), closed_port(): ports below the ephemeral range, held by the test process
     wait      wait_until(predicate, timeout, interval, message): the predicate's truthy value, or AssertionError
               (raises=False: its last value)
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
-              subscribe, publish: one message each, with its id, ext, and whether the reply is asserted
+              subscribe, publish: one message each, with its id, ext, and whether the reply is asserted;
+              publish_all: a back end's batch of events on one channel
+    websocket the raw WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
     proxy     CuttingProxy: a TCP proxy in front of a broker that stalls, resets (and holds down) its clients'
               connections, and records the message lists they sent

@@ -90,3 +90,12 @@ def publish(target, channel, data, *, cid=None, id=None, ext=None, check=True, *
         fields["clientId"] = cid
     replies = bayeux(target, [_message(channel, fields, id, ext)], **kw)
     return _first(replies, check)
+
+
+def publish_all(target, channel, data, *, ext=None, **kw):
+    """Publishes on `channel` each item of `data` (a list; anything else is one event) in one request, as a back
+    end does (no clientId), with `ext` in each message when given. Asserts every reply successful; returns them."""
+    items = data if isinstance(data, list) else [data]
+    replies = bayeux(target, [_message(channel, {"data": d}, None, ext) for d in items], **kw)
+    assert len(replies) == len(items) and all(r.get("successful") is True for r in replies), replies
+    return replies

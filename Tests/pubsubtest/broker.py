@@ -12,9 +12,9 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 
 from .ports import free_port
+from .wait import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -143,18 +143,22 @@ class Broker:
         proc.stdout.close()
 
     def _wait_ready(self):
-        deadline = time.monotonic() + self.START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                time.sleep(0.1)
-                raise RuntimeError(f"server exited with {self._proc.returncode} before accepting:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
+        state = wait_until(lambda: "exited" if self._proc.poll() is not None else self._accepts(),
+                           self.START_TIMEOUT, raises=False)
+        if state == "exited":
+            self._reader.join(timeout=2)  # its last words read
+            raise RuntimeError(f"server exited with {self._proc.returncode} before accepting:\n{self.log()}")
+        if state:
+            return
         raise RuntimeError(f"server did not accept TCP on port {self.port} within "
                            f"{self.START_TIMEOUT}s:\n{self.log()}")
+
+    def _accepts(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     @property
     def pid(self):

@@ -5,7 +5,8 @@ import os
 import signal
 import subprocess
 import threading
-import time
+
+from .wait import wait_until
 
 
 def status_kib(pid, field):
@@ -62,17 +63,17 @@ class Lines:
             return "\n".join(self.err)
 
     def wait_for(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Waits until `predicate()` holds; fails when the process exits first (its output read to the end) or
+        after `timeout` seconds."""
+        if wait_until(lambda: predicate() or self.proc.poll() is not None, timeout, raises=False):
             if predicate():
                 return
-            if self.proc.poll() is not None and not predicate():
-                time.sleep(0.2)
-                if predicate():
-                    return
-                raise AssertionError(f"{self.cmd[1]} exited with {self.proc.returncode} before {what}:\n"
-                                     f"{self.errors()}")
-            time.sleep(0.05)
+            for t in self.threads:
+                t.join(timeout=2)  # its last lines read
+            if predicate():
+                return
+            raise AssertionError(f"{self.cmd[1]} exited with {self.proc.returncode} before {what}:\n"
+                                 f"{self.errors()}")
         raise AssertionError(f"timed out waiting for {what}:\n{self.errors()[-3000:]}")
 
     def kill9(self):

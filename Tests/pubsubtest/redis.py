@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 
 from .bayeux import bayeux
 from .ports import free_port
+from .wait import wait_until
 
 
 class RedisServer:
@@ -24,31 +24,43 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="pubsub-cluster-redis-")
         self.proc = None
         self.extra_args = list(extra_args)
+        self.started = False
 
     @property
     def url(self):
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self):
+        """Starts the server; on its first start, again on a new port if the port was taken (a restart keeps the
+        port its clients know)."""
+        for attempt in range(3):
+            if self._start_once():
+                self.started = True
+                return
+            if self.started or attempt == 2 or "Address already in use" not in self.log():
+                break
+            self.kill()
+            self.port = free_port()
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{self.log()}")
+
+    def _start_once(self):
         # Bounded life (timeout): a crashed test run leaves no server behind for long.
         self.proc = subprocess.Popen(
-            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")] + self.extra_args,
+            ["timeout", "--signal=KILL", "900", self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")]
+            + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        return wait_until(lambda: self._pong() or self.proc.poll() is not None, 10, raises=False) \
+            and self.proc.poll() is None
+
+    def _pong(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def command(self, *args):
         """One command through redis-cli; its reply as text."""
@@ -58,13 +70,9 @@ class RedisServer:
 
     def wait_answering(self, what):
         """Waits until `command("PING")` answers PONG (10 s at most); raises with the log when it does not."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.command("PING") == "PONG":
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        if wait_until(lambda: self.command("PING") == "PONG" or self.proc.poll() is not None, 10, raises=False) \
+                and self.proc.poll() is None:
+            return
         raise RuntimeError(f"{what} did not start on port {self.port}:\n{self.log()}")
 
     def server_pid(self):
@@ -126,16 +134,10 @@ sentinel parallel-syncs {name} 1
 
 def wait_ready(b, timeout=15):
     """Waits until the node answers a handshake (its engine reached Redis)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            r = bayeux(b, {"channel": "/meta/handshake", "version": "1.0",
-                           "supportedConnectionTypes": ["long-polling"]})
-            if r[0].get("successful"):
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
+    if wait_until(lambda: bayeux(b, {"channel": "/meta/handshake", "version": "1.0",
+                                     "supportedConnectionTypes": ["long-polling"]})[0].get("successful"),
+                  timeout, 0.1, raises=False, ignore=(Exception,)):
+        return
     raise RuntimeError(f"node on port {b.port} not ready:\n{b.log()}")
 
 
@@ -165,16 +167,16 @@ class RedisCluster:
 
     def wait_ok(self, timeout=30):
         """Every live node says cluster_state:ok with all slots assigned, and every replica is in sync."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = [n for n in self.nodes if n.proc.poll() is None]
-            infos = [n.command("CLUSTER", "INFO") for n in live]
-            replication = [n.command("INFO", "replication") for n in live]
-            if all("cluster_state:ok" in i and "cluster_slots_assigned:16384" in i for i in infos) and all(
-                    "role:master" in r or "master_link_status:up" in r for r in replication):
-                return
-            time.sleep(0.1)
+        if wait_until(self._ok, timeout, 0.1, raises=False):
+            return
         raise RuntimeError("the Redis Cluster did not become ready:\n" + self.nodes[0].log())
+
+    def _ok(self):
+        live = [n for n in self.nodes if n.proc.poll() is None]
+        infos = [n.command("CLUSTER", "INFO") for n in live]
+        replication = [n.command("INFO", "replication") for n in live]
+        return all("cluster_state:ok" in i and "cluster_slots_assigned:16384" in i for i in infos) and all(
+            "role:master" in r or "master_link_status:up" in r for r in replication)
 
     @property
     def seeds(self):

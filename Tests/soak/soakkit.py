@@ -54,6 +54,7 @@ import urllib.parse
 
 from pubsubtest.broker import Broker
 from pubsubtest.redis import RedisCluster, RedisServer, Sentinel, wait_ready
+from pubsubtest.websocket import CLOSE, PING, PONG, TEXT, frame, upgrade_headers
 
 KiB = 1 << 10
 ROUND_TIMEOUT = 20  # seconds a connect may wait for its publish before the soak fails
@@ -287,25 +288,18 @@ class WsConn(HttpConn):
 
     async def open(self):
         await super().open()
-        self.send("GET", "/faye", headers="Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+        self.send("GET", "/faye", headers=upgrade_headers())
         status, _ = await self.read_head()
         if status != 101:
             raise AssertionError(f"websocket upgrade: HTTP {status}")
         return self
 
-    def _frame(self, payload, opcode):
-        n = len(payload)
-        if n < 126:
-            head = bytes([0x80 | opcode, 0x80 | n])
-        elif n < 1 << 16:
-            head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
-        return head + b"\0\0\0\0" + payload  # masked with a key of zeros: the payload as it is
+    @staticmethod
+    def _frame(payload, opcode):
+        return frame(opcode, payload, mask=b"\0\0\0\0")  # masked with a key of zeros: the payload as it is
 
     def send_text(self, text):
-        self.writer.write(self._frame(text.encode(), 0x1))
+        self.writer.write(self._frame(text.encode(), TEXT))
 
     async def recv_text(self):
         message = b""
@@ -318,9 +312,9 @@ class WsConn(HttpConn):
                 n = int.from_bytes(await self.reader.readexactly(8), "big")
             payload = await self.reader.readexactly(n)
             opcode = b0 & 0x0F
-            if opcode == 0x9:
-                self.writer.write(self._frame(payload, 0xA))
-            elif opcode == 0x8:
+            if opcode == PING:
+                self.writer.write(self._frame(payload, PONG))
+            elif opcode == CLOSE:
                 raise WsClosed(int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None, payload[2:])
             elif opcode in (0x0, 0x1, 0x2):
                 message += payload

@@ -16,6 +16,7 @@ from wirekit import (ALL6, ANY_CLIENT_ID, ANY_ERROR, ERROR_RE, HTTP_TIMEOUT, SHO
                       connect_msg, connect_now, handshake, handshake_msg, post, post_raw, publish,
                       raw_http, server_answers_handshake, subscribe)
 from pubsubtest.broker import target
+from pubsubtest.websocket import upgrade_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -465,8 +466,7 @@ def test_websocket_abrupt_disconnects(broker):
     """Sockets that vanish mid-handshake, mid-frame or with a held connect do not hurt the server."""
     import socket
     for partial in [b"GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
-                    b"GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n\x81\xfe\x10"]:
+                    upgrade_request(broker.port, host="x") + b"\x81\xfe\x10"]:
         s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
         s.sendall(partial)
         s.close()
@@ -487,8 +487,7 @@ def test_websocket_upgrade_with_a_bad_key_is_refused(broker, key):
     """Sec-WebSocket-Key must be 16 bytes in base64 (RFC 6455 4.1): anything else is a 400, never a 101."""
     import socket
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
-    s.sendall((f"GET /faye HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    s.sendall(upgrade_request(broker.port, key=key, host="x"))
     status = s.recv(200).split(b"\r\n")[0]
     s.close()
     assert status == b"HTTP/1.1 400 Bad Request", status

@@ -7,6 +7,7 @@ import socket
 from websocket import create_connection
 
 from pubsubtest.broker import Broker
+from pubsubtest.websocket import upgrade_request
 
 HANDSHAKE = {"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}
 
@@ -58,8 +59,7 @@ def test_upgrade_to_another_path_on_a_used_connection_is_still_refused():
     with Broker(timeout=5) as b:
         sock = socket.create_connection(("127.0.0.1", b.port), timeout=5)
         post(sock, b.port, HANDSHAKE)
-        sock.sendall(b"GET /elsewhere HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        sock.sendall(upgrade_request(b.port, path="/elsewhere", host="x"))
         status, _ = read_response(sock)
         assert b" 404 " in status, status
         sock.close()

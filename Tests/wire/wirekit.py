@@ -4,11 +4,7 @@ Run against the Swift server:   pytest Tests/wire
 Run against real Faye 1.4.0:    PUBSUB_TARGET=faye pytest Tests/wire
 """
 
-import base64
-import collections
-import hashlib
 import json
-import os
 import re
 import socket
 import time
@@ -18,6 +14,9 @@ import requests
 import websocket
 
 from pubsubtest.broker import Broker, target
+# The raw WebSocket (RFC 6455 byte for byte), its frames and opcodes: named here for the wire suites.
+from pubsubtest.websocket import (BINARY, CLOSE, CONT, GUID, PING, PONG, RSV1, RSV2, RSV3, TEXT,  # noqa: F401
+                                  BayeuxWebSocket, Frame, RawWebSocket)
 
 # ---------------------------------------------------------------- constants
 
@@ -206,35 +205,19 @@ def server_answers_handshake(b):
 
 # ---------------------------------------------------------------- WebSocket helpers
 
-class Closing:
-    """A connection used in a `with` block: closed at its end (the class defines `close`)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
-class WS(Closing):
-    """A websocket-client connection with JSON helpers and bounded waits."""
+class WS(BayeuxWebSocket):
+    """The suites' Bayeux WebSocket client (pubsubtest.websocket), its replies read without pubsub's positions (to
+    compare them with Faye's), with the wire suites' checks: other opcodes, quiet, the close frame."""
 
     def __init__(self, b, timeout=HTTP_TIMEOUT, **kw):
-        self.sock = websocket.create_connection(b.ws_url, timeout=timeout, **kw)
-
-    def send(self, obj):
-        self.sock.send(obj if isinstance(obj, str) else json.dumps(obj))
+        super().__init__(b, timeout=timeout, **kw)
 
     def send_bytes(self, data, opcode=websocket.ABNF.OPCODE_BINARY):
         self.sock.send(data, opcode=opcode)
 
     def recv(self, timeout=HTTP_TIMEOUT):
         """Next text frame as parsed JSON; raises websocket.WebSocketTimeoutException on timeout."""
-        self.sock.settimeout(timeout)
-        opcode, data = self.sock.recv_data()
-        assert opcode == websocket.ABNF.OPCODE_TEXT, (opcode, data)
-        return without_positions(json.loads(data.decode("utf-8")))
+        return without_positions(super().recv(timeout))
 
     def timed_recv(self, timeout=HTTP_TIMEOUT):
         t0 = time.monotonic()
@@ -270,16 +253,12 @@ class WS(Closing):
         raise AssertionError("no close frame in time")
 
     def handshake(self, id="wh"):
+        """A handshake whose reply must be the next frame, alone; returns the client id."""
         self.send([handshake_msg(id, ("websocket",))])
         reply = self.recv()
         assert len(reply) == 1 and reply[0]["successful"] is True, reply
-        return reply[0]["clientId"]
-
-    def close(self):
-        try:
-            self.sock.close(timeout=1)
-        except Exception:
-            pass
+        self.cid = reply[0]["clientId"]
+        return self.cid
 
 
 # ---------------------------------------------------------------- raw socket helpers
@@ -322,132 +301,6 @@ def raw_http(b, request_bytes, *, timeout=HTTP_TIMEOUT, read_limit=1 << 20):
         k, _, v = line.partition(":")
         headers[k.strip().lower()] = v.strip()
     return status, headers, body
-
-
-# ---------------------------------------------------------------- a raw WebSocket (RFC 6455 byte for byte)
-
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
-RSV1, RSV2, RSV3 = 0x40, 0x20, 0x10
-
-# A server frame: `rsv` holds the RSV bits in place (RSV1 is 0x40), `size` is the frame's bytes on the wire.
-Frame = collections.namedtuple("Frame", "fin rsv opcode payload size")
-
-
-class RawWebSocket(Closing):
-    """An upgraded TCP socket, with an optional `Sec-WebSocket-Extensions` offer, that sends masked frames as the
-    test writes them (any opcode, RSV bits, fragments) and reads the server's unmasked ones with their RSV bits.
-
-    `extensions` is the server's one Sec-WebSocket-Extensions answer, None without one; `headers` maps each
-    lower-cased response header to its values."""
-
-    MASK = b"\x37\xfa\x21\x3d"
-    SKIPPED_BEFORE_CLOSE = ()    # opcodes recv_close passes over before the close frame; none: it must come next
-
-    def __init__(self, b, offer=None, timeout=HTTP_TIMEOUT):
-        self.sock = socket.create_connection(("127.0.0.1", b.port), timeout=timeout)
-        key = base64.b64encode(os.urandom(16))
-        extra = b"" if offer is None else b"Sec-WebSocket-Extensions: " + offer.encode() + b"\r\n"
-        self.sock.sendall(b"GET /faye HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n%s\r\n" % (b.port, key, extra))
-        self.buffer = b""
-        while b"\r\n\r\n" not in self.buffer:
-            chunk = self.sock.recv(4096)
-            assert chunk, f"connection closed during the upgrade: {self.buffer!r}"
-            self.buffer += chunk
-        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
-        lines = head.decode("latin-1").split("\r\n")
-        assert lines[0].startswith("HTTP/1.1 101"), lines[0]
-        self.headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            self.headers.setdefault(k.strip().lower(), []).append(v.strip())
-        accept = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
-        assert self.headers.get("sec-websocket-accept") == [accept], self.headers
-        ext = self.headers.get("sec-websocket-extensions")
-        assert ext is None or len(ext) == 1, ext
-        self.extensions = ext[0] if ext else None
-
-    @classmethod
-    def frame(cls, opcode, payload=b"", fin=True, rsv=0, mask=None):
-        """A client frame: `rsv` is or-ed into the first byte; masked with `mask` (the class's MASK by default)."""
-        mask = cls.MASK if mask is None else mask
-        n = len(payload)
-        first = (0x80 if fin else 0) | rsv | opcode
-        if n < 126:
-            head = bytes([first, 0x80 | n])
-        elif n < 1 << 16:
-            head = bytes([first, 0x80 | 126]) + n.to_bytes(2, "big")
-        else:
-            head = bytes([first, 0x80 | 127]) + n.to_bytes(8, "big")
-        key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
-        return head + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
-
-    def send(self, opcode, payload=b"", fin=True, rsv=0):
-        self.sock.sendall(self.frame(opcode, payload, fin, rsv))
-
-    def _read(self, n, deadline):
-        while len(self.buffer) < n:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                raise AssertionError(f"nothing more from the server in time ({self.buffer[:200]!r} so far)") from None
-            except ConnectionResetError:
-                return None
-            if not chunk:
-                return None
-            self.buffer += chunk
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
-
-    def recv_frame(self, timeout=HTTP_TIMEOUT):
-        """The server's next Frame (fin, rsv, opcode, payload, size); None when the connection ended before one."""
-        deadline = time.monotonic() + timeout
-        head = self._read(2, deadline)
-        if head is None:
-            return None
-        assert head[1] & 0x80 == 0, "a server frame is never masked"
-        n = head[1] & 0x7F
-        extended = b""
-        if n == 126:
-            extended = self._read(2, deadline)
-            n = int.from_bytes(extended, "big")
-        elif n == 127:
-            extended = self._read(8, deadline)
-            n = int.from_bytes(extended, "big")
-        payload = self._read(n, deadline) if n else b""
-        return Frame(bool(head[0] & 0x80), head[0] & 0x70, head[0] & 0x0F, payload, 2 + len(extended) + n)
-
-    def recv_close(self, timeout=HTTP_TIMEOUT):
-        """The body of the server's close frame, then the end of the connection. The close must be the next frame,
-        but for frames whose opcodes are in SKIPPED_BEFORE_CLOSE."""
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = self.recv_frame(max(0.01, deadline - time.monotonic()))
-            assert frame is not None, "the connection ended without a close frame"
-            if frame.opcode != CLOSE and frame.opcode in self.SKIPPED_BEFORE_CLOSE:
-                continue
-            assert (frame.fin, frame.rsv, frame.opcode) == (True, 0, CLOSE), (
-                f"expected a close frame, got {frame[:3]}: {frame.payload[:200]!r}")
-            self.assert_ends(timeout)
-            return frame.payload
-
-    def recv_close_code(self, timeout=HTTP_TIMEOUT):
-        payload = self.recv_close(timeout)
-        assert len(payload) >= 2, f"a close frame without a status code: {payload!r}"
-        return int.from_bytes(payload[:2], "big")
-
-    def assert_ends(self, timeout=HTTP_TIMEOUT):
-        """The server closes the TCP connection (after its close frame, nothing more)."""
-        frame = self.recv_frame(timeout)
-        assert frame is None, f"a frame after the close: {frame!r}"
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
 
 
 class EventStream:
