@@ -2,6 +2,7 @@
 Retry-After), publish rate limits per IP and per token (429, Retry-After, X-RateLimit-*), and the per-client
 limits that already existed (queue, subscriptions, request size, frame size)."""
 
+import contextlib
 import http.client
 import json
 import socket
@@ -11,6 +12,7 @@ import pytest
 import requests
 import websocket
 
+from pubsubtest.websocket import BayeuxWebSocket
 from opshelp import Broker, bayeux, connect, handshake, metric, publish, scrape, subscribe, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,31 +101,37 @@ def test_per_ip_publish_limit_answers_429_with_headers_and_spares_other_addresse
         ws.close()
 
 
-def ws_handshake(ws):
-    ws.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0", "supportedConnectionTypes": ["websocket"]}]))
-    reply = json.loads(ws.recv())[0]
-    assert reply["successful"], reply
-    return reply["clientId"]
+@contextlib.contextmanager
+def limited_broker(limit, channel):
+    """A broker allowing `limit` publishes per client address a minute, a long-polling listener on `channel`, and
+    a handshaken WebSocket client: yields (broker, listener's client id, WebSocket client)."""
+    with Broker(timeout=5, extra_args=["--publish-limit-per-ip", str(limit), "--publish-limit-window", "60"]) as b:
+        listener = handshake(b.url)
+        subscribe(b.url, listener, channel)
+        with BayeuxWebSocket(b, timeout=30) as ws:
+            ws.handshake()
+            yield b, listener, ws
+
+
+def delivered(b, listener, channel, count):
+    """The data of the events on `channel` the listener got, once it has `count` of them."""
+    got = []
+    wait_until(lambda: got.extend(m["data"] for m in connect(b.url, listener, advice_timeout=0)
+                                  if m.get("channel") == channel) or len(got) >= count, 10,
+               message=f"{count} events on {channel}")
+    return got
 
 
 def test_websocket_publishes_are_limited_with_a_bayeux_error_and_spare_the_frame_meta_messages():
-    args = ["--publish-limit-per-ip", "3", "--publish-limit-window", "60"]
-    with Broker(timeout=5, extra_args=args) as b:
-        listener = handshake(b.url)
-        subscribe(b.url, listener, "/x")
-        ws = websocket.create_connection(b.ws_url, timeout=10)
-        cid = ws_handshake(ws)
-        ws.send(json.dumps([{"channel": "/x", "data": i, "id": f"p{i}"} for i in range(2)]))
-        assert [(m["id"], m["successful"]) for m in json.loads(ws.recv())] == [("p0", True), ("p1", True)]
+    with limited_broker(3, "/x") as (b, listener, ws):
+        ws.send([{"channel": "/x", "data": i, "id": f"p{i}"} for i in range(2)])
+        assert [(m["id"], m["successful"]) for m in ws.recv()] == [("p0", True), ("p1", True)]
         # Two more do not fit in the one left: the frame's publishes are refused whole, each with Faye's
         # `code:args:message` (the channel, then the seconds to wait), and its connect is answered as usual.
-        ws.send(json.dumps([{"channel": "/meta/connect", "clientId": cid, "connectionType": "websocket",
-                             "advice": {"timeout": 0}, "id": "c1"},
-                            {"channel": "/x", "data": 2, "id": "p2"}, {"channel": "/x", "data": 3, "id": "p3"}]))
-        replies = {}
-        while len(replies) < 3:
-            for m in json.loads(ws.recv()):
-                replies[m.get("id")] = m
+        ws.send([{"channel": "/meta/connect", "clientId": ws.cid, "connectionType": "websocket",
+                  "advice": {"timeout": 0}, "id": "c1"},
+                 {"channel": "/x", "data": 2, "id": "p2"}, {"channel": "/x", "data": 3, "id": "p3"}])
+        replies = {m.get("id"): m for m in ws.read(lambda ms: len(ms) >= 3)}
         assert replies["c1"]["successful"] is True
         for key in ("p2", "p3"):
             assert replies[key]["successful"] is False and replies[key]["channel"] == "/x"
@@ -131,46 +139,33 @@ def test_websocket_publishes_are_limited_with_a_bayeux_error_and_spare_the_frame
             assert (code, text) == ("429", "Publish rate limit exceeded") and args.split(",")[0] == "/x"
             assert 1 <= int(args.split(",")[1]) <= 40  # two tokens at 3 per 60 s
         # The refusal spent nothing: one publish still fits, and over HTTP the same address is out of budget.
-        ws.send(json.dumps({"channel": "/x", "data": 4, "id": "p4"}))
-        assert json.loads(ws.recv())[0]["successful"] is True
+        ws.send({"channel": "/x", "data": 4, "id": "p4"})
+        assert ws.recv()[0]["successful"] is True
         assert raw_request(b.port, [{"channel": "/x", "data": 5}])[0] == 429
-        ws.close()
         # Only what was accepted was delivered.
-        got = []
-        wait_until(lambda: got.extend(m["data"] for m in connect(b.url, listener, advice_timeout=0)
-                               if m.get("channel") == "/x") or len(got) >= 3, 10, message="the accepted publishes")
-        assert got == [0, 1, 4]
+        assert delivered(b, listener, "/x", 3) == [0, 1, 4]
         samples = scrape(f"http://127.0.0.1:{b.port}/metrics")
         assert metric(samples, "pubsub_publish_rate_limited_total", scope="ip") == 2
 
 
 def test_a_websocket_flood_of_publishes_gets_only_the_budget_through():
-    args = ["--publish-limit-per-ip", "20", "--publish-limit-window", "60"]
-    with Broker(timeout=5, extra_args=args) as b:
-        listener = handshake(b.url)
-        subscribe(b.url, listener, "/flood")
-        ws = websocket.create_connection(b.ws_url, timeout=30)
-        ws_handshake(ws)
+    with limited_broker(20, "/flood") as (b, listener, ws):
         started = time.monotonic()
         frames = 2000
         for i in range(frames):
-            ws.send(json.dumps({"channel": "/flood", "data": i, "id": str(i)}))
+            ws.send({"channel": "/flood", "data": i, "id": str(i)})
         answered, accepted = 0, 0
         while answered < frames:
-            for m in json.loads(ws.recv()):
+            for m in ws.recv(30):
                 answered += 1
                 if m["successful"]:
                     accepted += 1
                 else:
                     assert m["error"].startswith("429:/flood,"), m
         elapsed = time.monotonic() - started
-        ws.close()
         # The burst of 20, and what refilled meanwhile (20 per 60 s).
         assert 20 <= accepted <= 20 + int(elapsed / 3) + 1, (accepted, elapsed)
-        got = []
-        wait_until(lambda: got.extend(m["data"] for m in connect(b.url, listener, advice_timeout=0)
-                               if m.get("channel") == "/flood") or len(got) >= accepted, 10,
-                   message="the accepted publishes")
+        got = delivered(b, listener, "/flood", accepted)
         assert len(got) == accepted and got == sorted(got)
         assert metric(scrape(f"http://127.0.0.1:{b.port}/metrics"), "pubsub_publish_rate_limited_total",
                       scope="ip") == frames - accepted
