@@ -52,19 +52,12 @@ extension Broker {
             return loop.makeSucceededFuture(.reply(reply))
         }
         if message.error != nil { return failed(nil) }
-        var error: BayeuxError?
-        if message.clientId == nil { error = .parameterMissing("clientId") }
-        let connectionType: ConnectionType?
-        if let typeValue = message["connectionType"] {
-            let name = typeValue.stringValue ?? typeValue.jsonString
-            connectionType = ConnectionType(rawValue: name)
-            if connectionType == nil { error = .connectionTypeMismatch([name]) }
-        } else {
-            connectionType = nil
-            error = .parameterMissing("connectionType")
+        let request: ConnectRequest
+        switch ConnectRequest.validate(message) {
+        case .success(let valid): request = valid
+        case .failure(let error): return failed(error)
         }
-        if let error { return failed(error) }
-        let clientId = message.clientId!
+        let (clientId, connectionType) = (request.clientId, request.connectionType)
         var hold = configuration.timeout
         if let requested = message["advice"]?.objectValue?["timeout"]?.doubleValue, requested >= 0 {
             hold = min(hold, .nanoseconds(Int64(requested * 1_000_000)))
@@ -117,24 +110,18 @@ extension Broker {
         var reply = message.makeResponse()
         reply["subscription"] = message["subscription"] ?? .array([])
         if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
-        let clientId = message.clientId
-        var error: BayeuxError?
-        if clientId == nil { error = .parameterMissing("clientId") }
-        let requested: [JSONValue]?
-        switch message["subscription"] {
-        case .string(let s)?: requested = [.string(s)]
-        case .array(let a)?: requested = a
-        default: requested = nil
-        }
-        if requested == nil { error = .parameterMissing("subscription") }
-        if let error {
+        let request: SubscribeRequest
+        switch SubscribeRequest.validate(message) {
+        case .success(let valid): request = valid
+        case .failure(let error):
             reply.fail(error)
             return loop.makeSucceededFuture(.reply(reply))
         }
+        let clientId = request.clientId
         // Channels up to the first invalid one are applied; the error names that one.
         var channels: [String] = []
         var channelError: BayeuxError?
-        for value in requested! {
+        for value in request.channels {
             guard let name = value.stringValue else {
                 channelError = .channelInvalid(value.jsonString)
                 break
@@ -157,17 +144,17 @@ extension Broker {
         let resume = message.ext?["resume"].map { $0.stringValue ?? "" }
         let future =
             subscribing
-            ? engine.subscribe(clientId!, to: channels, resume: resume, now: now, on: loop)
-            : engine.unsubscribe(clientId!, from: channels, on: loop).map { ($0, nil) }
+            ? engine.subscribe(clientId, to: channels, resume: resume, now: now, on: loop)
+            : engine.unsubscribe(clientId, from: channels, on: loop).map { ($0, nil) }
         return future.map { [reply, channelError] result, resumed in
             var reply = reply
             if let resumed {
                 reply.ext = ["resume": .object(["recovered": .bool(resumed.recovered), "missed": JSONValue(resumed.missed)])]
             }
             switch result {
-            case .unknownClient: reply.fail(.clientUnknown(clientId!))
+            case .unknownClient: reply.fail(.clientUnknown(clientId))
             case .overflowed:
-                reply.mustHandshake(BayeuxError(.queueOverflow, clientId!), keepingClientId: true)
+                reply.mustHandshake(BayeuxError(.queueOverflow, clientId), keepingClientId: true)
             case .limitReached(let channel): reply.fail(BayeuxError(.subscriptionLimit, channel))
             case .ok: if let channelError { reply.fail(channelError) }
             }
@@ -199,15 +186,10 @@ extension Broker {
     func publish(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
         var reply = message.makeResponse()
         if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
-        let channel = message.channel
-        var error: BayeuxError?
-        if let channel, channel.utf8.count > configuration.maxChannelLength {
-            error = BayeuxError(.channelTooLong)
-        } else if channel == nil || !Channel.isValidName(channel!) {
-            error = .channelInvalid(channel ?? "")
-        }
-        if message.data == nil || message.data?.isNull == true { error = .parameterMissing("data") }
-        if let error {
+        let channel: String
+        switch PublishRequest.validate(message, maxChannelLength: configuration.maxChannelLength) {
+        case .success(let valid): channel = valid.channel
+        case .failure(let error):
             reply.fail(error)
             return loop.makeSucceededFuture(.reply(reply))
         }
@@ -216,7 +198,64 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else {
             return loop.makeSucceededFuture(.reply(reply))
         }
-        return engine.publish(delivered, to: channel!, now: now, on: loop).map { [reply] _ in .reply(reply) }
+        return engine.publish(delivered, to: channel, now: now, on: loop).map { [reply] _ in .reply(reply) }
+    }
+}
+
+/// A `/meta/connect` whose required fields validation proved present.
+struct ConnectRequest {
+    let clientId: String
+    let connectionType: ConnectionType
+
+    /// Checks the fields; when several are wrong, the error names the last one checked (as it always has).
+    static func validate(_ message: Message) -> Result<ConnectRequest, BayeuxError> {
+        var error: BayeuxError?
+        if message.clientId == nil { error = .parameterMissing("clientId") }
+        var connectionType: ConnectionType?
+        if let typeValue = message["connectionType"] {
+            let name = typeValue.stringValue ?? typeValue.jsonString
+            connectionType = ConnectionType(rawValue: name)
+            if connectionType == nil { error = .connectionTypeMismatch([name]) }
+        } else {
+            error = .parameterMissing("connectionType")
+        }
+        guard let clientId = message.clientId, let connectionType else {
+            return .failure(error ?? .parameterMissing("connectionType"))
+        }
+        return .success(ConnectRequest(clientId: clientId, connectionType: connectionType))
+    }
+}
+
+/// A `/meta/subscribe` or `/meta/unsubscribe` whose client and subscription validation proved present (each
+/// channel named in it is still checked, one by one: those before the first bad one are applied).
+struct SubscribeRequest {
+    let clientId: String
+    let channels: [JSONValue]
+
+    static func validate(_ message: Message) -> Result<SubscribeRequest, BayeuxError> {
+        let channels: [JSONValue]?
+        switch message["subscription"] {
+        case .string(let s)?: channels = [.string(s)]
+        case .array(let a)?: channels = a
+        default: channels = nil
+        }
+        guard let channels else { return .failure(.parameterMissing("subscription")) }
+        guard let clientId = message.clientId else { return .failure(.parameterMissing("clientId")) }
+        return .success(SubscribeRequest(clientId: clientId, channels: channels))
+    }
+}
+
+/// A publish whose channel and data validation proved usable.
+struct PublishRequest {
+    let channel: String
+
+    /// A missing `data` wins over a bad channel (as it always has).
+    static func validate(_ message: Message, maxChannelLength: Int) -> Result<PublishRequest, BayeuxError> {
+        if message.data == nil || message.data?.isNull == true { return .failure(.parameterMissing("data")) }
+        guard let channel = message.channel else { return .failure(.channelInvalid("")) }
+        if channel.utf8.count > maxChannelLength { return .failure(BayeuxError(.channelTooLong)) }
+        if !Channel.isValidName(channel) { return .failure(.channelInvalid(channel)) }
+        return .success(PublishRequest(channel: channel))
     }
 }
 
