@@ -6,10 +6,10 @@ extension Broker {
     /// has been through the outgoing extensions), the events to deliver now, in order, and the connect (if any)
     /// whose reply is still to come. Every transport answers a request or frame with this.
     public func split(_ outcomes: [Outcome], context: RequestContext)
-        -> (replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
+        -> (replies: [Message], events: CircularBuffer<WireEvent>, pending: PendingConnect?)
     {
         var replies: [Message] = []
-        var events = CircularBuffer<ByteBuffer>.noEvents
+        var events = CircularBuffer<WireEvent>.noEvents
         var pending: PendingConnect?
         for outcome in outcomes {
             switch outcome {

@@ -14,7 +14,7 @@ extension Broker {
     /// Detaches `sink` if it is still attached. With `takeEvents`, the waiting events are handed back (a parked
     /// poll whose hold ended); otherwise they stay queued for the next connection.
     @discardableResult
-    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
         engine.detach(clientId, sink: sink, takeEvents: takeEvents)
     }
 

@@ -27,7 +27,7 @@ package struct DeliveryLedger: Sendable {
     /// The events handed out in one batch, as the engine handed them (one buffer per take, shared, not copied).
     private struct Span: Sendable {
         var batch: UInt32
-        var events: CircularBuffer<ByteBuffer>
+        var events: CircularBuffer<WireEvent>
     }
 
     private var spans = Self.noSpans
@@ -51,7 +51,7 @@ package struct DeliveryLedger: Sendable {
     package var isEmpty: Bool { count == 0 }
 
     /// Events handed to the session's connection now.
-    package mutating func handedOut(_ events: CircularBuffer<ByteBuffer>, capacity: Int) {
+    package mutating func handedOut(_ events: CircularBuffer<WireEvent>, capacity: Int) {
         guard !events.isEmpty else { return }
         // A span per take: the buffer the connection got is kept as it is, never appended to (a copy).
         spans.append(Span(batch: current, events: events))
@@ -93,7 +93,7 @@ package struct DeliveryLedger: Sendable {
     }
 
     /// Takes every unconfirmed event, oldest first, to be sent again; a gap stays known until confirmed past.
-    package mutating func takeUnconfirmed() -> CircularBuffer<ByteBuffer> {
+    package mutating func takeUnconfirmed() -> CircularBuffer<WireEvent> {
         guard let first = spans.first else { return .noEvents }
         var events = first.events
         for span in spans.dropFirst() { events.append(contentsOf: span.events) }
@@ -105,8 +105,8 @@ package struct DeliveryLedger: Sendable {
     /// Takes what was handed out after the last connect reply, to go with a session that moves to another node:
     /// the connect that moves it is taken to confirm every batch closed here (the other node cannot tell a
     /// repeated connect from a new one), so what follows the last reply, what a dead WebSocket lost, goes along.
-    package mutating func takeOpenBatch() -> CircularBuffer<ByteBuffer> {
-        var events = CircularBuffer<ByteBuffer>.noEvents
+    package mutating func takeOpenBatch() -> CircularBuffer<WireEvent> {
+        var events = CircularBuffer<WireEvent>.noEvents
         for span in spans where span.batch == current { events.append(contentsOf: span.events) }
         spans = Self.noSpans
         count = 0
@@ -115,7 +115,7 @@ package struct DeliveryLedger: Sendable {
     }
 
     /// Removes the events `covered` names (a resume's range, which goes out again as a whole).
-    package mutating func remove(_ covered: Set<ByteBuffer>) {
+    package mutating func remove(_ covered: Set<WireEvent>) {
         guard !covered.isEmpty, count > 0 else { return }
         for i in spans.indices {
             let before = spans[i].events.count

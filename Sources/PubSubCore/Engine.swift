@@ -8,7 +8,7 @@ public protocol DeliverySink: AnyObject, Sendable {
     /// A one-shot sink is detached by the delivery that answers it; a persistent one stays attached.
     var isPersistent: Bool { get }
     /// Encoded events (each a one-element JSON array, `[{…}]`) for the session this sink is attached to.
-    func deliver(_ events: CircularBuffer<ByteBuffer>)
+    func deliver(_ events: CircularBuffer<WireEvent>)
     /// The sink is no longer attached to its session.
     func detached(_ reason: DetachReason)
 }
@@ -39,7 +39,7 @@ public struct ConnectResult: Sendable {
     }
     public var status: Status
     /// Events to send with (or, on a persistent sink, before) the connect reply.
-    public var events: CircularBuffer<ByteBuffer>
+    public var events: CircularBuffer<WireEvent>
     /// Whether the offered sink is now attached to the session.
     public var attached: Bool
     /// Whether the connect must be answered now: the first connect of a session, or events were waiting.
@@ -48,7 +48,7 @@ public struct ConnectResult: Sendable {
     /// string rather than the one parsed from each connect (a held connect lasts as long as the connection idles).
     public var clientId: String?
 
-    public init(status: Status, events: CircularBuffer<ByteBuffer> = .noEvents, attached: Bool = false, answerNow: Bool = true)
+    public init(status: Status, events: CircularBuffer<WireEvent> = .noEvents, attached: Bool = false, answerNow: Bool = true)
     {
         self.status = status
         self.events = events
@@ -124,7 +124,7 @@ public protocol Engine: Sendable {
     func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool>
     /// Detaches `sink` if it is still attached. With `takeEvents`, the waiting events are handed back
     /// (a parked poll whose hold ended); otherwise they stay queued for the next connection.
-    func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer>
+    func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent>
     /// Subscribes to `channels`. With `resume` (a position token), the events after it that match these
     /// channels are queued first, in their original order, if the history still holds all of them.
     func subscribe(_ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop)
@@ -186,13 +186,13 @@ public struct ConnectReceipt: Sendable, Equatable {
     }
 }
 
-extension CircularBuffer where Element == ByteBuffer {
+extension CircularBuffer where Element == WireEvent {
     /// No events, as one shared storage: `[]` and `CircularBuffer()` allocate 16 slots each time, and every idle
     /// connection keeps such a value for as long as its connect is held. Appending to it copies first (copy on
     /// write), as appending to a fresh one-slot buffer would grow it.
-    public static var noEvents: CircularBuffer<ByteBuffer> { SharedEvents.empty }
+    public static var noEvents: CircularBuffer<WireEvent> { SharedEvents.empty }
 }
 
 private enum SharedEvents {
-    static let empty = CircularBuffer<ByteBuffer>(initialCapacity: 1)
+    static let empty = CircularBuffer<WireEvent>(initialCapacity: 1)
 }

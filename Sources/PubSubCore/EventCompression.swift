@@ -4,9 +4,8 @@ import NIOConcurrencyHelpers
 import NIOCore
 
 /// WebSocket compression of events (permessage-deflate, RFC 7692), paid once per publish: an encoded event of
-/// at least `minimumBytes` is compressed when it is queued, and the compressed frame travels in the event's
-/// buffer (`EventFrame.withCompressedFrame`) beside the plain one. Every WebSocket recipient that negotiated
-/// compression writes those same bytes; the others, and every other transport, never see them.
+/// at least `minimumBytes` is compressed when its `WireEvent` is made, and every WebSocket recipient that
+/// negotiated compression writes that same compressed frame; the others, and every other transport, never see it.
 ///
 /// Compression keeps no context from one event to the next (`server_no_context_takeover`): a recipient needs no
 /// earlier message to inflate one, and nothing is held per connection.
@@ -20,13 +19,17 @@ public struct EventCompression: Sendable, Equatable {
         self.minimumBytes = minimumBytes
     }
 
-    /// `event` with its compressed frame, or `event` as it is when it is too short or does not shrink.
-    public func compress(_ event: ByteBuffer) -> ByteBuffer {
-        guard event.readableBytes >= minimumBytes, EventFrame.compressedFrame(of: event) == nil,
-            let deflated = Self.deflaters.deflate(event), deflated.readableBytes < event.readableBytes
-        else { return event }
-        // One copy: the buffer made here has the plain frame's header too (`framed` would copy again).
-        return EventFrame.withCompressedFrame(event, deflated: deflated)
+    /// The final, compressed text frame (FIN, RSV1, text) carrying `json`'s readable bytes deflated; nil when they
+    /// are too short or do not shrink.
+    public func compressedFrame(of json: ByteBuffer) -> ByteBuffer? {
+        guard json.readableBytes >= minimumBytes, var frame = Self.deflaters.deflate(json, headroom: WireEvent.headroom),
+            frame.readableBytes < json.readableBytes
+        else { return nil }
+        let count = frame.readableBytes
+        let start = frame.readerIndex - WireEvent.headerLength(ofPayload: count)
+        WireEvent.writeHeader(first: WireEvent.compressedText, payloadLength: count, in: &frame, at: start)
+        frame.moveReaderIndex(to: start)
+        return frame
     }
 
     private static let deflaters = DeflaterPool()
@@ -40,8 +43,9 @@ final class DeflaterPool: @unchecked Sendable {
     /// At most this many streams wait in the pool (one per thread that publishes at once is enough).
     private let keep = 8
 
-    /// `event`'s readable bytes compressed and sync-flushed, the trailing `00 00 ff ff` removed (RFC 7692 §7.2.1).
-    func deflate(_ event: ByteBuffer) -> ByteBuffer? {
+    /// `event`'s readable bytes compressed and sync-flushed, the trailing `00 00 ff ff` removed (RFC 7692 §7.2.1),
+    /// behind `headroom` free bytes (for a frame header).
+    func deflate(_ event: ByteBuffer, headroom: Int) -> ByteBuffer? {
         guard let compressor = idle.withLockedValue({ $0.popLast() }) ?? (try? ZlibCompressor(algorithm: .deflate))
         else { return nil }
         defer {
@@ -50,7 +54,9 @@ final class DeflaterPool: @unchecked Sendable {
             }
         }
         var input = event
-        var output = ByteBufferAllocator().buffer(capacity: compressor.maxSize(from: input))
+        var output = ByteBufferAllocator().buffer(capacity: headroom + compressor.maxSize(from: input))
+        output.moveWriterIndex(forwardBy: headroom)
+        output.moveReaderIndex(forwardBy: headroom)
         guard (try? compressor.deflate(from: &input, to: &output, flush: .sync)) != nil, input.readableBytes == 0,
             output.readableBytes >= 4,
             output.getInteger(at: output.writerIndex - 4, as: UInt32.self) == 0x0000_FFFF

@@ -7,10 +7,10 @@ package struct History: Sendable {
     package struct Entry: Sendable {
         package var sequence: UInt64
         package var channel: String
-        package var event: ByteBuffer
+        package var event: WireEvent
         package var publishedAt: NIODeadline
 
-        package init(sequence: UInt64, channel: String, event: ByteBuffer, publishedAt: NIODeadline) {
+        package init(sequence: UInt64, channel: String, event: WireEvent, publishedAt: NIODeadline) {
             self.sequence = sequence
             self.channel = channel
             self.event = event
@@ -20,7 +20,7 @@ package struct History: Sendable {
         /// What the entry counts against the byte bound: its event's bytes and its channel name, as every engine
         /// counts them. The compressed frame an event's buffer may carry (WebSocket compression) is not counted:
         /// it is smaller than the event, so the memory held stays under twice the bound.
-        package var cost: Int { event.readableBytes + channel.utf8.count }
+        package var cost: Int { event.json.readableBytes + channel.utf8.count }
     }
 
     package let capacity: Int

@@ -44,9 +44,9 @@ extension MemoryEngine {
     /// node sends that again there); nil when absent. `.expired` and `.overflow` are counted as for a session of
     /// this engine.
     @discardableResult
-    package func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
+    package func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<WireEvent>? {
         var notifications: [(any DeliverySink, DetachReason)] = []
-        let queue = lock.withLock { () -> CircularBuffer<ByteBuffer>? in
+        let queue = lock.withLock { () -> CircularBuffer<WireEvent>? in
             guard let session = sessions[clientId] else { return nil }
             var queue = session.ledger.takeOpenBatch()
             queue.append(contentsOf: session.queue)
@@ -61,10 +61,22 @@ extension MemoryEngine {
 
     /// Queues an event encoded elsewhere for every local subscriber of `channel` (no history, no statistics of
     /// publishing); returns the ids of the clients dropped because their queue was full. An event read from
-    /// another node is framed (and compressed) once here (`EventFrame.framed`), not once per WebSocket recipient.
+    /// another node becomes a `WireEvent` (framed, and compressed) once here, not once per WebSocket recipient.
     package func enqueue(_ event: ByteBuffer, on channel: String) -> [String] {
+        enqueue(WireEvent(json: event, compression: configuration.eventCompression), on: channel)
+    }
+
+    /// Events encoded elsewhere (handed over by another node, a range read from Redis) as this node's transports
+    /// write them.
+    package func wireEvents(_ events: [ByteBuffer]) -> CircularBuffer<WireEvent> {
+        var out = CircularBuffer<WireEvent>(initialCapacity: events.count)
+        for event in events { out.append(WireEvent(json: event, compression: configuration.eventCompression)) }
+        return out
+    }
+
+    /// `enqueue` for an event this node made (a publish while Redis is away).
+    package func enqueue(_ event: WireEvent, on channel: String) -> [String] {
         let keys = Channel.expand(channel)
-        let event = EventFrame.framed(compressed(event))
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
@@ -77,7 +89,7 @@ extension MemoryEngine {
     /// Puts events before the session's queue: handed over by another node, or a resume's range (`isRange`: what
     /// the queue and the ledger already hold of it is removed, so it goes out once, before anything newer).
     /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
-    package func insert(_ events: CircularBuffer<ByteBuffer>, into clientId: String, isRange: Bool) -> Bool? {
+    package func insert(_ events: CircularBuffer<WireEvent>, into clientId: String, isRange: Bool) -> Bool? {
         var wake: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let result = lock.withLock { () -> Bool? in

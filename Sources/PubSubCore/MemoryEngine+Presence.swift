@@ -96,7 +96,7 @@ extension MemoryEngine: EngineQueries {
                     truncated = true
                     break
                 }
-                events.append((entry.channel, entry.event))
+                events.append((entry.channel, entry.event.json))
             }
             return HistoryPage(events: events, recovered: recovered, truncated: truncated)
         }

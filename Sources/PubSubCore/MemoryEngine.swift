@@ -13,7 +13,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     final class Session: @unchecked Sendable {
         let id: String
         var subscriptions = SubscriptionSet()
-        var queue = CircularBuffer<ByteBuffer>.noEvents
+        var queue = CircularBuffer<WireEvent>.noEvents
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
         var wakeScheduled = false
@@ -238,7 +238,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         return loop.makeSucceededFuture(ok)
     }
 
-    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
         lock.withLock {
             guard let session = sessions[clientId], session.sink === sink else { return .noEvents }
             session.sink = nil
@@ -249,7 +249,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     /// Takes the session's queue to hand it to a connection, keeping it in the ledger until the client confirms
     /// it (not for a stream); the lock is held.
-    private func take(_ session: Session) -> CircularBuffer<ByteBuffer> {
+    private func take(_ session: Session) -> CircularBuffer<WireEvent> {
         guard !session.queue.isEmpty else { return .noEvents }
         let events = session.queue
         session.queue = .noEvents
@@ -310,7 +310,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             return ResumeResult(
                 recovered: false, missed: history.countHeld(after: position.sequence, matching: matches))
         }
-        var missed = CircularBuffer<ByteBuffer>(initialCapacity: entries.count)
+        var missed = CircularBuffer<WireEvent>(initialCapacity: entries.count)
         for entry in entries where matches(entry.channel) { missed.append(entry.event) }
         guard placeRange(missed, in: session) else {
             return ResumeResult(recovered: false, missed: missed.count)
@@ -321,7 +321,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     /// Queues a resume's range before anything newer, exactly once: what the session's queue and ledger already
     /// hold of it is removed first (the same event is the same bytes, its position in them). False when it does
     /// not fit the queue (nothing changed then). The lock is held.
-    func placeRange(_ range: CircularBuffer<ByteBuffer>, in session: Session) -> Bool {
+    func placeRange(_ range: CircularBuffer<WireEvent>, in session: Session) -> Bool {
         guard !range.isEmpty else { return true }
         let covered = Set(range)
         var rest = session.queue
@@ -406,20 +406,24 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var wakes: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         var dropped = false
+        let compression = configuration.eventCompression
+        // Without history an event has no position: it is encoded (and compressed) before the lock is taken.
+        let unpositioned = configuration.historySize > 0 ? nil : WireEvent(encoding: message, compression: compression)
         let position = lock.withLock { () -> String? in
             // Sequence, history and queues change together, so every subscriber sees events in position order.
-            let event: ByteBuffer
+            let event: WireEvent
             var position: String?
-            if history.isEnabled {
+            if let unpositioned {
+                event = unpositioned
+            } else {
                 let sequence = history.nextSequence()
                 var positioned = message
-                position = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
-                positioned.setPosition(position!)
-                event = compressed(positioned.encodedEvent())
+                let token = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
+                positioned.setPosition(token)
+                position = token
+                event = WireEvent(encoding: positioned, compression: compression)
                 history.prune(now: now)
                 history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
-            } else {
-                event = compressed(message.encodedEvent())
             }
             stats.published += 1
             dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
@@ -431,16 +435,11 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         return loop.makeSucceededFuture(position)
     }
 
-    /// `event` with its WebSocket-compressed frame when compression is on (`EventCompression`): once per publish.
-    func compressed(_ event: ByteBuffer) -> ByteBuffer {
-        configuration.eventCompression.map { $0.compress(event) } ?? event
-    }
-
     /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.
     /// Returns the ids of the dropped sessions.
     @inline(__always)
     func fanOut(
-        _ event: ByteBuffer,
+        _ event: WireEvent,
         keys: [String],
         wakes: inout [(Session, any DeliverySink)],
         notifications: inout [(any DeliverySink, DetachReason)]
@@ -485,7 +484,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     }
 
     private func drain(_ wakes: [(Session, any DeliverySink)]) {
-        var deliveries: [(any DeliverySink, CircularBuffer<ByteBuffer>)] = []
+        var deliveries: [(any DeliverySink, CircularBuffer<WireEvent>)] = []
         deliveries.reserveCapacity(wakes.count)
         lock.withLock {
             for (session, sink) in wakes where session.sink === sink && session.wakeScheduled {

@@ -64,7 +64,7 @@ public final class Node: @unchecked Sendable {
             elements, context: RequestContext(connectionType: .longPolling), sink: sink, now: now, on: loop
         ).get()
         let (replies, events, _) = broker.split(outcomes, context: RequestContext(connectionType: .longPolling))
-        let data = events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        let data = events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
         return (replies.first?.fields ?? [:], data)
     }
 
@@ -103,7 +103,7 @@ public final class Node: @unchecked Sendable {
     /// The `data` of the events a sink-less connect returns.
     public func receive(_ clientId: String) async throws -> [JSONValue] {
         guard let c = try await connect(clientId) else { return [] }
-        return c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        return c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
     }
 
     public func subscribe(_ clientId: String, _ channel: String, ext: String = "") async throws -> JSONObject {

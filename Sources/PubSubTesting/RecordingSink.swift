@@ -22,8 +22,8 @@ public final class RecordingSink: DeliverySink, @unchecked Sendable {
     public var data: [JSONValue] { events.map { $0.objectValue?["data"] ?? .null } }
     public var detaches: [DetachReason] { box.withLockedValue { $0.detaches } }
 
-    public func deliver(_ events: CircularBuffer<ByteBuffer>) {
-        let decoded = events.map { try! JSONParser().parse($0).arrayValue![0] }
+    public func deliver(_ events: CircularBuffer<WireEvent>) {
+        let decoded = events.map { try! JSONParser().parse($0.json).arrayValue![0] }
         box.withLockedValue { $0.events.append(contentsOf: decoded) }
     }
 

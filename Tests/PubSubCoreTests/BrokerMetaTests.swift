@@ -77,7 +77,7 @@ import PubSubTesting
         let sink = RecordingSink(loop: h.loop, persistent: false)
         guard case .connect(let c) = h.connect(cid, sink: sink) else { Issue.record("no connect"); return }
         #expect(c.result.answerNow)
-        let data = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        let data = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
         #expect(data == [1, 2, 3])
     }
 
@@ -142,7 +142,7 @@ import PubSubTesting
         _ = h.publish("/a/b/c", #""no""#)
         _ = h.publish("/a/b", #""once""#)
         guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
-        let data = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        let data = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
         #expect(data == ["a", "x", "once"])
     }
 

@@ -24,14 +24,14 @@ private struct StampConnects: BayeuxExtension {
         return m
     }
 
-    func event(_ n: Int) -> ByteBuffer {
+    func event(_ n: Int) -> WireEvent {
         var m = Message()
         m.channel = "/e"
         m["data"] = .number(String(n))
-        return m.encodedEvent()
+        return WireEvent(encoding: m)
     }
 
-    func connect(_ clientId: String, events: [ByteBuffer], answerNow: Bool) -> Outcome {
+    func connect(_ clientId: String, events: [WireEvent], answerNow: Bool) -> Outcome {
         let result = ConnectResult(status: .ok, events: CircularBuffer(events), attached: true, answerNow: answerNow)
         return .connect(
             PendingConnect(id: .string(clientId), clientId: clientId, advice: nil, result: result, hold: .seconds(45)))

@@ -5,12 +5,12 @@ import Testing
 
 /// The ledger alone: batches, what a connect confirms, what goes out again, the bound and its gap.
 @Suite struct DeliveryLedgerTests {
-    static func events(_ numbers: ClosedRange<Int>) -> CircularBuffer<ByteBuffer> {
-        CircularBuffer(numbers.map { ByteBuffer(string: "[{\"data\":\($0)}]") })
+    static func events(_ numbers: ClosedRange<Int>) -> CircularBuffer<WireEvent> {
+        CircularBuffer(numbers.map { WireEvent(json: ByteBuffer(string: "[{\"data\":\($0)}]")) })
     }
 
-    static func numbers(_ events: CircularBuffer<ByteBuffer>) -> [Int] {
-        events.map { Int(String(buffer: $0).dropFirst(9).dropLast(2))! }
+    static func numbers(_ events: CircularBuffer<WireEvent>) -> [Int] {
+        events.map { Int(String(buffer: $0.json).dropFirst(9).dropLast(2))! }
     }
 
     @Test func aNewConnectConfirmsEveryClosedBatchButNotWhatFollowsTheLastReply() {

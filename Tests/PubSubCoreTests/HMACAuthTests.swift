@@ -153,7 +153,7 @@ import Testing
         #expect(h.publish("/private", #"1,"ext":{"private_pub_token":"secret"}"#)["successful"] == true)
         #expect(h.publish("/news/today", #"2,"ext":{"private_pub_token":"secret"}"#)["successful"] == true)
         guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
-        let events = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+        let events = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
         #expect(events == [JSONValue(2)])  // one event per client, however many of its subscriptions match
     }
 }

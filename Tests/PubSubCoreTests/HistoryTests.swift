@@ -9,7 +9,7 @@ import Testing
     static func append(_ history: inout History, size: Int) -> UInt64 {
         let sequence = history.nextSequence()
         history.append(History.Entry(
-            sequence: sequence, channel: "/c", event: ByteBuffer(repeating: 0x61, count: size), publishedAt: t0))
+            sequence: sequence, channel: "/c", event: WireEvent(json: ByteBuffer(repeating: 0x61, count: size)), publishedAt: t0))
         return sequence
     }
 

@@ -61,7 +61,7 @@ import PubSubTesting
         #expect(ok == json(#"{"channel":"/messages/new","successful":true}"#).objectValue)
         guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
         #expect(c.result.events.count == 1)
-        let event = try! JSONParser().parse(c.result.events.first!).arrayValue![0]
+        let event = try! JSONParser().parse(c.result.events.first!.json).arrayValue![0]
         #expect(event == json(#"{"channel":"/messages/new","data":{"channel":"/messages/new","eval":"alert(1)"},"ext":{"private_pub_token":null}}"#))
     }
 

@@ -28,7 +28,7 @@ struct ResumingClient {
     /// Connects and returns the `data` of every event received, remembering the last position.
     mutating func receive(_ h: Harness) -> [JSONValue] {
         guard case .connect(let c) = h.connect(clientId) else { return [] }
-        let events = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue! }
+        let events = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue! }
         if let last = events.last { lastPosition = last["ext"]!.objectValue!["position"]!.stringValue! }
         return events.map { $0["data"]! }
     }
@@ -43,7 +43,7 @@ struct ResumingClient {
         _ = h.publish("/a", "2")
         guard case .connect(let c) = h.connect(client.clientId) else { Issue.record("no connect"); return }
         let positions = c.result.events.map {
-            try! JSONParser().parse($0).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+            try! JSONParser().parse($0.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
         }
         #expect(positions.count == 2)
         #expect(Set(positions + [client.lastPosition]).count == 3)

@@ -58,7 +58,7 @@ extension RedisEngine {
                 (s.handoffWaiters.removeValue(forKey: clientId), s.abandoned.remove(clientId) != nil)
             }
             if !abandoned, !events.isEmpty,
-                local.insert(CircularBuffer(events), into: clientId, isRange: false) == false
+                local.insert(local.wireEvents(events), into: clientId, isRange: false) == false
             {
                 dropOverflowed([clientId])
             }
@@ -68,7 +68,7 @@ extension RedisEngine {
             if !channels.isEmpty {
                 _ = local.subscribe(clientId, to: channels, resume: nil, now: .now(), on: commands.eventLoop)
             }
-            if !events.isEmpty, local.insert(CircularBuffer(events), into: clientId, isRange: true) == false {
+            if !events.isEmpty, local.insert(local.wireEvents(events), into: clientId, isRange: true) == false {
                 dropOverflowed([clientId])
             }
         case .unsubscribed(let clientId, let channels):
@@ -85,7 +85,7 @@ extension RedisEngine {
     /// is already gone: the new node waits for one).
     func handOver(_ clientId: String, to node: String) {
         let queue = evictLocally(clientId, reason: .superseded) ?? []
-        let handoff = NodeMessage.handoff(clientId: clientId, events: Array(queue))
+        let handoff = NodeMessage.handoff(clientId: clientId, events: queue.map(\.json))
         _ = commands.send(RESPCommand(publishCommand, .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
     }
 

@@ -73,7 +73,7 @@ extension RedisEngine {
 
     /// Redis is away: this node's subscribers get the event now; other nodes never will (counted, logged).
     func publishLocally(_ message: Message, to channel: String) {
-        dropOverflowed(local.enqueue(message.encodedEvent(), on: channel))
+        dropOverflowed(local.enqueue(WireEvent(encoding: message, compression: configuration.eventCompression), on: channel))
         state.withLockedValue { s in
             s.published += 1
             s.redis.localOnlyPublishes += 1

@@ -89,7 +89,7 @@ extension RedisEngine {
         }
     }
 
-    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
         local.detach(clientId, sink: sink, takeEvents: takeEvents)
     }
 
@@ -149,7 +149,7 @@ extension RedisEngine {
 
     /// Removes a session from this node, and from the sessions it serves without asking Redis.
     @discardableResult
-    func evictLocally(_ clientId: String, reason: DetachReason) -> CircularBuffer<ByteBuffer>? {
+    func evictLocally(_ clientId: String, reason: DetachReason) -> CircularBuffer<WireEvent>? {
         state.withLockedValue { $0.ledger.forget(clientId) }
         return local.evict(clientId, reason: reason)
     }

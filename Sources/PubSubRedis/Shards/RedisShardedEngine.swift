@@ -198,8 +198,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     }
 
     /// Every shard's waiting events, shard after shard (in order within each).
-    private static func events(of results: [ConnectResult]) -> CircularBuffer<ByteBuffer> {
-        var events = CircularBuffer<ByteBuffer>()
+    private static func events(of results: [ConnectResult]) -> CircularBuffer<WireEvent> {
+        var events = CircularBuffer<WireEvent>()
         for r in results where !r.events.isEmpty { events.append(contentsOf: r.events) }
         return events.isEmpty ? .noEvents : events
     }
@@ -269,7 +269,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
         }
     }
 
-    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+    public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
         let fanIn = fanIns.withLockedValue { map -> ShardFanIn? in
             guard let fanIn = map[clientId], fanIn.sink === sink else { return nil }
             map[clientId] = nil
@@ -287,8 +287,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     }
 
     /// Detaches a fan-in's proxies from their shards (all but `except`), once; with `takeEvents`, what they held.
-    func detachProxies(of fanIn: ShardFanIn, except: Int?, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
-        var events = CircularBuffer<ByteBuffer>()
+    func detachProxies(of fanIn: ShardFanIn, except: Int?, takeEvents: Bool) -> CircularBuffer<WireEvent> {
+        var events = CircularBuffer<WireEvent>()
         for proxy in fanIn.takeProxies() where proxy.shard != except {
             events.append(contentsOf: shards[proxy.shard].detach(fanIn.clientId, sink: proxy, takeEvents: takeEvents))
         }
@@ -311,7 +311,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     }
 
     /// Events a shard sent to a fan-in that had already answered: back at the front of that shard's queue.
-    func putBack(_ events: CircularBuffer<ByteBuffer>, for clientId: String, shard: Int) {
+    func putBack(_ events: CircularBuffer<WireEvent>, for clientId: String, shard: Int) {
         guard !events.isEmpty else { return }
         switch shards[shard].local.insert(events, into: clientId, isRange: false) {
         case true?:

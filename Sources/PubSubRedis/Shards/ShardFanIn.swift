@@ -33,7 +33,7 @@ final class ShardFanIn: @unchecked Sendable {
 
     private struct State {
         var phase = Phase.connecting
-        var pending: [(shard: Int, events: CircularBuffer<ByteBuffer>)] = []
+        var pending: [(shard: Int, events: CircularBuffer<WireEvent>)] = []
         /// Events in `pending`: past `limit` the client is dropped as a slow consumer, as a connection's backlog.
         var pendingCount = 0
         var proxies: [Proxy]
@@ -74,7 +74,7 @@ final class ShardFanIn: @unchecked Sendable {
             self.isPersistent = sink.isPersistent
         }
 
-        func deliver(_ events: CircularBuffer<ByteBuffer>) {
+        func deliver(_ events: CircularBuffer<WireEvent>) {
             guard let fanIn else { return }
             fanIn.delivered(events, from: shard)
         }
@@ -84,7 +84,7 @@ final class ShardFanIn: @unchecked Sendable {
         }
     }
 
-    private func delivered(_ events: CircularBuffer<ByteBuffer>, from shard: Int) {
+    private func delivered(_ events: CircularBuffer<WireEvent>, from shard: Int) {
         enum Then {
             case forward
             case answer
@@ -149,9 +149,9 @@ final class ShardFanIn: @unchecked Sendable {
     /// The connect is answered: what arrived meanwhile, and whether the fan-in now forwards (`armed`) or is done.
     /// A persistent sink is armed when `attach`; a one-shot one only when nothing arrived meanwhile either (else
     /// those events answer it now).
-    func settle(attach: Bool) -> (events: CircularBuffer<ByteBuffer>, armed: Bool) {
+    func settle(attach: Bool) -> (events: CircularBuffer<WireEvent>, armed: Bool) {
         state.withLockedValue { s in
-            var events = CircularBuffer<ByteBuffer>()
+            var events = CircularBuffer<WireEvent>()
             for entry in s.pending { events.append(contentsOf: entry.events) }
             s.pending = []
             guard s.phase == .connecting else { return (events, false) }
@@ -162,10 +162,10 @@ final class ShardFanIn: @unchecked Sendable {
     }
 
     /// Detached by the engine (a held poll that ended, a closed connection): no more deliveries.
-    func close() -> CircularBuffer<ByteBuffer> {
+    func close() -> CircularBuffer<WireEvent> {
         state.withLockedValue { s in
             s.phase = .done
-            var events = CircularBuffer<ByteBuffer>()
+            var events = CircularBuffer<WireEvent>()
             for entry in s.pending { events.append(contentsOf: entry.events) }
             s.pending = []
             return events

@@ -7,7 +7,7 @@ import PubSubCore
 /// its transport only writes and closes. Called on the connection's event loop.
 protocol ConnectionTransport: AnyObject {
     /// Writes replies, then events: one WebSocket frame, one HTTP response, or events on the stream.
-    func send(replies: [Message], events: CircularBuffer<ByteBuffer>)
+    func send(replies: [Message], events: CircularBuffer<WireEvent>)
     /// A sign of life: an EventSource comment line, a WebSocket ping.
     func sendHeartbeat()
     /// Ends the connection for `reason`: a WebSocket close frame, the end of a stream.
@@ -255,7 +255,7 @@ final class ConnectionDriver: TimerQueueOwner {
 
     // MARK: Events from the sink and the timers
 
-    func deliver(_ events: CircularBuffer<ByteBuffer>, generation: UInt32) {
+    func deliver(_ events: CircularBuffer<WireEvent>, generation: UInt32) {
         guard generation == self.generation, sink != nil else { return }
         switch machine.eventsDelivered(events, now: eventLoop.now) {
         case .none: break

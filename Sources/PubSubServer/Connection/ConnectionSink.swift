@@ -21,7 +21,7 @@ final class ConnectionSink: DeliverySink, @unchecked Sendable {
         self.isPersistent = isPersistent
     }
 
-    func deliver(_ events: CircularBuffer<ByteBuffer>) {
+    func deliver(_ events: CircularBuffer<WireEvent>) {
         driver.eventLoop.assertInEventLoop()
         driver.deliver(events, generation: generation)
     }

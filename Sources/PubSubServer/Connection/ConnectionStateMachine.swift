@@ -42,7 +42,7 @@ struct ConnectionStateMachine {
         var connect: PendingConnect
         /// Replies that go before the connect reply (the other replies of a parked polling request).
         var replies: [Message]
-        var events: CircularBuffer<ByteBuffer>
+        var events: CircularBuffer<WireEvent>
         /// When set, the reply fails with this error and tells the client to handshake again.
         var failure: BayeuxError?
         /// Polling: detach the sink first and send the events the session holds as well (a hold that ended).
@@ -66,14 +66,14 @@ struct ConnectionStateMachine {
     enum Action {
         case none
         /// Send replies, then events: one frame, one response, or stream writes.
-        case write(replies: [Message], events: CircularBuffer<ByteBuffer>)
+        case write(replies: [Message], events: CircularBuffer<WireEvent>)
         /// Send the reply of the held connect (after the outgoing extensions).
         case answer(Answer)
         /// A connect is held from now on: answer the one it supersedes (`previous`), send `replies` and `events`
         /// (when there are any), and answer it (`holdTimerFired`) after `hold`.
-        case hold(TimeAmount, previous: Answer?, replies: [Message], events: CircularBuffer<ByteBuffer>)
+        case hold(TimeAmount, previous: Answer?, replies: [Message], events: CircularBuffer<WireEvent>)
         /// Writes drained: send what waited (when anything did), then ask for the read withheld (when one was).
-        case drained(CircularBuffer<ByteBuffer>, resumeReading: Bool)
+        case drained(CircularBuffer<WireEvent>, resumeReading: Bool)
         /// Too many events wait: drop the client (`Broker.drop`: the session ends, its next request is told to
         /// handshake again) and close the connection with `.overflow`.
         case drop(clientId: String)
@@ -82,7 +82,7 @@ struct ConnectionStateMachine {
         case rebind(detach: String, answer: Answer?)
         /// End the connection: answer the held connect, send what waits, then close (a WebSocket close frame, the
         /// end of a stream).
-        case close(CloseReason, answer: Answer?, flush: CircularBuffer<ByteBuffer>)
+        case close(CloseReason, answer: Answer?, flush: CircularBuffer<WireEvent>)
         /// Write a heartbeat (an EventSource comment line).
         case heartbeat
         /// The connection is gone: the hold ends unanswered, and the sink attached to `detach` lets go.
@@ -92,7 +92,7 @@ struct ConnectionStateMachine {
     /// What a delivery means; the one event of the fan-out path, so it allocates nothing.
     enum DeliverAction {
         case none
-        case write(CircularBuffer<ByteBuffer>)
+        case write(CircularBuffer<WireEvent>)
         case answer(Answer)
         /// As `Action.drop`.
         case drop(clientId: String)
@@ -137,7 +137,7 @@ struct ConnectionStateMachine {
         /// The client of the socket's latest connect (nil before the first, or once its session ended).
         var clientId: String?
         var held: HeldConnect?
-        var backlog: CircularBuffer<ByteBuffer>
+        var backlog: CircularBuffer<WireEvent>
         /// Events delivered since the held connect came: at `confirmEvery` it is answered, so that the client's
         /// next connect confirms them (`DeliveryLedger`) and the session's unconfirmed events stay few.
         var sinceConnect: Int32 = 0
@@ -150,10 +150,10 @@ struct ConnectionStateMachine {
 
     enum State {
         case idle
-        case awaiting(backlog: CircularBuffer<ByteBuffer>, detach: DetachReason?)
+        case awaiting(backlog: CircularBuffer<WireEvent>, detach: DetachReason?)
         case parked(Parked)
         case socket(Socket)
-        case stream(clientId: String, backlog: CircularBuffer<ByteBuffer>)
+        case stream(clientId: String, backlog: CircularBuffer<WireEvent>)
         /// Nothing more is written; `attached`, the session whose sink lets go when the connection is gone.
         case closing(attached: String?)
         case closed
@@ -221,7 +221,7 @@ struct ConnectionStateMachine {
     }
 
     /// Events not yet written.
-    var backlog: CircularBuffer<ByteBuffer> {
+    var backlog: CircularBuffer<WireEvent> {
         switch state {
         case .awaiting(let backlog, _), .stream(_, let backlog): backlog
         case .socket(let socket): socket.backlog
@@ -279,7 +279,7 @@ struct ConnectionStateMachine {
 
     /// The broker handled the messages of a request or frame: `replies` and `events` go now; `pending`, a
     /// connect whose reply is held (on polling only when its sink was attached).
-    mutating func messagesHandled(replies: [Message], events: CircularBuffer<ByteBuffer>, pending: PendingConnect?)
+    mutating func messagesHandled(replies: [Message], events: CircularBuffer<WireEvent>, pending: PendingConnect?)
         -> Action
     {
         switch state {
@@ -311,7 +311,7 @@ struct ConnectionStateMachine {
                 socket.held = HeldConnect(pending)
                 socket.sinceConnect = 0
             }
-            var out = CircularBuffer<ByteBuffer>.noEvents
+            var out = CircularBuffer<WireEvent>.noEvents
             if !replies.isEmpty {
                 // Replies always go: reading stops while the socket is not writable, so they stay bounded.
                 swap(&out, &socket.backlog)
@@ -341,7 +341,7 @@ struct ConnectionStateMachine {
     // MARK: Deliveries
 
     /// The engine delivers events of the attached session.
-    mutating func eventsDelivered(_ events: CircularBuffer<ByteBuffer>, now: NIODeadline = .now()) -> DeliverAction {
+    mutating func eventsDelivered(_ events: CircularBuffer<WireEvent>, now: NIODeadline = .now()) -> DeliverAction {
         switch state {
         case .parked(let parked):
             state = .idle
@@ -392,7 +392,7 @@ struct ConnectionStateMachine {
     /// A persistent connection's delivery: written at once, or kept while not writable; past `maxQueue`, `.drop`
     /// (the caller fills in the client).
     private static func deliver(
-        _ events: CircularBuffer<ByteBuffer>, to backlog: inout CircularBuffer<ByteBuffer>, isWritable: Bool, maxQueue: Int
+        _ events: CircularBuffer<WireEvent>, to backlog: inout CircularBuffer<WireEvent>, isWritable: Bool, maxQueue: Int
     ) -> DeliverAction {
         if isWritable, backlog.isEmpty { return .write(events) }
         backlog.append(contentsOf: events)
@@ -491,7 +491,7 @@ struct ConnectionStateMachine {
     mutating func writabilityChanged(isWritable: Bool) -> Action {
         self.isWritable = isWritable
         guard isWritable else { return .none }
-        var events = CircularBuffer<ByteBuffer>.noEvents
+        var events = CircularBuffer<WireEvent>.noEvents
         switch state {
         case .socket(var socket):
             state = .modifying

@@ -2,6 +2,7 @@ import Bayeux
 import Logging
 import NIOCore
 import NIOHTTP1
+import PubSubCore
 
 /// What a request to the Bayeux mount asks for, read from its head and body alone: messages to handle
 /// (long-polling and cross-origin POSTs, JSON-P GETs), an EventSource stream, or an answer given at once (a
@@ -108,7 +109,7 @@ enum BayeuxHTTPRequest {
 /// The bodies the Bayeux mount answers with: replies and events as JSON (or JSON-P), and EventSource framing.
 enum BayeuxHTTPResponse {
     static func messages(
-        replies: [Message], events: CircularBuffer<ByteBuffer>, jsonp: String?, allocator: ByteBufferAllocator
+        replies: [Message], events: CircularBuffer<WireEvent>, jsonp: String?, allocator: ByteBufferAllocator
     ) -> HTTPResponse {
         var payload = ReplyEncoder.encode(replies: replies, events: events, allocator: allocator)
         var headers = HTTPHeaders()

@@ -157,7 +157,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
     // MARK: ConnectionTransport
 
     /// A response with replies and events, or events on the stream.
-    func send(replies: [Message], events: CircularBuffer<ByteBuffer>) {
+    func send(replies: [Message], events: CircularBuffer<WireEvent>) {
         guard let context else { return }
         guard driver.isStream else {
             var response = BayeuxHTTPResponse.messages(
@@ -170,11 +170,11 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
             return
         }
         var bytes = 0
-        for event in events { bytes += event.readableBytes + 10 }
+        for event in events { bytes += event.json.readableBytes + 10 }
         driver.counters.bytesOut &+= UInt64(bytes)
         for event in events {
             context.write(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.dataPrefix))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(event))), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(event.json))), promise: nil)
             context.write(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.eventEnd))), promise: nil)
         }
         context.flush()

@@ -3,7 +3,7 @@ import NIOCore
 import PubSubCore
 
 /// Builds the JSON array a request or frame is answered with: replies first, then events. Events are already
-/// encoded as one-element arrays; their inner bytes are spliced in, never re-encoded.
+/// encoded as one-element arrays (`WireEvent.json`); their inner bytes are spliced in, never re-encoded.
 enum ReplyEncoder {
     /// The reply to a message that is not JSON or not a message: `400::Bad request`.
     static let badRequest: Message = {
@@ -22,13 +22,13 @@ enum ReplyEncoder {
     /// `headroom`: bytes left free before the array (a WebSocket frame header is written there in place).
     static func encode(
         replies: [Message],
-        events: CircularBuffer<ByteBuffer>,
+        events: CircularBuffer<WireEvent>,
         allocator: ByteBufferAllocator,
         headroom: Int = 0
     ) -> ByteBuffer {
-        if replies.isEmpty, events.count == 1 { return events.first! }
+        if replies.isEmpty, events.count == 1, let only = events.first { return only.json }
         var size = 2 + replies.count * 96
-        for e in events { size += e.readableBytes }
+        for e in events { size += e.json.readableBytes }
         var buffer = allocator.buffer(capacity: size + headroom)
         if headroom > 0 {
             buffer.moveWriterIndex(forwardBy: headroom)
@@ -44,7 +44,7 @@ enum ReplyEncoder {
         for event in events {
             if !first { buffer.writeInteger(UInt8(ascii: ",")) }
             first = false
-            var inner = event
+            var inner = event.json
             inner.moveReaderIndex(forwardBy: 1)
             buffer.writeImmutableBuffer(inner.getSlice(at: inner.readerIndex, length: inner.readableBytes - 1)!)
         }

@@ -231,13 +231,12 @@ enum WebSocketFrameHeader {
         return header
     }
 
-    /// The bytes of one final, unmasked frame: an event shared by every recipient carries its header already
-    /// (`EventFrame`, written when it was encoded) and goes as it is; a payload with room in front gets its header
-    /// there; any other gets a small header buffer of its own, first (a shared buffer is never written into).
+    /// The bytes of one final, unmasked frame: a payload with room in front gets its header there; any other gets
+    /// a small header buffer of its own, first (a shared buffer is never written into). An event shared by every
+    /// recipient is not framed here: its `WireEvent.frame` goes as it is.
     static func frame(opcode: WebSocketOpcode, payload: ByteBuffer, allocator: ByteBufferAllocator)
         -> (ByteBuffer, ByteBuffer?)
     {
-        if opcode == .text, let frame = EventFrame.webSocketFrame(of: payload) { return (frame, nil) }
         var payload = payload
         if prepend(opcode: opcode, to: &payload) { return (payload, nil) }
         let header = buffer(opcode: opcode, payloadLength: payload.readableBytes, allocator: allocator)

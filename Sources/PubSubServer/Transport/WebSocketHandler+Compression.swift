@@ -28,11 +28,11 @@ extension WebSocketHandler {
         return nil
     }
 
-    /// With compression, the replies go in a frame of their own and each event in its own frame: the compressed
-    /// one its buffer carries, shared with every recipient, or the plain one. False (nothing written) when no event
-    /// carries a compressed frame: everything then goes in one plain frame, as without compression.
-    func writeCompressed(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) -> Bool {
-        guard events.contains(where: { EventFrame.compressedFrame(of: $0) != nil }) else { return false }
+    /// With compression, the replies go in a frame of their own and each event in its own frame: its compressed
+    /// frame, shared with every recipient, or its plain one. False (nothing written) when no event has a
+    /// compressed frame: everything then goes in one plain frame, as without compression.
+    func writeCompressed(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) -> Bool {
+        guard events.contains(where: { $0.compressed != nil }) else { return false }
         var bytes = 0
         if !replies.isEmpty {
             let payload = ReplyEncoder.encode(
@@ -42,13 +42,8 @@ extension WebSocketHandler {
             writeFrame(.text, payload, context: context)
         }
         for event in events {
-            if let frame = EventFrame.compressedFrame(of: event) {
-                bytes += frame.readableBytes
-                context.write(wrapOutboundOut(.byteBuffer(frame)), promise: nil)
-            } else {
-                bytes += event.readableBytes
-                writeFrame(.text, event, context: context)
-            }
+            bytes += event.compressed?.readableBytes ?? event.json.readableBytes
+            context.write(wrapOutboundOut(.byteBuffer(event.compressed ?? event.frame)), promise: nil)
         }
         context.flush()
         driver.counters.bytesOut &+= UInt64(bytes)

@@ -205,7 +205,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
 
     // MARK: ConnectionTransport
 
-    func send(replies: [Message], events: CircularBuffer<ByteBuffer>) {
+    func send(replies: [Message], events: CircularBuffer<WireEvent>) {
         guard let context else { return }
         write(replies: replies, events: events, context: context)
     }
@@ -244,9 +244,15 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         (try? context?.channel.syncOptions?.getOption(ChannelOptions.bufferedWritableBytes)) ?? 0
     }
 
-    private func write(replies: [Message], events: CircularBuffer<ByteBuffer>, context: ChannelHandlerContext) {
+    private func write(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) {
         guard !closing else { return }
         if parser.compressed, writeCompressed(replies: replies, events: events, context: context) { return }
+        if replies.isEmpty, events.count == 1, let only = events.first {
+            // A lone event goes as the frame every recipient shares: no header of its own, one write.
+            driver.counters.bytesOut &+= UInt64(only.json.readableBytes)
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(only.frame)), promise: nil)
+            return
+        }
         let payload = ReplyEncoder.encode(
             replies: replies, events: events, allocator: context.channel.allocator,
             headroom: WebSocketFrameHeader.maxLength)

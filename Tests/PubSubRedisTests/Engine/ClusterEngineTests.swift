@@ -89,7 +89,7 @@ import PubSubTesting
             // The queue is on a; the client comes back through b.
             let ws = RecordingSink(loop: b.loop, persistent: true)
             let c = try #require(try await b.connect(cid, sink: ws, type: "websocket"))
-            var got = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+            var got = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
             _ = try await a.publish("/m", "6")
             try await b.settle()
             try await b.settle()
@@ -164,7 +164,7 @@ import PubSubTesting
             try await a.settle()
             let first = try #require(try await a.connect(cid)?.result.events.first)
             let token = try #require(
-                try JSONParser().parse(first).arrayValue?[0].objectValue?["ext"]?.objectValue?["position"]?.stringValue)
+                try JSONParser().parse(first.json).arrayValue?[0].objectValue?["ext"]?.objectValue?["position"]?.stringValue)
             var noHistory = cluster.configuration
             noHistory.historySize = 0
             let engine = RedisEngine(
@@ -246,7 +246,7 @@ import PubSubTesting
             let c = try #require(try await b.connect(cid))
             #expect(c.result.status == .ok)
             #expect(NIODeadline.now() - started < .seconds(2))
-            let handedOver = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! }
+            let handedOver = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
             let abandoned = b.redis!.redisStatistics.abandonedHandoffs
             #expect(handedOver == ["queued on a"] && abandoned == 0 || handedOver == [] && abandoned == 1, "\(handedOver) \(abandoned)")
             _ = try await b.publish("/h", #""live""#)

@@ -34,7 +34,7 @@ extension EngineConformanceTests {
                 Issue.record("not a connect: \(again)")
                 return
             }
-            #expect(c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue!["data"]! } == [1, 2, 3])
+            #expect(c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! } == [1, 2, 3])
             // On the same live connection, nothing goes out twice.
             _ = try await h.publish("/r", "4")
             try await h.settle()

@@ -153,7 +153,7 @@ import PubSubTesting
                 Issue.record("no event")
                 return
             }
-            let token = try JSONParser().parse(last).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+            let token = try JSONParser().parse(last.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
             _ = try await h.reply(#"{"channel":"/meta/disconnect","clientId":"\#(cid)"}"#)
             _ = try await h.publish("/room/a", "2")
             _ = try await h.publish("/other", "99")
@@ -199,7 +199,7 @@ import PubSubTesting
             for i in 1...3 { _ = try await h.publish("/p", "\(i)") }
             try await h.settle()
             let events = try #require(try await h.connect(cid)).result.events.map {
-                try JSONParser().parse($0).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+                try JSONParser().parse($0.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
             }
             #expect(events.count == 3)
             #expect(events.allSatisfy { $0.hasPrefix("2.") })
@@ -235,7 +235,7 @@ import PubSubTesting
             for i in 1...5 { _ = try await h.publish("/a", #"{"n":\#(i),"pad":"\#(pad)"}"#) }
             try await h.settle()
             let events = try #require(try await h.connect(cid)).result.events.map {
-                try JSONParser().parse($0).arrayValue![0].objectValue!
+                try JSONParser().parse($0.json).arrayValue![0].objectValue!
             }
             #expect(events.map { $0["data"]?.objectValue?["n"] } == (1...5).map { JSONValue($0) })
             let positions = events.map { $0["ext"]!.objectValue!["position"]!.stringValue! }
@@ -257,7 +257,7 @@ import PubSubTesting
             _ = try await h.publish("/a", #"{"n":6,"pad":"\#(huge)"}"#)
             try await h.settle()
             let sixth = try #require(try await h.connect(cid)).result.events.map {
-                try JSONParser().parse($0).arrayValue![0].objectValue!
+                try JSONParser().parse($0.json).arrayValue![0].objectValue!
             }
             #expect(sixth.map { $0["data"]?.objectValue?["n"] } == [6])
             #expect(try await resume(positions[4]).0 == json(#"{"resume":{"recovered":false,"missed":0}}"#))

@@ -42,7 +42,7 @@ import PubSubTesting
                     try await settle()
                     client.node = pick()
                     guard let c = try await nodes[client.node].connect(client.id) else { return [] }
-                    let events = c.result.events.map { try! JSONParser().parse($0).arrayValue![0].objectValue! }
+                    let events = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue! }
                     if let last = events.last { client.last = last["ext"]!.objectValue!["position"]!.stringValue! }
                     return events.map { $0["data"]!.objectValue!["n"]! }
                 }

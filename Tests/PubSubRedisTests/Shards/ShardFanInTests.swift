@@ -25,8 +25,8 @@ import Testing
         try await group.shutdownGracefully()
     }
 
-    static func events(_ n: Int) -> CircularBuffer<ByteBuffer> {
-        CircularBuffer((0..<n).map { ByteBuffer(string: #"[{"channel":"/a","data":\#($0)}]"#) })
+    static func events(_ n: Int) -> CircularBuffer<WireEvent> {
+        CircularBuffer((0..<n).map { WireEvent(json: ByteBuffer(string: #"[{"channel":"/a","data":\#($0)}]"#)) })
     }
 
     /// What arrives while the shards connect waits, up to `--max-queue` per shard; past that the client is a

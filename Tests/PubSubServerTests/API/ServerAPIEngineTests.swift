@@ -29,7 +29,7 @@ class DataPathOnlyEngine: Engine, @unchecked Sendable {
     func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         inner.attach(clientId, sink: sink, on: loop)
     }
-    func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<ByteBuffer> {
+    func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
         inner.detach(clientId, sink: sink, takeEvents: takeEvents)
     }
     func subscribe(_ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop)

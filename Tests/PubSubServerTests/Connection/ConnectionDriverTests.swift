@@ -11,7 +11,7 @@ import Testing
 @Suite struct ConnectionDriverTests {
     final class RecordingTransport: ConnectionTransport {
         var calls: [String] = []
-        func send(replies: [Message], events: CircularBuffer<ByteBuffer>) {
+        func send(replies: [Message], events: CircularBuffer<WireEvent>) {
             calls.append("send(\(replies.count) replies, \(events.count) events)")
         }
         func sendHeartbeat() { calls.append("heartbeat") }
@@ -53,7 +53,7 @@ import Testing
         ConnectionHandlerTests.publish(1, on: "/x", shared: shared, loop: loop)
         #expect(transport.calls.last == "send(1 replies, 1 events)")
         #expect(driver.currentSink == nil)
-        parked.deliver(CircularBuffer([ByteBuffer(string: "[{}]")]))
+        parked.deliver(CircularBuffer([WireEvent(json: ByteBuffer(string: "[{}]"))]))
         parked.detached(.overflow)
         #expect(transport.calls.count == 2, "the answered connect's sink is not heard")
         driver.handle(try Self.connect(clientId), context: RequestContext(connectionType: .longPolling))
@@ -124,7 +124,7 @@ import Testing
     @Test func aDeliveryToAnIdlePollingConnectionStops() async {
         await #expect(processExitsWith: .failure) {
             var machine = ConnectionStateMachine(transport: .polling, maxQueue: 1)
-            _ = machine.eventsDelivered(CircularBuffer([ByteBuffer(string: "[{}]")]))
+            _ = machine.eventsDelivered(CircularBuffer([WireEvent(json: ByteBuffer(string: "[{}]"))]))
         }
     }
 

@@ -174,7 +174,7 @@ import Testing
     }
 
     /// A broadcast event goes out as one write of the shared encoded buffer, its frame header written once
-    /// when it was encoded (`EventFrame`): no header buffer per recipient, no second write.
+    /// when it was encoded (`WireEvent.frame`): no header buffer per recipient, no second write.
     @Test func aDeliveredEventIsOneWriteOfTheWholeFrame() throws {
         let recorder = LogRecorder()
         let (channel, _, shared, _) = try Self.webSocket(maxQueue: 10, recorder: recorder)

@@ -9,9 +9,9 @@ import Testing
 @Suite struct ConnectionStateMachineTests {
     typealias Machine = ConnectionStateMachine
 
-    static func event(_ n: Int) -> ByteBuffer { ByteBuffer(string: "[{\"channel\":\"/c\",\"data\":\(n)}]") }
+    static func event(_ n: Int) -> WireEvent { WireEvent(json: ByteBuffer(string: "[{\"channel\":\"/c\",\"data\":\(n)}]")) }
 
-    static func events(_ range: ClosedRange<Int>) -> CircularBuffer<ByteBuffer> {
+    static func events(_ range: ClosedRange<Int>) -> CircularBuffer<WireEvent> {
         CircularBuffer(range.map(event))
     }
 
@@ -31,9 +31,9 @@ import Testing
     }
 
     /// The data numbers of encoded test events.
-    static func numbers(_ events: CircularBuffer<ByteBuffer>) -> String {
+    static func numbers(_ events: CircularBuffer<WireEvent>) -> String {
         events.map { e in
-            String(String(buffer: e).drop(while: { $0 != ":" }).dropFirst().split(separator: ":").last!.dropLast(2))
+            String(String(buffer: e.json).drop(while: { $0 != ":" }).dropFirst().split(separator: ":").last!.dropLast(2))
         }.joined(separator: ",")
     }
 
@@ -46,7 +46,7 @@ import Testing
         return s + ")"
     }
 
-    static func write(_ replies: [Message], _ events: CircularBuffer<ByteBuffer>) -> String {
+    static func write(_ replies: [Message], _ events: CircularBuffer<WireEvent>) -> String {
         "write(\(replies.compactMap { $0["id"]?.stringValue ?? $0.error }.joined(separator: ","))|\(numbers(events)))"
     }
 

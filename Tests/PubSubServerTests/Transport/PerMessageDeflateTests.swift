@@ -59,14 +59,16 @@ import Testing
         }
     }
 
-    /// An event is compressed once: its buffer carries the compressed frame (FIN, RSV1, text) before the plain
-    /// one, and the plain frame and the JSON every other reader sees are as they were.
+    /// An event is compressed once: its `WireEvent` carries the compressed frame (FIN, RSV1, text) beside the
+    /// plain one, and the plain frame and the JSON every other reader sees are as they were.
     @Test func anEventCarriesItsCompressedFrameBesideThePlainOne() throws {
-        let event = Self.jobProgress(bytes: 1024)
-        let compressed = EventCompression().compress(event)
-        #expect(compressed.readableBytesView.elementsEqual(event.readableBytesView))
-        #expect(EventFrame.webSocketFrame(of: compressed) == EventFrame.webSocketFrame(of: event))
-        var frame = try #require(EventFrame.compressedFrame(of: compressed))
+        let json = Self.jobProgress(bytes: 1024)
+        let event = WireEvent(json: json, compression: EventCompression())
+        let plain = WireEvent(json: json)
+        #expect(event.json == json)
+        #expect(event.frame == plain.frame)
+        #expect(plain.compressed == nil)
+        var frame = try #require(event.compressed)
         let first = frame.readInteger(as: UInt8.self)
         #expect(first == 0xC1)
         let second = frame.readInteger(as: UInt8.self)
@@ -74,42 +76,26 @@ import Testing
         let extended = length == 126 ? frame.readInteger(as: UInt16.self) : nil
         let payloadLength = extended.map(Int.init) ?? length
         #expect(payloadLength == frame.readableBytes)
-        #expect(frame.readableBytes * 3 < event.readableBytes, "a JSON with repeated keys shrinks at least 3 times")
+        #expect(frame.readableBytes * 3 < json.readableBytes, "a JSON with repeated keys shrinks at least 3 times")
         let inflated = try PerMessageDeflate.inflate(frame, limit: 1 << 20)
-        #expect(inflated.readableBytesView.elementsEqual(event.readableBytesView))
+        #expect(inflated.readableBytesView.elementsEqual(json.readableBytesView))
     }
 
     @Test func shortEventsAndEventsThatDoNotShrinkGoUncompressed() {
         let short = Self.jobProgress(bytes: 100)
-        #expect(EventFrame.compressedFrame(of: EventCompression().compress(short)) == nil)
+        #expect(WireEvent(json: short, compression: EventCompression()).compressed == nil)
         var message = Message()
         message.channel = "/r"
         message["data"] = .string((0..<600).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined())
-        let random = message.encodedEvent()
-        let compressed = EventCompression(minimumBytes: 0).compress(random)
-        if let frame = EventFrame.compressedFrame(of: compressed) { #expect(frame.readableBytes < random.readableBytes + 4) }
-    }
-
-    /// Bytes before an event that this process did not write (a slice of what another node sent) never pass for a
-    /// compressed frame, whatever they hold, even a copy of a real one's layout.
-    @Test func bytesFromElsewhereAreNotTakenForACompressedFrame() {
-        let event = Self.jobProgress(bytes: 1024)
-        let real = EventCompression().compress(event)
-        var forged = ByteBuffer(repeating: 0xC1, count: 64)
-        forged.writeInteger(UInt32(40))
-        forged.writeBytes([UInt8](repeating: 0xAB, count: 16))
-        let start = forged.writerIndex
-        forged.writeImmutableBuffer(EventFrame.webSocketFrame(of: real)!)
-        forged.moveReaderIndex(to: start + EventFrame.headerLength(ofPayload: event.readableBytes))
-        #expect(EventFrame.webSocketFrame(of: forged) != nil)
-        #expect(EventFrame.compressedFrame(of: forged) == nil)
+        let random = WireEvent(encoding: message, compression: EventCompression(minimumBytes: 0))
+        if let frame = random.compressed { #expect(frame.readableBytes < random.frame.readableBytes) }
     }
 
     /// A decompression bomb stops at the limit: inflating stops there instead of going through the rest.
     @Test func aMessageThatInflatesPastTheLimitIsRefused() throws {
         var zeros = ByteBuffer(repeating: 0x20, count: 8 << 20)
         zeros.writeString("")
-        let deflated = try #require(DeflaterPool().deflate(zeros))
+        let deflated = try #require(DeflaterPool().deflate(zeros, headroom: 0))
         #expect(deflated.readableBytes < 16 << 10)
         #expect(throws: PerMessageDeflate.InflateError.tooLarge) { try PerMessageDeflate.inflate(deflated, limit: 1 << 20) }
         let fits = try PerMessageDeflate.inflate(deflated, limit: 8 << 20)
@@ -119,7 +105,7 @@ import Testing
     /// The limit is exact: one byte over it is refused, whatever room the output buffer rounded up to.
     @Test func theLimitIsExact() throws {
         for size in [65_536, 65_537, 69_632, 100_000] {
-            let deflated = try #require(DeflaterPool().deflate(ByteBuffer(repeating: 0x61, count: size)))
+            let deflated = try #require(DeflaterPool().deflate(ByteBuffer(repeating: 0x61, count: size), headroom: 0))
             if size <= 65_536 {
                 #expect(try PerMessageDeflate.inflate(deflated, limit: 65_536).readableBytes == size)
             } else {
