@@ -22,9 +22,12 @@ public struct EventCompression: Sendable, Equatable {
     /// The final, compressed text frame (FIN, RSV1, text) carrying `json`'s readable bytes deflated; nil when they
     /// are too short or do not shrink.
     public func compressedFrame(of json: ByteBuffer) -> ByteBuffer? {
-        guard json.readableBytes >= minimumBytes, var frame = Self.deflaters.deflate(json, headroom: WireEvent.headroom),
-            frame.readableBytes < json.readableBytes
+        guard json.readableBytes >= minimumBytes, let deflated = Self.deflaters.deflate(json, headroom: WireEvent.headroom),
+            deflated.readableBytes < json.readableBytes
         else { return nil }
+        // The output buffer was sized for the worst case (about the input): kept as it is, a 1 MiB event that
+        // deflates to 10 KiB would hold 1 MiB more.
+        var frame = WireEvent.trimmed(deflated)
         let count = frame.readableBytes
         let start = frame.readerIndex - WireEvent.headerLength(ofPayload: count)
         WireEvent.writeHeader(first: WireEvent.compressedText, payloadLength: count, in: &frame, at: start)
@@ -37,7 +40,8 @@ public struct EventCompression: Sendable, Equatable {
 
 /// Raw-deflate streams reused across publishes (zlib's state is about 256 KiB; making one per event would cost
 /// more than the compression): taken from the pool for one event, reset, and given back.
-/// Unchecked: a stream is used by one thread at a time, handed over under the lock.
+// @unchecked: the pool is guarded by the lock of `idle`; a zlib stream (not Sendable) is used by one thread at a
+// time, handed over under that lock.
 final class DeflaterPool: @unchecked Sendable {
     private let idle = NIOLockedValueBox<[ZlibCompressor]>([])
     /// At most this many streams wait in the pool (one per thread that publishes at once is enough).

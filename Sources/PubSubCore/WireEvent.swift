@@ -33,7 +33,7 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
         buffer.writeInteger(UInt8(ascii: "["))
         buffer.writeJSON(message.fields)
         buffer.writeInteger(UInt8(ascii: "]"))
-        self.init(roomyJSON: buffer, compression: compression)
+        self.init(roomyJSON: Self.trimmed(buffer), compression: compression)
     }
 
     /// Bytes encoded elsewhere (another node's event, read from Redis): copied once, behind room for the header.
@@ -43,6 +43,18 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
         buffer.moveReaderIndex(forwardBy: Self.headroom)
         buffer.writeImmutableBuffer(bytes)
         self.init(roomyJSON: buffer, compression: compression)
+    }
+
+    /// `buffer` itself, or a copy of it that holds no more than it uses: a large event encoded in a buffer that
+    /// grew by doubling would keep up to twice its size, in every queue and in the history, whose bound counts
+    /// the bytes of the JSON. Its headroom is kept.
+    static func trimmed(_ buffer: ByteBuffer) -> ByteBuffer {
+        guard buffer.capacity - buffer.writerIndex > 1024 else { return buffer }
+        var copy = ByteBufferAllocator().buffer(capacity: buffer.writerIndex)
+        copy.moveWriterIndex(forwardBy: buffer.readerIndex)
+        copy.moveReaderIndex(forwardBy: buffer.readerIndex)
+        copy.writeImmutableBuffer(buffer)
+        return copy
     }
 
     /// `buffer` has `headroom` free bytes before its reader index, and nothing else will write into it.
