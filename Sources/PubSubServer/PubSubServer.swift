@@ -98,36 +98,7 @@ public final class PubSubServer: Sendable {
                         shared: shared, remoteAddress: channel.remoteAddress?.ipAddress,
                         upgradeHeaders: upgradeHead.headers, eventLoop: channel.eventLoop))
             })
-        let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: 1024)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .serverChannelOption(
-                ChannelOptions.Types.SocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_REUSEPORT)),
-                value: configuration.operations.reusePort ? 1 : 0)
-            // At the descriptor ceiling: back off and shed instead of spinning on a failing accept.
-            .serverChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(AcceptGuard(operations: shared.operations))
-                }
-            }
-            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
-            // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait
-            // in its backlog (`ConnectionStateMachine`).
-            .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
-            // Idle connections keep their receive buffer: start it small (it doubles on a full read).
-            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
-                    // What the kernel may hold of a reader that stopped: bounded, so the send timeout sees the stall.
-                    let sendBuffer = shared.configuration.socketSendBuffer
-                    if sendBuffer > 0 {
-                        try channel.syncOptions?.setOption(.socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
-                    }
-                    try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
-                }
-            }
+        let bootstrap = makeBootstrap(upgrader: upgrader)
         try shared.operations.loadTLS()
         let (channel, extraListeners) = try await bindListeners(bootstrap)
         let engine = broker.engine
@@ -137,6 +108,7 @@ public final class PubSubServer: Sendable {
         }
         state.withLockedValue { $0 = (channel, sweeper) }
         let port = channel.localAddress?.port ?? configuration.port
+        if extraListeners.isEmpty { followMembership(upgrader: upgrader, port: port) }
         try await startOperations(extraListeners: extraListeners, port: port)
         return port
     }
@@ -172,6 +144,86 @@ public final class PubSubServer: Sendable {
         await drain()
     }
 
+    /// The listener's bootstrap: every accepted connection's pipeline and options.
+    private func makeBootstrap(upgrader: WebSocketUpgrader) -> ServerBootstrap {
+        let shared = self.shared
+        return ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1024)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(
+                ChannelOptions.Types.SocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_REUSEPORT)),
+                value: configuration.operations.reusePort ? 1 : 0)
+            // At the descriptor ceiling: back off and shed instead of spinning on a failing accept.
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AcceptGuard(operations: shared.operations))
+                }
+            }
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait
+            // in its backlog (`ConnectionStateMachine`).
+            .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
+            // Idle connections keep their receive buffer: start it small (it doubles on a full read).
+            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
+                    // What the kernel may hold of a reader that stopped: bounded, so the send timeout sees the stall.
+                    let sendBuffer = shared.configuration.socketSendBuffer
+                    if sendBuffer > 0 {
+                        try channel.syncOptions?.setOption(.socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
+                    }
+                    try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
+                }
+            }
+    }
+
+    /// With `--reuse-port` and a connection limit, closes the listener near the limit and binds a new one on the
+    /// same port once below it again, as `ListenerMembership` says (one listener: not with sockets from systemd).
+    private func followMembership(upgrader: WebSocketUpgrader, port: Int) {
+        let operations = shared.operations
+        let host = configuration.host
+        guard ListenerMembership(limit: configuration.operations.maxConnections, sharedPort: configuration.operations.reusePort) != nil
+        else { return }
+        if ListenerMembership.kernelMigratesQueuedConnections() == false {
+            shared.logger.notice(
+                "near --max-connections this process leaves the shared port to the others; the kernel resets the few connections still queued on it then (sysctl net.ipv4.tcp_migrate_req=1 hands them over instead)"
+            )
+        }
+        operations.controlListener { [weak self] action in
+            guard let self else { return }
+            switch action {
+            case .none: break
+            case .leave:
+                let channel = self.state.withLockedValue { s -> (any Channel)? in
+                    defer { s.channel = nil }
+                    return s.channel
+                }
+                guard let channel else { return operations.listenerLeft() }
+                channel.close().whenComplete { _ in operations.listenerLeft() }
+            case .join:
+                self.makeBootstrap(upgrader: upgrader).bind(host: host, port: port).whenComplete { result in
+                    switch result {
+                    case .success(let channel):
+                        let kept = operations.phase == .serving && self.state.withLockedValue { s -> Bool in
+                            guard s.channel == nil else { return false }
+                            s.channel = channel
+                            return true
+                        }
+                        if !kept { channel.close(promise: nil) }
+                        operations.listenerJoined(bound: kept)
+                    case .failure(let error):
+                        self.shared.logger.warning(
+                            "could not listen on the shared port again; trying at the next closed connection",
+                            metadata: ["pubsub.error": "\(error)"])
+                        operations.listenerJoined(bound: false)
+                    }
+                }
+            }
+        }
+    }
+
     /// Takes the listening channel and the sweeper, for a drain.
     func takeListener() -> (channel: (any Channel)?, sweeper: RepeatedTask?) {
         state.withLockedValue { s in
@@ -179,11 +231,5 @@ public final class PubSubServer: Sendable {
             s = (nil, nil)
             return current
         }
-    }
-
-    /// Waits until the listening channel closes.
-    public func waitUntilClosed() async throws {
-        let channel = state.withLockedValue { $0.channel }
-        try await channel?.closeFuture.get()
     }
 }

@@ -128,6 +128,7 @@ extension PubSubServer {
         operations.systemd.notify("STOPPING=1\nSTATUS=Draining: \(open) connections open")
         shared.logger.info(
             "draining", metadata: ["pubsub.connections": "\(open)", "pubsub.drain.timeout": "\(timeout)"])
+        operations.stopListenerMembership()
         let (channel, sweeper) = takeListener()
         sweeper?.cancel()
         try? await channel?.close()

@@ -36,6 +36,10 @@ final class ServerOperations: Sendable {
     private let listeners = NIOLockedValueBox<(broker: [any Channel], metrics: [any Channel], inheritedMetrics: CInt?)>(
         ([], [], nil))
     private let connections = NIOLockedValueBox<[ObjectIdentifier: any Channel]>([:])
+    /// With `--reuse-port` and a connection limit: whether the listener is in the port's group
+    /// (`ListenerMembership`), and who closes and binds it (`PubSubServer`).
+    private let membership: NIOLockedValueBox<ListenerMembership?>
+    private let listenerControl = NIOLockedValueBox<(@Sendable (ListenerMembership.Action) -> Void)?>(nil)
     /// Refusals not yet logged: one log line per burst, not one per refused connection or request.
     private let refusalLog = NIOLockedValueBox<(connections: Int, publishes: Int, lastLogged: NIODeadline?)>((0, 0, nil))
     /// Connections shed at the descriptor ceiling and not yet set up (`markShed`, `refuseIfShed`).
@@ -54,6 +58,8 @@ final class ServerOperations: Sendable {
     ) {
         self.configuration = configuration
         self.loops = loops
+        self.membership = NIOLockedValueBox(
+            ListenerMembership(limit: configuration.maxConnections, sharedPort: configuration.reusePort))
         self.metrics = ServerMetrics(backend: backend)
         self.loopCounters = LoopCounterTable(loops: loops)
         self.logger = logger
@@ -171,12 +177,12 @@ final class ServerOperations: Sendable {
         if try refuseIfShed(channel, makeGuard: makeGuard) { return false }
         let id = ObjectIdentifier(channel)
         let limit = configuration.maxConnections
-        let admitted = connections.withLockedValue { open -> Bool in
-            if limit > 0, open.count >= limit { return false }
+        let admitted = connections.withLockedValue { open -> Int? in
+            if limit > 0, open.count >= limit { return nil }
             open[id] = channel
-            return true
+            return open.count
         }
-        guard admitted else {
+        guard let admitted else {
             metrics.connectionsRefused.increment()
             noteRefusal(connection: true)
             try addRefusal(
@@ -185,12 +191,58 @@ final class ServerOperations: Sendable {
         }
         metrics.connectionsAccepted.increment()
         metrics.connectionsOpen.increment()
+        // Not before this connection's setup is over: a listener closed while it is set up closes it too (NIO's
+        // accept handler drops a connection whose listener is no longer active).
+        membershipChanged(after: channel.eventLoop) { $0.opened(open: admitted) }
         channel.closeFuture.whenComplete { [self] _ in
-            connections.withLockedValue { $0[id] = nil }
+            let open = connections.withLockedValue { connections in
+                connections[id] = nil
+                return connections.count
+            }
             metrics.connectionsOpen.decrement()
+            membershipChanged { $0.closed(open: open) }
         }
         if tls != nil { try sync.addHandler(TLSErrorLogger(operations: self)) }
         return true
+    }
+
+    /// Whoever closes and binds the listener when `ListenerMembership` says so.
+    func controlListener(_ control: @escaping @Sendable (ListenerMembership.Action) -> Void) {
+        listenerControl.withLockedValue { $0 = control }
+    }
+
+    /// The listener closed (`left`) or a new one is bound (`joined`): the membership moves on, and may ask again.
+    func listenerLeft() {
+        let open = openConnections
+        membershipChanged { $0.left(open: open) }
+    }
+
+    func listenerJoined(bound: Bool) {
+        let open = openConnections
+        membershipChanged { $0.joined(bound: bound, open: open) }
+    }
+
+    /// Draining: the listener is not bound again.
+    func stopListenerMembership() {
+        _ = membership.withLockedValue { $0?.stop() }
+    }
+
+    /// Runs an event of the membership and performs its action, out of the lock (in a later task of `after`).
+    private func membershipChanged(
+        after loop: (any EventLoop)? = nil, _ event: (inout ListenerMembership) -> ListenerMembership.Action
+    ) {
+        let action = membership.withLockedValue { m -> ListenerMembership.Action in
+            guard m != nil else { return .none }
+            return event(&m!)
+        }
+        guard action != .none, let control = listenerControl.withLockedValue({ $0 }) else { return }
+        let open = openConnections
+        logger.info(
+            action == .leave
+                ? "near the connection limit: leaving the shared port to the other processes on it"
+                : "below the connection limit again: listening on the shared port",
+            metadata: ["pubsub.connections": "\(open)", "pubsub.limit": "\(configuration.maxConnections)"])
+        if let loop { loop.execute { control(action) } } else { control(action) }
     }
 
     /// A connection accepted into the slot of a listener's reserve descriptor (`AcceptGuard`), answered 503 by
