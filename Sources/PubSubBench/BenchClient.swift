@@ -25,6 +25,8 @@ extension BenchWire {
 /// One Bayeux client of the load: a subscriber (handshake, subscribe, then `/meta/connect` for ever) or a
 /// publisher (handshake, unless it posts like a Rails app, then publishes). Lives on one event loop and is only
 /// touched there; it counts into that loop's `LoopStats`.
+// @unchecked: loop-bound without `NIOLoopBound`: a client lives on one event loop and is only touched there (the
+// load generator's hot path).
 final class BenchClient: @unchecked Sendable {
     enum Role {
         case subscriber(slot: Int)

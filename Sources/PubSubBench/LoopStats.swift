@@ -3,6 +3,7 @@ import NIOCore
 
 /// What the clients of one event loop measured. Touched only on that loop (no locks on the receive path);
 /// the runner reads it with `submit` and merges the loops at the end.
+// @unchecked: loop-bound without `NIOLoopBound`: counted on its loop only, read there (`submit`) when the run ends.
 final class LoopStats: @unchecked Sendable {
     /// Measurement window in monotonic nanoseconds: latencies count for messages sent in it, receipts for the
     /// delivery rate when they arrive in it.

@@ -1,4 +1,5 @@
 import Atomics
+import NIOConcurrencyHelpers
 import NIOCore
 
 /// What every client of one run shares: channel names, who listens where, and the two counters that keep the
@@ -70,20 +71,18 @@ final class RunShared: Sendable {
 }
 
 /// A publisher blocked on the window; whoever makes room wakes it on its own loop.
-final class PublisherGate: @unchecked Sendable {
+final class PublisherGate: Sendable {
     let blocked = ManagedAtomic<Bool>(false)
-    /// Set once, on the publisher's loop, before it starts publishing.
-    private var resume: (@Sendable () -> Void)?
-    private var loop: (any EventLoop)?
+    /// Set once, on the publisher's loop, before it starts publishing; read by whoever wakes it.
+    private let waker = NIOLockedValueBox<(loop: any EventLoop, resume: @Sendable () -> Void)?>(nil)
 
     func install(loop: any EventLoop, resume: @escaping @Sendable () -> Void) {
-        self.loop = loop
-        self.resume = resume
+        waker.withLockedValue { $0 = (loop, resume) }
     }
 
     func wake() {
         guard blocked.compareExchange(expected: true, desired: false, ordering: .acquiringAndReleasing).exchanged,
-            let loop, let resume
+            let (loop, resume) = waker.withLockedValue({ $0 })
         else { return }
         loop.execute(resume)
     }

@@ -1,5 +1,6 @@
 import Bayeux
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 
 /// What handling one message produced.
@@ -109,26 +110,26 @@ public final class Broker: Sendable {
             return handleOne(message, context: context, sink: isConnect ? sink : nil, now: now, on: loop).map { [$0] }
         }
         // Filled in order, by one chain of futures on `loop`.
-        let outcomes = OutcomeList(capacity: elements.count)
+        let outcomes = NIOLockedValueBox<[Outcome]>([])
         var offer = sink
         if let s = sink, !s.isPersistent, elements.count != 1 { offer = nil }
         var future = loop.makeSucceededFuture(())
         for element in elements {
             switch element {
             case .invalid:
-                future = future.map { outcomes.append(.reply(Self.invalidElementReply)) }
+                future = future.map { outcomes.withLockedValue { $0.append(.reply(Self.invalidElementReply)) } }
             case .message(let message):
                 let isConnect = message.channel == Channel.connect
                 let sinkForThis = isConnect ? offer : nil
                 if isConnect { offer = nil }
                 future = future.flatMap {
-                    self.handleOne(message, context: context, sink: sinkForThis, now: now, on: loop).map {
-                        outcomes.append($0)
+                    self.handleOne(message, context: context, sink: sinkForThis, now: now, on: loop).map { outcome in
+                        outcomes.withLockedValue { $0.append(outcome) }
                     }
                 }
             }
         }
-        return future.map { outcomes.values }
+        return future.map { outcomes.withLockedValue { $0 } }
     }
 
     /// The one reply to a request over `maxMessagesPerRequest`: no `id` or `channel`, as it answers no single
@@ -137,13 +138,6 @@ public final class Broker: Sendable {
         var reply = Message()
         reply.fail(BayeuxError(.tooManyMessages, String(configuration.maxMessagesPerRequest)))
         return reply
-    }
-
-    /// The outcomes of one request, appended by the steps of a single future chain (never concurrently).
-    private final class OutcomeList: @unchecked Sendable {
-        var values: [Outcome] = []
-        init(capacity: Int) { values.reserveCapacity(capacity) }
-        func append(_ outcome: Outcome) { values.append(outcome) }
     }
 
     static let invalidElementReply: Message = {

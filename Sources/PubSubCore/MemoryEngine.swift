@@ -8,8 +8,10 @@ import NIOCore
 /// One lock guards the state; a publish takes it once, appends the same encoded buffer to each recipient's
 /// queue and collects the sinks to wake, grouped by event loop, so each loop gets one task per publish burst
 /// (not one per recipient) and drains all its sessions under a single lock acquisition.
+// @unchecked: every `var` is guarded by `lock`.
 public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendable {
     /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
+    // @unchecked: guarded by the engine's `lock`; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
         let id: String
         var subscriptions = SubscriptionSet()

@@ -8,8 +8,8 @@
 /// time instead of linked: building needs no `libsystemd-dev` (nor pkg-config), and the binary starts where
 /// there is no libsystemd (a container, macOS), with systemd notifications, the watchdog and socket
 /// activation off. The library is opened once and never closed.
+// @unchecked: C function pointers into a library that stays loaded; they carry no state of their own.
 public struct LibSystemd: @unchecked Sendable {
-    // @unchecked: C function pointers into a library that stays loaded; they carry no state of their own.
     typealias Notify = @convention(c) (CInt, UnsafePointer<CChar>?) -> CInt
     typealias WatchdogEnabled = @convention(c) (CInt, UnsafeMutablePointer<UInt64>?) -> CInt
     typealias ListenFDsWithNames = @convention(c) (

@@ -22,6 +22,7 @@ public enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConverti
 
 /// One broker node over either engine, driven with JSON text, with explicit time. Several nodes of the Redis
 /// kind share one redis-server: a cluster in one process.
+// @unchecked: test support: a test drives a node from one task at a time; `now` is its explicit clock.
 public final class Node: @unchecked Sendable {
     public let loop: any EventLoop
     public let broker: Broker
@@ -134,6 +135,7 @@ public final class Node: @unchecked Sendable {
 }
 
 /// Nodes of one kind; `close()` stops every engine and server.
+// @unchecked: test support: a test drives its cluster from one task at a time; `nodes` changes only in `start`.
 public final class Cluster: @unchecked Sendable {
     public let kind: EngineKind
     public let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)

@@ -5,8 +5,8 @@ import PubSubCore
 
 /// A delivery sink that records what the engine hands it: the events (decoded) and the detaches, on any event
 /// loop (an `EmbeddedEventLoop` for the broker's unit tests, a real one for the engine conformance suite).
+// @unchecked: the recorded values are guarded by the lock of `box`; the rest is immutable.
 public final class RecordingSink: DeliverySink, @unchecked Sendable {
-    // @unchecked: the recorded values sit behind a lock; the rest is immutable.
     public let eventLoop: any EventLoop
     public let isPersistent: Bool
     private let box = NIOLockedValueBox<(events: [JSONValue], detaches: [DetachReason])>(([], []))

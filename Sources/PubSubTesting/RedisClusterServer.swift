@@ -6,6 +6,7 @@ import PubSubRedis
 /// A real Redis Cluster on loopback: `masters` redis-server processes in cluster mode (each with `replicas`
 /// replicas), joined with `redis-cli --cluster create`, ready when every node says `cluster_state:ok`. Not
 /// starting is a failure, never a skip.
+// @unchecked: immutable after start: its servers.
 public final class RedisClusterServer: @unchecked Sendable {
     public let nodes: [RedisServer]
 
@@ -91,6 +92,7 @@ public final class RedisClusterServer: @unchecked Sendable {
 private enum SharedCluster {
     static let instance = Once()
 
+    // @unchecked: `task` and `started` are guarded by `lock`.
     final class Once: @unchecked Sendable {
         private let lock = NSLock()
         private var task: Task<RedisClusterServer, any Error>?

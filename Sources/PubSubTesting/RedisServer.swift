@@ -5,6 +5,7 @@ import PubSubRedis
 
 /// A real `redis-server` on a free loopback port, for one test. Not finding or not starting it is a failure
 /// (thrown), never a skip: CI installs it (scripts/install-test-deps).
+// @unchecked: immutable after start: a port, a process and a directory.
 public final class RedisServer: @unchecked Sendable {
     public let port: Int
     private let process: Process
@@ -117,6 +118,7 @@ public final class RedisServer: @unchecked Sendable {
 
 /// A Redis Sentinel watching `master` as `mymaster` (quorum 1), on a free loopback port, for one test: the same
 /// binary as redis-server, started with `--sentinel`. Not starting is a failure, never a skip.
+// @unchecked: immutable after start: a port, a process and a directory.
 public final class RedisSentinelServer: @unchecked Sendable {
     public let port: Int
     public let masterName = "mymaster"

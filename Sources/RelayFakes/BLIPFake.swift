@@ -300,6 +300,7 @@ final class FakeBLIPConnection: Sendable {
     // The writer holds a deflate stream: only touched under this lock, in send order.
     private let sending: NIOLockedValueBox<UnsafeSending>
 
+    // @unchecked: only ever inside `sending`, whose lock guards it.
     struct UnsafeSending: @unchecked Sendable { var value: Sending }
 
     init(fake: BLIPFake, id: UInt64, outgoing: AsyncStream<[UInt8]>.Continuation) {

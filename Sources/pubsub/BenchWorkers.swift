@@ -12,6 +12,7 @@ import PubSubBench
 /// The worker processes of `pubsub bench --workers N`: child `pubsub bench --worker` processes, each holding a share
 /// of the subscribers under its own descriptor limit, spoken to over their standard input and output, one line
 /// each way per step.
+// @unchecked: immutable after init: its processes, pipes and readers are only read; each reader keeps its own state.
 final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
     let runId: String
     let plan: WorkerPlan
@@ -134,6 +135,7 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
 }
 
 /// Reads lines from a descriptor on a queue of its own (blocking reads, off the event loops and the tasks).
+// @unchecked: `buffer` and `ended` are guarded by the serial `queue`: one read at a time, on it.
 final class LineReader: @unchecked Sendable {
     private let fd: Int32
     private let queue = DispatchQueue(label: "pubsub.bench.lines")

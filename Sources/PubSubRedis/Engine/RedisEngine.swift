@@ -18,6 +18,8 @@ import PubSubCore
 /// sends one notification per node that has a subscriber (not one per recipient). The node fans the event out
 /// to its own sessions. A session whose client connects to another node moves there: routing moves in the same
 /// script, and the old node hands the queue over, so nothing is lost or reordered. See `RedisScripts`.
+// @unchecked: mutable state is guarded by the lock of `state`; `subscriber` is set once in `start`, before the
+// engine is shared.
 public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable {
     public let configuration: BrokerConfiguration
     public let settings: RedisEngineConfiguration

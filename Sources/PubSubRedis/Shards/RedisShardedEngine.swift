@@ -17,7 +17,7 @@ import PubSubCore
 /// What differs from one engine (docs/CLUSTER.md): order is kept per shard, not across shards; the queue bound
 /// (`--max-queue`) applies per shard; a position names one shard, so a resume covers a subscription held by one
 /// shard, or all of them from the handshake's position (one part per shard).
-public final class RedisShardedEngine: Engine, EngineQueries, EngineObservability, @unchecked Sendable {
+public final class RedisShardedEngine: Engine, EngineQueries, EngineObservability, Sendable {
     public let configuration: BrokerConfiguration
     public let map: ShardMap
     public let shards: [RedisEngine]
@@ -498,7 +498,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
 }
 
 /// Hears a shard's session events and passes on its overflows.
-private final class OverflowObserver: SessionEventObserver, @unchecked Sendable {
+private final class OverflowObserver: SessionEventObserver, Sendable {
     let overflowed: @Sendable ([String]) -> Void
 
     init(_ overflowed: @escaping @Sendable ([String]) -> Void) {

@@ -12,6 +12,7 @@ import PubSubCore
 /// - Deliveries before the connect is answered wait here and go with its answer.
 /// - The first detach (superseded, disconnected, expired, overflow, kicked, shutdown) is passed on once; the
 ///   other shards' proxies are detached.
+// @unchecked: its state is guarded by the lock of `state`; `engine` is unowned (the engine outlives its fan-ins).
 final class ShardFanIn: @unchecked Sendable {
     let clientId: String
     let sink: any DeliverySink
@@ -62,6 +63,8 @@ final class ShardFanIn: @unchecked Sendable {
     }
 
     /// The sink each shard is given.
+    // @unchecked: `fanIn` is set once, when the fan-in is made, before any shard holds the proxy; the rest is
+    // immutable.
     final class Proxy: DeliverySink, @unchecked Sendable {
         let shard: Int
         let eventLoop: any EventLoop

@@ -429,6 +429,7 @@ public actor BLIPChangeSource: ChangeSource {
 
 /// One WebSocket connection's sending side: frames are encoded under a lock (the running checksum and the deflate
 /// stream follow the send order) and written in that order by one writer task.
+// @unchecked: `encoder` and `_subscription` are guarded by `lock`; the rest is immutable.
 final class BLIPSession: @unchecked Sendable {
     let generation: UInt64
     private let lock = NIOLock()

@@ -5,9 +5,9 @@ import PubSubCore
 /// client or an EventSource stream (persistent). It only forwards to its connection's `ConnectionDriver`, on the
 /// driver's loop, with its generation: the driver takes the calls of its current sink only, so a sink it has let
 /// go of (answered, rebound, closed) changes nothing, whatever the engine still holds.
-///
-/// Unchecked: the driver is touched on its loop only (the engine calls both methods there, as `DeliverySink` says;
-/// debug builds check it). Its loop is the driver's own, not a copy here: every open WebSocket has a sink.
+// @unchecked: loop-bound without `NIOLoopBound`: the driver is touched on its own loop only (the engine calls both
+// methods there, as `DeliverySink` says; debug builds check it), and the sink keeps no copy of the loop (it is the
+// driver's own): every open WebSocket has a sink, and stays small.
 final class ConnectionSink: DeliverySink, @unchecked Sendable {
     private let driver: ConnectionDriver
     let generation: UInt32

@@ -4,60 +4,65 @@ import NIOCore
 /// connects sit in one `TimerQueue`, and one NIO scheduled callback is armed for the earliest. A connection
 /// costs an entry in a shared array instead of a scheduled task (task, closure, promise) of its own.
 ///
-/// Used on its event loop only. A deadline moved later leaves the callback armed: it fires, finds nothing due and
-/// re-arms for the next.
-final class LoopTimers: NIOScheduledCallbackHandler, @unchecked Sendable {
+/// Used on its event loop only (its state is loop-bound: touched off the loop, it traps). A deadline moved later
+/// leaves the callback armed: it fires, finds nothing due and re-arms for the next.
+final class LoopTimers: NIOScheduledCallbackHandler, Sendable {
     let eventLoop: any EventLoop
-    private var queue = TimerQueue()
-    private var armed: NIOScheduledCallback?
-    private var armedDeadline: NIODeadline?
+    private let state: NIOLoopBoundBox<State>
+
+    private struct State {
+        var queue = TimerQueue()
+        var armed: NIOScheduledCallback?
+        var armedDeadline: NIODeadline?
+    }
 
     init(eventLoop: any EventLoop) {
         self.eventLoop = eventLoop
+        self.state = .makeBoxSendingValue(State(), eventLoop: eventLoop)
     }
 
     /// How many deadlines are set (for tests).
-    var count: Int { queue.count }
+    var count: Int { state.value.queue.count }
 
     /// The deadline of `owner`, if it has one.
     func deadline(of owner: any TimerQueueOwner) -> NIODeadline? {
-        queue.deadline(of: owner)
+        state.value.queue.deadline(of: owner)
     }
 
     /// Sets `owner`'s deadline (replacing any): `timerQueueDeadlineReached()` is called once it has come.
     func schedule(_ owner: any TimerQueueOwner, at deadline: NIODeadline) {
-        queue.schedule(owner, at: deadline)
+        state.value.queue.schedule(owner, at: deadline)
         rearm()
     }
 
     func cancel(_ owner: any TimerQueueOwner) {
-        queue.cancel(owner)
-        if queue.isEmpty { disarm() }
+        state.value.queue.cancel(owner)
+        if state.value.queue.isEmpty { disarm() }
     }
 
     func handleScheduledCallback(eventLoop: some EventLoop) {
-        armed = nil
-        armedDeadline = nil
+        state.value.armed = nil
+        state.value.armedDeadline = nil
         let now = self.eventLoop.now
-        while let owner = queue.popDue(now: now) {
+        while let owner = state.value.queue.popDue(now: now) {
             owner.timerQueueDeadlineReached()
         }
         rearm()
     }
 
     private func rearm() {
-        guard let earliest = queue.earliest else { return }
-        if let armedDeadline, armedDeadline <= earliest { return }
-        armed?.cancel()
-        armedDeadline = earliest
+        guard let earliest = state.value.queue.earliest else { return }
+        if let armedDeadline = state.value.armedDeadline, armedDeadline <= earliest { return }
+        state.value.armed?.cancel()
+        state.value.armedDeadline = earliest
         // Fails only when the loop is shutting down, and its connections with it.
-        armed = try? eventLoop.assumeIsolated().scheduleCallback(at: earliest, handler: self)
+        state.value.armed = try? eventLoop.assumeIsolated().scheduleCallback(at: earliest, handler: self)
     }
 
     private func disarm() {
-        armed?.cancel()
-        armed = nil
-        armedDeadline = nil
+        state.value.armed?.cancel()
+        state.value.armed = nil
+        state.value.armedDeadline = nil
     }
 }
 

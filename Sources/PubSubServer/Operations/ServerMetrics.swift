@@ -13,6 +13,8 @@ import PubSubCore
 
 /// Counters kept by the handlers of one event loop and touched on that loop only: plain integers, no atomics
 /// and no locks on the data path. `/metrics` collects them from every loop at scrape time.
+// @unchecked: loop-bound without `NIOLoopBound`: counted on its loop only, on every write, and read on that loop
+// (`submit`) at scrape time.
 final class LoopCounters: @unchecked Sendable {
     /// Response and frame payload bytes written (HTTP bodies, EventSource events, WebSocket frames).
     var bytesOut: UInt64 = 0

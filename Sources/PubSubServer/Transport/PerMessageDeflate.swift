@@ -88,7 +88,9 @@ enum PerMessageDeflate {
 }
 
 /// Raw-inflate streams reused across messages (a stream's window is 32 KiB): one is borrowed for one message,
-/// reset, and given back. Unchecked: a stream is used by one thread at a time, handed over under the lock.
+/// reset, and given back.
+// @unchecked: the pool is guarded by the lock of `idle`; a zlib stream (not Sendable) is used by one thread at a
+// time, handed over under that lock.
 final class InflaterPool: @unchecked Sendable {
     private let idle = NIOLockedValueBox<[ZlibDecompressor]>([])
     private let keep = 8
