@@ -33,6 +33,8 @@ package struct History: Sendable {
     package private(set) var bytes = 0
     /// The sequence of the newest event ever appended (0 before the first).
     package private(set) var lastSequence: UInt64 = 0
+    /// The last sequence handed out (`nextSequence`): ahead of `lastSequence` while events are being encoded.
+    private var issued: UInt64 = 0
 
     package init(capacity: Int, maxBytes: Int = 0, maxAge: TimeAmount?) {
         self.capacity = capacity
@@ -43,15 +45,16 @@ package struct History: Sendable {
 
     package var isEnabled: Bool { capacity > 0 }
 
-    /// Takes the next sequence number.
+    /// Takes the next sequence number. Entries are appended in sequence order (`append`).
     package mutating func nextSequence() -> UInt64 {
-        lastSequence += 1
-        return lastSequence
+        issued += 1
+        return issued
     }
 
     /// Appends an entry, dropping the oldest while over a bound. An entry over the byte bound on its own is not
     /// kept, and nothing older is either (a resume from before it can then only be `recovered: false`).
     package mutating func append(_ entry: Entry) {
+        lastSequence = entry.sequence
         guard capacity > 0 else { return }
         if entries.count >= capacity { dropFirst() }
         let cost = entry.cost

@@ -50,6 +50,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     var kickedClients = RecentIDs(limit: 10_000)
 
     var history: History
+    /// Publishes encoded out of the lock, waiting for an earlier sequence to be queued first (`publish`).
+    private var encoded: [UInt64: (event: WireEvent, channel: String, keys: [String], now: NIODeadline)] = [:]
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
     package let epoch: UInt64
     /// The secret that makes positions opaque (`PositionCipher`); new at every start, like the epoch.
@@ -409,27 +411,39 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var notifications: [(any DeliverySink, DetachReason)] = []
         var dropped = false
         let compression = configuration.eventCompression
-        // Without history an event has no position: it is encoded (and compressed) before the lock is taken.
-        let unpositioned = configuration.historySize > 0 ? nil : WireEvent(encoding: message, compression: compression)
-        let position = lock.withLock { () -> String? in
-            // Sequence, history and queues change together, so every subscriber sees events in position order.
-            let event: WireEvent
-            var position: String?
-            if let unpositioned {
-                event = unpositioned
-            } else {
-                let sequence = history.nextSequence()
-                var positioned = message
-                let token = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
-                positioned.setPosition(token)
-                position = token
-                event = WireEvent(encoding: positioned, compression: compression)
-                history.prune(now: now)
-                history.append(History.Entry(sequence: sequence, channel: channel, event: event, publishedAt: now))
+        // Encoding and compressing happen out of the lock. Without history an event has no position: it is made
+        // first. With history the lock is taken twice: once for the sequence, once to queue the event; an event
+        // encoded before the one ahead of it waits in `encoded` and is queued right after it (by whichever
+        // publish queues that one), so every subscriber sees events in position order.
+        guard configuration.historySize > 0 else {
+            let event = WireEvent(encoding: message, compression: compression)
+            lock.withLock {
+                stats.published += 1
+                dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
             }
-            stats.published += 1
-            dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
-            return position
+            if !wakes.isEmpty { wakeUp(wakes) }
+            if !notifications.isEmpty { notify(notifications) }
+            if dropped { report() }
+            return loop.makeSucceededFuture(nil)
+        }
+        let sequence = lock.withLock { history.nextSequence() }
+        var positioned = message
+        let position = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
+        positioned.setPosition(position)
+        let event = WireEvent(encoding: positioned, compression: compression)
+        lock.withLock {
+            encoded[sequence] = (event, channel, keys, now)
+            while let next = encoded.removeValue(forKey: history.lastSequence + 1) {
+                history.prune(now: next.now)
+                history.append(
+                    History.Entry(
+                        sequence: history.lastSequence + 1, channel: next.channel, event: next.event,
+                        publishedAt: next.now))
+                stats.published += 1
+                if !fanOut(next.event, keys: next.keys, wakes: &wakes, notifications: &notifications).isEmpty {
+                    dropped = true
+                }
+            }
         }
         if !wakes.isEmpty { wakeUp(wakes) }
         if !notifications.isEmpty { notify(notifications) }
