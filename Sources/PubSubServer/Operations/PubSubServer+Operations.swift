@@ -153,40 +153,8 @@ extension PubSubServer {
     }
 }
 
-/// The answers of the operational routes, shared by the broker port and the metrics port.
-extension ServerShared {
-    /// Nil for a route that is not operational. `/metrics` is served on the broker port only when there is no
-    /// metrics port.
-    func operationalResponse(_ route: Route, onMetricsPort: Bool, on loop: any EventLoop)
-        -> EventLoopFuture<(HTTPResponseStatus, HTTPHeaders, ByteBuffer)>?
-    {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-        headers.add(name: "Cache-Control", value: "no-store")
-        switch route {
-        case .health:
-            return loop.makeSucceededFuture((.ok, headers, ByteBuffer(string: "ok\n")))
-        case .ready:
-            let ready = operations.isReady(engine: broker.engine)
-            let text: String
-            switch operations.phase {
-            case .serving: text = ready ? "ready\n" : "engine not ready\n"
-            case .starting: text = "starting\n"
-            case .draining, .stopped: text = "draining\n"
-            }
-            return loop.makeSucceededFuture((ready ? .ok : .serviceUnavailable, headers, ByteBuffer(string: text)))
-        case .metrics:
-            guard onMetricsPort || !operations.hasMetricsListener else { return nil }
-            headers.replaceOrAdd(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
-            let metricsHeaders = headers
-            return operations.renderMetrics(engine: broker.engine, on: loop).map { (.ok, metricsHeaders, $0) }
-        default:
-            return nil
-        }
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on the metrics port.
+/// Serves `/metrics`, `/healthz`, `/readyz`, the API and the dashboard on the metrics port, through the same
+/// router and responders as the broker's port (`HTTPRouter`); it writes no CORS headers.
 final class OperationsHTTPHandler: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
@@ -220,40 +188,31 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             self.head = nil
-            let route = Route(path: head.uri, mount: shared.mount)
-            let response: EventLoopFuture<(HTTPResponseStatus, HTTPHeaders, ByteBuffer)>
+            let reply: HTTPReply
             if tooLarge {
                 let r = ServerAPI.error(.payloadTooLarge, "request body too large")
-                response = context.eventLoop.makeSucceededFuture((r.status, r.headers, r.body))
-            } else if case .api(let call) = route {
-                let address = HTTPHandler.clientAddress(
-                    head, remoteAddress: context.channel.remoteAddress?.ipAddress,
-                    trustForwardedFor: shared.operations.configuration.trustForwardedFor)
-                response = shared.api.respond(
-                    call: call, head: head, body: body, address: address, on: context.eventLoop
-                ).map {
-                    ($0.status, $0.headers, $0.body)
-                }
-            } else if case .admin = route {
-                let page = shared.api.adminPage(head: head)
-                response = context.eventLoop.makeSucceededFuture((page.status, page.headers, page.body))
+                reply = .now(HTTPResponse(status: r.status, headers: r.headers, body: r.body))
             } else {
-                response =
-                    shared.operationalResponse(route, onMetricsPort: true, on: context.eventLoop)
-                    ?? context.eventLoop.makeSucceededFuture(
-                        (.notFound, ["Content-Type": "text/plain; charset=utf-8"], ByteBuffer(string: "Not found\n")))
+                let request = RoutedRequest(
+                    head: head, body: body, route: Route(path: head.uri, mount: shared.mount),
+                    peerAddress: context.channel.remoteAddress?.ipAddress)
+                // Never nil here: the metrics port routes the Bayeux mount to not found.
+                reply =
+                    HTTPRouter(shared: shared, onMetricsPort: true).reply(to: request, on: context.eventLoop)
+                    ?? .now(.text(.notFound, "Not found\n"))
+            }
+            let response: EventLoopFuture<HTTPResponse>
+            switch reply {
+            case .now(let r): response = context.eventLoop.makeSucceededFuture(r)
+            case .later(let future): response = future
             }
             body = nil
-            response.assumeIsolated().whenSuccess { status, headers, body in
-                var headers = headers
-                headers.add(name: "Content-Length", value: String(body.readableBytes))
-                headers.add(name: "X-Content-Type-Options", value: "nosniff")
-                if !head.isKeepAlive { headers.add(name: "Connection", value: "close") }
-                context.write(
-                    self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
-                    promise: nil)
-                // A HEAD gets the length of the body, not the body.
-                if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
+            response.assumeIsolated().whenSuccess { response in
+                var response = response
+                response.crossOrigin = false
+                let (responseHead, body) = ResponseTarget(head).complete(response, keepAlive: head.isKeepAlive)
+                context.write(self.wrapOutboundOut(.head(responseHead)), promise: nil)
+                if let body { context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
                 let done = context.writeAndFlush(self.wrapOutboundOut(.end(nil)))
                 if !head.isKeepAlive { done.assumeIsolated().whenComplete { _ in context.close(promise: nil) } }
             }

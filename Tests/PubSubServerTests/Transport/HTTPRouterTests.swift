@@ -130,8 +130,19 @@ import Testing
         try #require(operations.hasMetricsListener)
         let loop = EmbeddedEventLoop()
         let response = try Self.response(
-            MetricsResponder(shared: shared).reply(to: Self.request(.GET, "/metrics"), on: loop), loop: loop)
+            HTTPRouter(shared: shared).reply(to: Self.request(.GET, "/metrics"), on: loop), loop: loop)
         #expect(response.status == .notFound && String(buffer: response.body) == "Not found\n")
+        // The metrics port answers it, with the same router, and no Bayeux mount or static files there.
+        let onMetricsPort = HTTPRouter(shared: shared, onMetricsPort: true)
+        let metrics = try Self.response(onMetricsPort.reply(to: Self.request(.GET, "/metrics"), on: loop), loop: loop)
+        #expect(metrics.status == .ok)
+        #expect(metrics.headers["content-type"] == ["text/plain; version=0.0.4; charset=utf-8"])
+        for path in ["/faye", "/faye/client.js", "/elsewhere"] {
+            let other = try Self.response(onMetricsPort.reply(to: Self.request(.GET, path), on: loop), loop: loop)
+            #expect(other.status == .notFound && String(buffer: other.body) == "Not found\n", "\(path)")
+        }
+        let health = try Self.response(onMetricsPort.reply(to: Self.request(.GET, "/healthz"), on: loop), loop: loop)
+        #expect(health.status == .ok && health.headers["cache-control"] == ["no-store"])
     }
 
     @Test func theAPIAndTheDashboardAnswerSameOriginOnly() throws {
@@ -190,8 +201,9 @@ import Testing
         let written = try Self.exchange(.GET, "/healthz", headers: [("Origin", "http://a.example")])
         #expect(written.head.status == .ok)
         #expect(written.head.headers.map { "\($0.name): \($0.value)" } == [
-            "Content-Type: text/plain; charset=utf-8", "Access-Control-Allow-Origin: http://a.example",
-            "Access-Control-Allow-Credentials: true", "Content-Length: 3", "X-Content-Type-Options: nosniff",
+            "Content-Type: text/plain; charset=utf-8", "Cache-Control: no-store",
+            "Access-Control-Allow-Origin: http://a.example", "Access-Control-Allow-Credentials: true",
+            "Content-Length: 3", "X-Content-Type-Options: nosniff",
         ])
         #expect(written.body == "ok\n")
         #expect(!written.closed)
