@@ -39,14 +39,7 @@ extension ConnectionTransport {
 /// is nil once the connection is closed: a sink an engine still holds, or a broker answer that comes late, may
 /// keep the driver past its handler, never calling it.
 final class ConnectionDriver: TimerQueueOwner {
-    enum Kind {
-        case polling
-        case webSocket
-        case stream
-    }
-
     private var machine: ConnectionStateMachine
-    private var kind: Kind
     private unowned let transport: any ConnectionTransport
     private let shared: ServerShared
     private let timers: LoopTimers
@@ -76,10 +69,9 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// `context`: a WebSocket's, for all its frames; a polling connection's are its requests'.
     init(transport: any ConnectionTransport, context: RequestContext, shared: ServerShared, eventLoop: any EventLoop) {
-        let kind: Kind = context.connectionType == .websocket ? .webSocket : .polling
-        self.kind = kind
         self.machine = ConnectionStateMachine(
-            transport: kind == .webSocket ? .webSocket : .polling, maxQueue: shared.configuration.broker.maxQueue)
+            transport: context.connectionType == .websocket ? .webSocket : .polling,
+            maxQueue: shared.configuration.broker.maxQueue)
         self.transport = transport
         self.shared = shared
         self.timers = shared.guardSettings.loopTimers.timers(for: eventLoop)
@@ -106,10 +98,10 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// The handler joined its pipeline: an open WebSocket counts as an attached client from now on.
     func opened() {
-        if kind == .webSocket { attachedType = .websocket }
+        if machine.transport == .webSocket { attachedType = .websocket }
     }
 
-    private var isPolling: Bool { kind == .polling }
+    private var isPolling: Bool { machine.transport == .polling }
     /// The connection's loop (its timers' `let`: read from any thread).
     var eventLoop: any EventLoop { timers.eventLoop }
 
@@ -125,7 +117,7 @@ final class ConnectionDriver: TimerQueueOwner {
     var currentSink: ConnectionSink? { sink }
     var isHandlingFrame: Bool { machine.isHandlingFrame }
     /// Whether the connection became an EventSource stream (it stays one while it closes).
-    var isStream: Bool { kind == .stream }
+    var isStream: Bool { machine.transport == .stream }
 
     // MARK: Events from the handler
 
@@ -199,7 +191,6 @@ final class ConnectionDriver: TimerQueueOwner {
     /// A polling connection becomes an EventSource stream of `clientId`, with heartbeats every `pingInterval`.
     func openStream(clientId: String) {
         machine.streamOpened(clientId: clientId)
-        kind = .stream
         newSink(persistent: true)
         attachedType = .eventSource
         let interval = shared.configuration.pingInterval
@@ -427,6 +418,6 @@ final class ConnectionDriver: TimerQueueOwner {
         guard sink != nil else { return }
         sink = nil
         generation &+= 1
-        if kind != .webSocket { attachedType = nil }
+        if machine.transport != .webSocket { attachedType = nil }
     }
 }

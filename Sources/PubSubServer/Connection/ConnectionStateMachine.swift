@@ -19,12 +19,16 @@ import PubSubCore
 /// A transition no connection can take (a second request while one is parked, a frame on a polling connection)
 /// stops with a precondition.
 struct ConnectionStateMachine {
+    /// What the connection is: the one name of its transport in the connection layer (the driver reads it
+    /// here; `ConnectionType` is the protocol's name of it on the wire).
     enum Transport: Sendable, Equatable {
         /// Frames in both directions; the connect reply is held on the socket.
         case webSocket
         /// One request, one response (long-polling, cross-origin, JSON-P): a connect is parked until the first
         /// delivery, the end of its hold, or a detach. Such a connection may become an EventSource stream.
         case polling
+        /// A polling connection that became an EventSource stream (it stays one while it closes).
+        case stream
     }
 
     /// Why the machine asks for the connection to end.
@@ -172,6 +176,7 @@ struct ConnectionStateMachine {
     var confirmAtMost: Int32 { Int32(clamping: max(1, maxQueue / 4)) }
     static let confirmInterval = TimeAmount.seconds(1)
     private(set) var state: State
+    private(set) var transport: Transport
     private(set) var isWritable = true
     private var readPending = false
     /// WebSocket: the messages of a frame are with the broker. The next frame waits for them, and so does
@@ -182,9 +187,11 @@ struct ConnectionStateMachine {
     private var quiescing = false
 
     init(transport: Transport, maxQueue: Int) {
+        precondition(transport != .stream, "a connection becomes a stream (streamOpened), it does not start as one")
         self.maxQueue = maxQueue
+        self.transport = transport
         switch transport {
-        case .polling: state = .idle
+        case .polling, .stream: state = .idle
         case .webSocket: state = .socket(Socket(clientId: nil, held: nil, backlog: .noEvents))
         }
     }
@@ -250,6 +257,7 @@ struct ConnectionStateMachine {
     mutating func streamOpened(clientId: String) {
         guard case .idle = state else { preconditionFailure("an EventSource stream opened in state \(state)") }
         state = .stream(clientId: clientId, backlog: .noEvents)
+        transport = .stream
     }
 
     // MARK: Messages
