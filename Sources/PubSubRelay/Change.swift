@@ -94,22 +94,14 @@ public protocol ChangeSource: Sendable {
     var sourceID: String { get }
     /// Connects and resumes after `position` (nil: from wherever the feed starts).
     func start(after position: String?) async throws
-    /// The next batch. A polled source answers nil when nothing new is there yet (the relay then waits a little and
-    /// asks again); a source that `pushes` waits for the next batch and answers nil only once it is closed.
+    /// The next batch, waiting for it (a reader hands batches over through a bounded `ChangeStream`, see
+    /// `PushFeed`); nil only once the source is closed.
     func next() async throws -> ChangeBatch?
     /// Tells the server that everything up to `position` is safely relayed (PostgreSQL: advance the slot).
     func confirm(_ position: String) async throws
     /// How far behind the feed's head the last batch was, when the source can tell.
     func lag() async -> SourceLag?
     func close() async
-    /// Whether the relay may ask for the next batch while it is still publishing (and then confirming) the one
-    /// before, so that reading the feed and publishing overlap. A source saying yes hands out every change once
-    /// even when `next()` and `confirm(_:)` interleave. Default: no.
-    var readsAhead: Bool { get }
-    /// Whether the feed pushes: a reader reads it as the server sends and hands batches over through a bounded
-    /// `ChangeStream`, whose `next()` the relay waits on (no polling, no idle pause; the reader stops reading while
-    /// the relay is behind). Default: no, the source is polled.
-    var pushes: Bool { get }
     /// `error` (from this source, the publisher or the checkpoint file) in one line, for the relay's last words.
     /// Default: its text, with what to do about a refused certificate (`FeedTLS.describe`).
     func describe(_ error: any Error) -> String
@@ -119,8 +111,6 @@ public protocol ChangeSource: Sendable {
 }
 
 extension ChangeSource {
-    public var readsAhead: Bool { false }
-    public var pushes: Bool { false }
     public var givesPreviousValues: Bool { false }
     public func describe(_ error: any Error) -> String { FeedTLS.describe(error) }
 }

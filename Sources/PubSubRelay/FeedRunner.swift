@@ -86,7 +86,7 @@ public struct FeedRunner: Sendable {
                 logger: logger)
             let began = ContinuousClock.now
             do {
-                try await relay.run(idle: feed.pollInterval)
+                try await relay.run()
             } catch is CancellationError {
             } catch let error as RelayError where error.code == .configuration {
                 // The database refuses the feed as configured (a routed table's replica identity): no restart

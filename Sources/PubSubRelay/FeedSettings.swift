@@ -1,5 +1,6 @@
 import Bayeux
 import Logging
+import NIOCore
 
 /// One feed's settings, read from an object of a relay configuration file (`"feeds": [{…}, …]`) with typed
 /// accessors whose errors name the setting. Keys are the long CLI option names in snake_case (`--poll-interval` is
@@ -113,7 +114,7 @@ public enum FeedKind: String, Sendable, CaseIterable {
 extension PostgresChangeSource.Configuration {
     static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes"]
 
-    /// From `{"dsn", "slot", "table": [...], "max_changes"?}`, validated as `pubsub relay postgres` validates its
+    /// From `{"dsn", "slot", "table": [...], "max_changes"?, "poll_interval"?}`, validated as `pubsub relay postgres` validates its
     /// options.
     public init(settings: FeedSettings) throws {
         let dsn: PostgresDSN
@@ -133,7 +134,10 @@ extension PostgresChangeSource.Configuration {
         }
         let maxChanges = try settings.int("max_changes", default: 5000)
         guard maxChanges > 0 else { throw settings.error("max_changes", "must be positive") }
-        self.init(dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges)
+        let poll = try settings.double("poll_interval", default: 0.1)
+        guard poll > 0 && poll <= 3600 else { throw settings.error("poll_interval", "must be above 0 seconds") }
+        self.init(dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges,
+                  pollInterval: .nanoseconds(Int64(poll * 1e9)))
     }
 }
 

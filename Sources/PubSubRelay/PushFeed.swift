@@ -1,10 +1,10 @@
 import Synchronization
 
-/// What every feed that pushes shares (CouchDB's `_changes`, Sync Gateway's BLIP, Simperium): the reader task that
-/// keeps a connection open, the pause between connections, the position a new connection resumes from, and the
-/// stream through which batches reach the relay. A source brings only its protocol: one connection (`connect`),
-/// which hands batches over with `hand` as it reads them, and what the end of a connection means (`ended`), which it
-/// logs in its own words.
+/// What every feed shares (CouchDB's `_changes`, Sync Gateway's BLIP, Simperium, and PostgreSQL's slot, which is
+/// polled: see `startPolling`): the reader task that keeps a connection open, the pause between connections, the
+/// position a new connection resumes from, and the stream through which batches reach the relay. A source brings
+/// only its protocol: one connection (`connect`), which hands batches over with `hand` as it reads them, and what the
+/// end of a connection means (`ended`), which it logs in its own words.
 ///
 /// A new connection resumes after the last batch handed over: what the stream holds is relayed anyway, and what the
 /// lost connection read but had not handed over is read again. A relay restarted (or killed) starts a new source
@@ -26,6 +26,10 @@ final class PushFeed: Sendable {
         var resume: String?
         var reader: Task<Void, Never>?
         var connections = 0
+        /// Batches handed over, and how many of them the relay acknowledged (`acknowledge()`).
+        var acknowledgements = Acknowledgements()
+        var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+        var lastWaiter: UInt64 = 0
     }
 
     let stream: ChangeStream
@@ -97,8 +101,47 @@ final class PushFeed: Sendable {
     /// connection resumes from. Throws `CancellationError` once the relay is gone.
     func hand(_ batch: ChangeBatch?) async throws {
         guard let batch else { return }
-        state.withLock { $0.resume = batch.position }
+        state.withLock { state in
+            state.resume = batch.position
+            state.acknowledgements.handed()
+        }
         try await stream.yield(batch)
+    }
+
+    /// The relay acknowledged the oldest batch not yet acknowledged (published, checkpointed: the source's
+    /// `confirm`). A polled feed waits for these before it polls again (`settled()`).
+    func acknowledge() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard state.acknowledgements.acknowledged() else { return [] }
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Whether every batch handed over was acknowledged.
+    var isSettled: Bool { state.withLock { $0.acknowledgements.isSettled } }
+
+    /// Waits until the relay acknowledged every batch handed over; throws `CancellationError` when the task is
+    /// cancelled meanwhile.
+    func settled() async throws {
+        let id = state.withLock { state -> UInt64 in
+            state.lastWaiter &+= 1
+            return state.lastWaiter
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let waiting = state.withLock { state -> Bool in
+                    guard !state.acknowledgements.isSettled, !Task.isCancelled else { return false }
+                    state.waiters[id] = continuation
+                    return true
+                }
+                if !waiting { continuation.resume() }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+        }
+        try Task.checkCancellation()
     }
 
     /// The next batch handed over, waiting for it; nil once closed.

@@ -73,8 +73,8 @@ public struct Relay: Sendable {
         try await source.start(after: checkpoint?.position)
     }
 
-    /// Relays one batch if there is one: publish (retrying until acknowledged), persist, confirm. Returns the
-    /// number of changes published, or nil when the source had nothing new.
+    /// Relays the next batch: publish (retrying until acknowledged), persist, confirm. Returns the number of
+    /// messages published, or nil once the source is closed.
     @discardableResult
     public func step() async throws -> Int? {
         guard let batch = try await source.next() else { return nil }
@@ -151,43 +151,18 @@ public struct Relay: Sendable {
         ])
     }
 
-    /// Runs until cancelled or a non-retryable error; logs progress while catching up. A source that `pushes` is
-    /// waited on: each batch is relayed as its reader hands it over, and the reader reads on (up to its stream's
-    /// capacity) while the batch before is published. A polled source is asked again after `idle` when it had
-    /// nothing new; one that `readsAhead` is asked for the next batch while the current one is published.
-    public func run(idle: TimeAmount = .milliseconds(100)) async throws {
+    /// Runs until cancelled or a non-retryable error; logs progress while catching up. Each batch is relayed as the
+    /// source's reader hands it over (`PushFeed`), and the reader reads on (up to its stream's capacity, and for a
+    /// polled feed to the end of its poll) while the batch before is published.
+    public func run() async throws {
         try await start()
         var progress = Progress()
-        if source.pushes {
-            while let batch = try await source.next() {
-                progress.add(try await relay(batch))
-                await report(&progress)
-            }
-            // A pushing source ends its stream only when it is closed; anything else is a restart's business.
-            if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
-            return
-        }
-        var current = try await source.next()
-        while !Task.isCancelled {
-            if let batch = current {
-                if source.readsAhead {
-                    async let following = source.next()
-                    progress.add(try await relay(batch))
-                    current = try await following
-                    // Read while the batch was published, it may have found nothing that came meanwhile: look
-                    // again at once rather than after an idle pause.
-                    if current == nil { current = try await source.next() }
-                } else {
-                    progress.add(try await relay(batch))
-                    current = try await source.next()
-                }
-            }
+        while let batch = try await source.next() {
+            progress.add(try await relay(batch))
             await report(&progress)
-            if current == nil {
-                try await Task.sleep(nanoseconds: UInt64(idle.nanoseconds))
-                current = try await source.next()
-            }
         }
+        // A source ends its stream only when it is closed; anything else is a restart's business.
+        if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
     }
 
     /// Changes published in the current progress window.

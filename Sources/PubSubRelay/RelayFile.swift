@@ -26,10 +26,9 @@ import NIOCore
 /// `url`, `secret` and `token` (a JWT) are for the standalone relay only (flags and `PUBSUB_URL`/`PUBSUB_SECRET`/
 /// `PUBSUB_TOKEN` override them). Every feed takes `name`, `source`, `checkpoint` (required, one file per feed),
 /// `route` (routes to the audience, `"public.notes=/users/{owner_id}/notes"`, one or an array), `prefix` (default
-/// `/changes`),
-/// `include_doc`, `batch_size` (messages per publish, default 100), `poll_interval` (seconds between polls of an
-/// idle source, default 0.1), and the settings of its source: the long options of `pubsub relay <source>` in
-/// snake_case. Unknown settings are refused.
+/// `/changes`), `include_doc`, `batch_size` (messages per publish, default 100), `poll_interval` (PostgreSQL: seconds
+/// of rest after a peek that drained the slot, default 0.1; the other sources push), and the settings of its source:
+/// the long options of `pubsub relay <source>` in snake_case. Unknown settings are refused.
 public struct RelayFile: Sendable {
     public struct Feed: Sendable {
         public var name: String
@@ -38,7 +37,6 @@ public struct RelayFile: Sendable {
         public var checkpoint: String
         public var mapping: ChangeMapping
         public var batchSize: Int
-        public var pollInterval: TimeAmount
         /// `route_memory`: documents whose routed values are remembered (document sources with routes).
         public var rememberedDocuments: Int = 100_000
 
@@ -107,8 +105,6 @@ public struct RelayFile: Sendable {
             }
             let batchSize = try settings.int("batch_size", default: 100)
             guard batchSize > 0 else { throw settings.error("batch_size", "must be positive") }
-            let poll = try settings.double("poll_interval", default: 0.1)
-            guard poll > 0 && poll <= 3600 else { throw settings.error("poll_interval", "must be above 0 seconds") }
             var routes: [Route] = []
             for text in try settings.strings("route") {
                 do {
@@ -123,7 +119,7 @@ public struct RelayFile: Sendable {
                 name: name, kind: kind, settings: settings, checkpoint: checkpoint,
                 mapping: ChangeMapping(
                     prefix: prefix, includeDocument: try settings.bool("include_doc", default: false), routes: routes),
-                batchSize: batchSize, pollInterval: .nanoseconds(Int64(poll * 1e9)))
+                batchSize: batchSize)
             feed.rememberedDocuments = remembered
             _ = try feed.makeSource(logger: logger)  // checks the source's settings; nothing connects yet
             feeds.append(feed)

@@ -93,7 +93,7 @@ struct RelayOptions: ParsableArguments {
 
     /// Runs the relay until SIGINT/SIGTERM; a fatal error prints one line and exits non-zero (64 for a
     /// configuration the database refuses, such as a routed table whose replica identity lacks a routed column).
-    func run(source: any ChangeSource, logger: Logger, idle: TimeAmount, token: String? = nil) async throws {
+    func run(source: any ChangeSource, logger: Logger, token: String? = nil) async throws {
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let publisher = try makePublisher(token: token)
         let relay = Relay(
@@ -101,7 +101,7 @@ struct RelayOptions: ParsableArguments {
             configuration: .init(
                 mapping: try mapping, audiencePath: checkpoint + ".audience", rememberedDocuments: routeMemory),
             logger: logger)
-        let task = Task { try await relay.run(idle: idle) }
+        let task = Task { try await relay.run() }
         let signals = Task {
             for await _ in signalSequence {
                 task.cancel()
@@ -164,7 +164,7 @@ struct RelayPostgres: AsyncParsableCommand {
     @Option(help: "A table to relay, as schema.table; repeat for several.")
     var table: [String] = []
 
-    @Option(help: "Seconds between polls of the slot when it is idle.")
+    @Option(help: "Seconds of rest after a poll that found the slot drained (a full poll is followed by the next at once).")
     var pollInterval: Double = 0.1
 
     @Option(help: "Most changes per batch; a larger transaction is relayed and checkpointed in pieces.")
@@ -194,7 +194,8 @@ struct RelayPostgres: AsyncParsableCommand {
 
     func configuration() throws -> PostgresChangeSource.Configuration {
         var configuration = PostgresChangeSource.Configuration(
-            dsn: try PostgresDSN(dsn), slot: slot, tables: table, maxChangesPerPeek: maxChanges)
+            dsn: try PostgresDSN(dsn), slot: slot, tables: table, maxChangesPerPeek: maxChanges,
+            pollInterval: .nanoseconds(Int64(pollInterval * 1e9)))
         do {
             try configuration.route(try relay.routes())
         } catch let error as RelayError {
@@ -206,8 +207,7 @@ struct RelayPostgres: AsyncParsableCommand {
     func run() async throws {
         let logger = relay.makeLogger()
         let source = PostgresChangeSource(configuration: try configuration(), logger: logger)
-        try await relay.run(
-            source: source, logger: logger, idle: .nanoseconds(Int64(pollInterval * 1e9)), token: jwt.token)
+        try await relay.run(source: source, logger: logger, token: jwt.token)
     }
 }
 

@@ -71,6 +71,6 @@ struct RelayBLIP: AsyncParsableCommand {
                                                            activeOnly: activeOnly, includeDocuments: relay.needsDocuments)
         configuration.tls = tls
         let source = BLIPChangeSource(configuration: configuration, logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .milliseconds(5), token: jwt.token)
+        try await relay.run(source: source, logger: logger, token: jwt.token)
     }
 }

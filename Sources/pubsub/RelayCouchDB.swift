@@ -84,6 +84,6 @@ struct RelayCouchDB: AsyncParsableCommand {
             includeDocs: relay.needsDocuments, initialSince: since, maxBatch: maxBatch)
         configuration.tls = tls
         let source = CouchDBChangeSource(configuration: configuration, logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .milliseconds(10), token: jwt.token)
+        try await relay.run(source: source, logger: logger, token: jwt.token)
     }
 }

@@ -75,6 +75,6 @@ struct RelaySimperium: AsyncParsableCommand {
             heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         configuration.tls = tls
         let source = SimperiumChangeSource(configuration: configuration, logger: logger)
-        try await relay.run(source: source, logger: logger, idle: .milliseconds(20))
+        try await relay.run(source: source, logger: logger)
     }
 }

@@ -24,9 +24,11 @@ import Testing
         #expect(file.url == "http://broker/faye" && file.secret == nil)
         #expect(file.feeds.map(\.name) == ["feed0", "b"])
         #expect(file.feeds[0].mapping.prefix == "/changes" && !file.feeds[0].mapping.includeDocument)
-        #expect(file.feeds[0].batchSize == 100 && file.feeds[0].pollInterval == .milliseconds(100))
+        #expect(file.feeds[0].batchSize == 100)
+        #expect(try PostgresChangeSource.Configuration(settings: file.feeds[0].settings).pollInterval == .milliseconds(100))
         #expect(file.feeds[1].mapping.prefix == "/feeds" && file.feeds[1].mapping.includeDocument)
-        #expect(file.feeds[1].batchSize == 7 && file.feeds[1].pollInterval == .milliseconds(500))
+        #expect(file.feeds[1].batchSize == 7)
+        #expect(try PostgresChangeSource.Configuration(settings: file.feeds[1].settings).pollInterval == .milliseconds(500))
         let source = try file.feeds[1].makeSource(logger: Logger(label: "test"))
         #expect(source.sourceID == "pg:s2")
     }

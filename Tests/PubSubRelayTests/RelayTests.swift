@@ -208,82 +208,6 @@ func change(_ id: String, _ seq: String) -> Change {
     }
 }
 
-/// A source that reads ahead: `next()` hands each batch out once and journals the read.
-actor ReadAheadSource: ChangeSource {
-    nonisolated let sourceID = "fake:ahead"
-    nonisolated var readsAhead: Bool { true }
-    let journal: Journal
-    var batches: [ChangeBatch]
-
-    init(journal: Journal, batches: [ChangeBatch]) {
-        self.journal = journal
-        self.batches = batches
-    }
-
-    func start(after position: String?) async throws {}
-    func next() async throws -> ChangeBatch? {
-        guard !batches.isEmpty else { return nil }
-        let batch = batches.removeFirst()
-        journal.record("read \(batch.position)")
-        return batch
-    }
-    func confirm(_ position: String) async throws { journal.record("confirm \(position)") }
-    func lag() async -> SourceLag? { nil }
-    func close() async {}
-}
-
-/// A broker that acknowledges a publish only once the source was asked for the following batch.
-struct WaitingForReadAheadPublisher: Publisher {
-    let journal: Journal
-    func publish(_ messages: [RelayMessage]) async throws {
-        let id = messages.map { $0.data.objectValue!["id"]!.stringValue! }.joined(separator: ",")
-        if id == "a" {
-            let deadline = ContinuousClock.now + .seconds(60)
-            while !journal.events.contains("read 0/20") {
-                guard ContinuousClock.now < deadline else {
-                    throw RelayError(.publish, "the next batch was not read meanwhile")
-                }
-                try await Task.sleep(nanoseconds: 1_000_000)
-            }
-        }
-        journal.record("publish \(id)")
-    }
-}
-
-@Suite struct ReadAheadTests {
-    @Test func theNextBatchIsReadWhileTheCurrentOneIsPublishedAndOrderIsKept() async throws {
-        let directory = temporaryDirectory()
-        defer { removeDirectory(directory) }
-        let journal = Journal()
-        let source = ReadAheadSource(journal: journal, batches: [
-            ChangeBatch(changes: [change("a", "0/10:1")], position: "0/10"),
-            ChangeBatch(changes: [change("b", "0/20:1")], position: "0/20"),
-            ChangeBatch(changes: [change("c", "0/30:1")], position: "0/30"),
-        ])
-        let store = JournalingStore(inner: FileCheckpointStore(path: directory + "/checkpoint"), journal: journal)
-        let relay = Relay(
-            source: source, publisher: WaitingForReadAheadPublisher(journal: journal), store: store,
-            configuration: .init(retryDelay: .seconds(60)), logger: Logger(label: "test"))
-        let task = Task { try await relay.run(idle: .milliseconds(5)) }
-        let deadline = ContinuousClock.now + .seconds(60)
-        while !journal.events.contains("confirm 0/30"), ContinuousClock.now < deadline {
-            try await Task.sleep(nanoseconds: 2_000_000)
-        }
-        task.cancel()
-        _ = await task.result
-        let events = journal.events
-        // Without reading ahead the first publish would never be acknowledged (it waits for "read 0/20").
-        #expect(events.filter { $0.hasPrefix("publish") } == ["publish a", "publish b", "publish c"])
-        #expect(events.filter { $0.hasPrefix("confirm") } == ["confirm 0/10", "confirm 0/20", "confirm 0/30"])
-        for position in ["0/10", "0/20", "0/30"] {
-            let persist = try #require(events.firstIndex(of: "persist \(position)"))
-            let confirm = try #require(events.firstIndex(of: "confirm \(position)"))
-            #expect(persist < confirm)
-        }
-        #expect(events.firstIndex(of: "read 0/20")! < events.firstIndex(of: "confirm 0/10")!)
-    }
-}
-
 /// A source that pushes through `PushFeed`: the test hands batches over as a server would send them.
 final class PushingSource: ChangeSource {
     let sourceID = "fake:push"
@@ -295,7 +219,6 @@ final class PushingSource: ChangeSource {
         feed = PushFeed(capacity: capacity)
     }
 
-    var pushes: Bool { true }
     func start(after position: String?) async throws {
         feed.start(after: position, backoff: Backoff(initial: .milliseconds(1), maximum: .milliseconds(1)),
                    connect: { _ in try await Task.sleep(for: .seconds(3600)) }, ended: { _, _ in .pause(reset: false) })
@@ -333,8 +256,7 @@ final class GatedPublisher: Publisher {
         let publisher = GatedPublisher()
         let relay = Relay(source: source, publisher: publisher,
                           store: FileCheckpointStore(path: directory + "/checkpoint"), logger: Logger(label: "test"))
-        // An idle pause of an hour: a relay that polled would not see the batches below within the test.
-        let task = Task { try await relay.run(idle: .seconds(3600)) }
+        let task = Task { try await relay.run() }
         defer { task.cancel() }
         try await Self.waitFor { source.feed.connections == 1 }
         let handed = NIOLockedValueBox(0)

@@ -148,8 +148,6 @@ public actor BLIPChangeSource: ChangeSource {
         try await feed.next()
     }
 
-    public nonisolated var pushes: Bool { true }
-
     /// Answers the `changes` (or `rev`) messages of every batch up to `position`, on the connection they came on.
     public func confirm(_ position: String) async throws {
         var replies: [Reply] = []

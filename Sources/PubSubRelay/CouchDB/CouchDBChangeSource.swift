@@ -155,8 +155,6 @@ public final class CouchDBChangeSource: ChangeSource {
         try await feed.next()
     }
 
-    public var pushes: Bool { true }
-
     /// Nothing to do: the feed is read on from where the reader is, never from a confirmed position.
     public func confirm(_ position: String) async throws {}
 

@@ -8,6 +8,11 @@ import PostgresNIO
 /// `pg_logical_slot_peek_changes` to read without consuming, `pg_replication_slot_advance` to confirm once the
 /// relay's checkpoint is durable. Creates the slot if it is missing. Needs a `LOGIN REPLICATION` role (or a
 /// superuser), `wal_level=logical` and the wal2json plugin on the server.
+///
+/// The slot is pulled: the shared reader (`PushFeed.startPolling`) polls it, rests `pollInterval` when a peek
+/// drained it, reconnects with its backoff, and hands batches to the relay while the rest of the same peek is read.
+/// Before each peek it waits for the relay's acknowledgement of every batch handed over, and the peek first
+/// advances the slot to what the relay confirmed (whole transactions only).
 public actor PostgresChangeSource: ChangeSource {
     public struct Configuration: Sendable {
         public var dsn: PostgresDSN
@@ -20,6 +25,8 @@ public actor PostgresChangeSource: ChangeSource {
         public var connectTimeout: TimeAmount
         /// The longest wait for one query's answer before the connection is taken as lost.
         public var queryTimeout: TimeAmount
+        /// The rest after a peek that drained the slot (one that was full is followed by the next at once).
+        public var pollInterval: TimeAmount
 
         /// The columns each table's routes read (`public.notes` → `owner_id`): checked at start against the
         /// table's replica identity, so that an update that moves a row and a delete can name their old audience.
@@ -27,7 +34,8 @@ public actor PostgresChangeSource: ChangeSource {
 
         public init(dsn: PostgresDSN, slot: String, tables: [String], maxChangesPerPeek: Int = 5000,
                     connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30),
-                    routedColumns: [String: Set<String>] = [:]) {
+                    pollInterval: TimeAmount = .milliseconds(100), routedColumns: [String: Set<String>] = [:]) {
+            self.pollInterval = pollInterval
             self.routedColumns = routedColumns
             self.dsn = dsn
             self.slot = slot
@@ -53,18 +61,22 @@ public actor PostgresChangeSource: ChangeSource {
     /// in pieces as its rows arrive (postgres-nio reads the socket only as rows are consumed, so at most a socket
     /// read's worth waits in memory). Nil between peeks.
     private var stream: PostgresRowSequence.AsyncIterator?
-    /// A whole transaction confirmed while a peek was still open: the connection runs one query at a time, so the
-    /// slot is advanced to it when that peek is read to its end.
-    private var pendingAdvance: LSN?
-    /// The server's WAL head at the last lag query (not asked while a peek is open).
+    /// Rows the current peek returned so far: as many as its limit means the slot may hold more.
+    private var peekRows = 0
+    /// Set when a progress line asked for the lag: the reader reads the server's WAL head before its next peek (the
+    /// connection is the reader's: a query from the relay's task could wait behind a peek whose rows wait for the
+    /// relay).
+    private var wantsHead = false
+    /// The server's WAL head as the reader last read it.
     private var head: LSN?
+    /// The reader that polls the slot, and the stream through which it hands batches to the relay (one batch waits
+    /// while one is published, so that at most two batches of a large transaction are held).
+    nonisolated let feed = PushFeed(capacity: 1)
     /// The wait for a peek's first rows: PostgreSQL decodes a whole transaction before it sends any of its rows, so
     /// a very large one may take longer than `queryTimeout`. Doubles after each peek that timed out (up to 30
     /// minutes), back to `queryTimeout` after one that answered: a large transaction is never retried forever
     /// with a wait too short for it.
     private var peekTimeout: TimeAmount
-    /// The pause before each reconnection attempt: 100 ms, doubling up to 5 s while they fail.
-    private var backoff = Backoff(initial: TimeAmount.milliseconds(100), maximum: .seconds(5))
     /// Set while the relayed tables are read in full because changes between the checkpoint and the slot are lost.
     private var resync: Resync?
 
@@ -106,12 +118,6 @@ public actor PostgresChangeSource: ChangeSource {
         }
     }
 
-    /// No reading ahead: a peek decodes the WAL again from the slot's confirmed position, so a peek made while the
-    /// previous batch is still being published (the slot not yet advanced) decodes that batch twice. Measured with
-    /// `scripts/bench-relay`: 12,400 changes/s and p50 19.5 ms with read-ahead against 14,200 changes/s and
-    /// p50 15.3 ms without.
-    public nonisolated var readsAhead: Bool { false }
-
     /// Updates and deletes carry the old row as far as the replica identity holds it (checked at start for the
     /// routed columns).
     public nonisolated var givesPreviousValues: Bool { true }
@@ -124,6 +130,16 @@ public actor PostgresChangeSource: ChangeSource {
             relayed = parsed
         }
         try await open()
+        // A new peek only once the batches before are acknowledged: a peek decodes the WAL again from the slot's
+        // confirmed position, so one made while the previous batch is still being published (the slot not yet
+        // advanced) decodes that batch twice (measured with `scripts/bench-relay`: 12,400 changes/s and p50 19.5 ms
+        // against 14,200 changes/s and p50 15.3 ms). The rows of one peek are read on while the relay publishes.
+        feed.startPolling(
+            after: position, backoff: Backoff(initial: TimeAmount.milliseconds(100), maximum: .seconds(5)),
+            interval: .nanoseconds(configuration.pollInterval.nanoseconds),
+            open: { [self] _ in try await reopen() },
+            poll: { [self] in try await poll() },
+            ended: { [self] error, _ in await ended(error) })
     }
 
     /// Connects, creates or checks the slot, and moves it up to what was relayed (a slot rewinds after a server
@@ -131,7 +147,6 @@ public actor PostgresChangeSource: ChangeSource {
     private func open() async throws {
         let checkpoint = relayed
         stream = nil
-        pendingAdvance = nil
         let connection = try await connect()
         self.connection = connection
         let identities = try await replicaIdentities(connection)
@@ -273,40 +288,101 @@ public actor PostgresChangeSource: ChangeSource {
         "\"" + name.split(separator: "\"", omittingEmptySubsequences: false).joined(separator: "\"\"") + "\""
     }
 
+    /// The next batch the reader handed over, waiting for it; nil once the source is closed.
     public func next() async throws -> ChangeBatch? {
-        var current = connection
-        if current == nil { current = try await reconnect() }
-        guard let connection = current else { return nil }
-        if connection.isClosed {
+        try await feed.next()
+    }
+
+    /// The connection was lost (`ended` reconnects after the backoff's pause).
+    private struct ConnectionLost: Error {
+        var error: any Error
+    }
+
+    /// A new connection could not be opened (`ended` tries again after the backoff's pause).
+    private struct CannotReconnect: Error {
+        var error: any Error
+    }
+
+    /// The reader's `open`: connects again after a lost connection (the first connection is `start`'s).
+    private func reopen() async throws {
+        if let connection, !connection.isClosed { return }
+        do {
+            try await open()
+        } catch {
+            if let connection, !connection.isClosed { try? await connection.close() }
+            connection = nil
+            throw CannotReconnect(error: error)
+        }
+        logger.notice("reconnected to PostgreSQL", metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
+    }
+
+    /// The reader's `poll`: advances the slot to what the relay confirmed, then hands over a page of the resync, or
+    /// the batches of one peek as they are read.
+    private func poll() async throws -> PushFeed.Poll {
+        guard let connection, !connection.isClosed else {
             // The server closed it (restart, crash, terminated backend); a query on it would wait forever.
-            lostConnection(RelayError(.source, "connection closed by the server"))
-            return nil
+            self.connection = nil
+            throw ConnectionLost(error: RelayError(.source, "connection closed by the server"))
         }
         do {
-            if let resync { return try await resyncPage(connection, resync) }
-            return try await read(connection)
+            if let resync {
+                try await feed.hand(try await resyncPage(connection, resync))
+                return .full
+            }
+            // Only past whole transactions: a slot advanced into one would never give its other changes again.
+            if let relayed, relayed.isWholeTransaction, relayed.lsn > confirmed {
+                try await advance(connection, to: relayed.lsn)
+            }
+            if wantsHead {
+                wantsHead = false
+                try await readHead(connection)
+            }
+            repeat {
+                try await feed.hand(try await read(connection))
+            } while stream != nil
+            return peekRows >= configuration.maxChangesPerPeek ? .full : .drained
+        } catch is CancellationError {
+            throw CancellationError()
         } catch {
+            stream = nil
             guard connection.isClosed || Self.endsTheConnection(error) else { throw error }
             if !connection.isClosed { try? await connection.close() }
-            lostConnection(error)
-            return nil
+            // The checkpoint is durable: the slot is advanced to it once connected again.
+            self.connection = nil
+            throw ConnectionLost(error: error)
+        }
+    }
+
+    /// What follows the end of a connection: a new one after the backoff's pause when it was lost or could not be
+    /// opened; else the relay stops on the error (and is restarted).
+    private func ended(_ error: (any Error)?) -> PushFeed.Next {
+        switch error {
+        case let lost as ConnectionLost:
+            logger.warning("lost the connection to PostgreSQL; reconnecting", metadata: [
+                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(lost.error))"])
+            return .pause(reset: true)
+        case let failed as CannotReconnect:
+            logger.warning("cannot reconnect to PostgreSQL", metadata: [
+                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(failed.error)"])
+            return .pause(reset: false)
+        case let error?:
+            return .stop(error)
+        case nil:
+            return .pause(reset: false)
         }
     }
 
     /// The next batch of the slot's changes: at most `maxChangesPerPeek`, read from the open peek, or from a new
-    /// one (after advancing the slot to what was confirmed meanwhile) when the last was read to its end. The batch
-    /// ends at a commit, or inside a transaction when it is full: its position then points inside it.
+    /// one when the last was read to its end; nil when the position did not move. The batch ends at a commit, or
+    /// inside a transaction when it is full: its position then points inside it.
     private func read(_ connection: PostgresConnection) async throws -> ChangeBatch? {
         let limit = configuration.maxChangesPerPeek
         let before = assembler.after
         var changes: [Change] = []
         changes.reserveCapacity(min(limit, 1024))
-        while true {
+        do {
             let starting = stream == nil
-            if starting, let target = pendingAdvance {
-                pendingAdvance = nil
-                if target > confirmed { try await advance(connection, to: target) }
-            }
+            if starting { peekRows = 0 }
             var rows = stream
             var ended = false
             let timeout = starting ? peekTimeout : configuration.queryTimeout
@@ -318,6 +394,7 @@ public actor PostgresChangeSource: ChangeSource {
                             ended = true
                             return
                         }
+                        peekRows += 1
                         let (lsnText, data) = try row.decode((String, String).self)
                         guard let lsn = LSN(lsnText) else {
                             throw RelayError(.source, "the server returned a bad LSN \(lsnText)")
@@ -339,9 +416,6 @@ public actor PostgresChangeSource: ChangeSource {
             }
             if starting { peekTimeout = configuration.queryTimeout }
             stream = ended ? nil : rows
-            // A peek read to its end exactly when the batch before filled up: start the next one at once.
-            if ended, !starting, changes.isEmpty, assembler.after == before { continue }
-            break
         }
         guard assembler.after > before else { return nil }
         return ChangeBatch(changes: changes, position: assembler.after.description)
@@ -360,69 +434,41 @@ public actor PostgresChangeSource: ChangeSource {
             logger: logger)
     }
 
+    /// Records that everything up to `position` is relayed; the reader advances the slot to it before its next
+    /// peek.
     public func confirm(_ position: String) async throws {
         guard let parsed = PostgresPosition(position) else { throw RelayError(.source, "bad position \(position)") }
         relayed = max(relayed ?? parsed, parsed)
-        // Only past whole transactions: a slot advanced into one would never give its other changes again.
-        guard parsed.isWholeTransaction, parsed.lsn > confirmed, let connection, !connection.isClosed else { return }
-        let lsn = parsed.lsn
-        if stream != nil {
-            pendingAdvance = max(pendingAdvance ?? lsn, lsn)
-            return
-        }
-        do {
-            try await advance(connection, to: lsn)
-        } catch {
-            guard connection.isClosed || Self.endsTheConnection(error) else { throw error }
-            if !connection.isClosed { try? await connection.close() }
-            // The checkpoint is durable: the slot is advanced to it once connected again.
-            lostConnection(error)
-        }
+        feed.acknowledge()
     }
 
-    private func lostConnection(_ error: any Error) {
-        logger.warning("lost the connection to PostgreSQL; reconnecting", metadata: [
-            "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(error))"])
-        connection = nil
-        stream = nil
-        pendingAdvance = nil
-        backoff.reset()
-    }
-
-    /// One reconnection attempt after a pause that doubles up to 5 s; nil (and a warning) when it failed.
-    private func reconnect() async throws -> PostgresConnection? {
-        try await Task.sleep(for: backoff.next())
-        do {
-            try await open()
-            logger.notice("reconnected to PostgreSQL", metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
-            return connection
-        } catch {
-            if let connection, !connection.isClosed { try? await connection.close() }
-            connection = nil
-            logger.warning("cannot reconnect to PostgreSQL", metadata: [
-                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(error)"])
-            return nil
-        }
-    }
-
+    /// How far the last batch read is behind the server's WAL head. The head is read by the reader before its next
+    /// peek (the connection is its own); this reports the head it read last.
     public func lag() async -> SourceLag? {
-        guard let connection, !connection.isClosed else { return nil }
-        if stream == nil {
-            // While a peek is open its connection is busy: the head read before it stands.
-            let logger = logger
-            let text = try? await deadline(.seconds(5), connection) { () async throws -> String? in
-                let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
-                for try await text in rows.decode(String.self) { return text }
-                return nil
-            }
-            if let text = text ?? nil, let lsn = LSN(text) { head = lsn }
-        }
+        wantsHead = true
         guard let head else { return nil }
         let read = max(assembler.lastRead ?? assembler.after.lsn, assembler.after.lsn)
         return SourceLag(amount: head.value &- min(head.value, read.value), unit: "WAL bytes")
     }
 
+    private func readHead(_ connection: PostgresConnection) async throws {
+        let logger = logger
+        let text = try await deadline(configuration.queryTimeout, connection) { () async throws -> String? in
+            let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
+            for try await text in rows.decode(String.self) { return text }
+            return nil
+        }
+        if let text, let lsn = LSN(text) { head = lsn }
+    }
+
+    /// Stops the reader (ending its connection first, so that a query in flight does not hold it) and closes.
     public func close() async {
+        feed.cancel()
+        if let connection {
+            self.connection = nil
+            try? await connection.close()
+        }
+        await feed.close()
         if let connection {
             self.connection = nil
             try? await connection.close()

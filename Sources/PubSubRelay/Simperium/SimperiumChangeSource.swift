@@ -100,9 +100,6 @@ public final class SimperiumChangeSource: ChangeSource {
         self.eventLoopGroup = eventLoopGroup
     }
 
-    /// The connection reads on its own and hands batches over through the stream.
-    public var pushes: Bool { true }
-
     /// How many connections were opened so far (for tests and logs).
     public var connections: Int { feed.connections }
 

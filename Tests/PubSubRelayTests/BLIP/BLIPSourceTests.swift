@@ -48,7 +48,7 @@ import Testing
         static func start(_ source: BLIPChangeSource, _ publisher: FakePublisher, checkpoint: String) -> Running {
             let relay = Relay(source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
                               logger: quiet)
-            return Running(source: source, task: Task { try await relay.run(idle: .milliseconds(2)) })
+            return Running(source: source, task: Task { try await relay.run() })
         }
 
         func stop() async throws {

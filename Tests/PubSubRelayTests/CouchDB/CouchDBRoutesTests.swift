@@ -26,7 +26,7 @@ struct RoutedRelay {
             configuration: .init(mapping: ChangeMapping(includeDocument: includeDocument, routes: routes),
                                  audiencePath: directory + "/checkpoint.audience", rememberedDocuments: memory),
             logger: quiet)
-        return RoutedRelay(source: source, task: Task { try await relay.run(idle: .milliseconds(5)) })
+        return RoutedRelay(source: source, task: Task { try await relay.run() })
     }
 
     /// Stops the relay once everything published is checkpointed, so that a relay started next does not publish

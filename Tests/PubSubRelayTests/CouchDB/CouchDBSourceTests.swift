@@ -12,8 +12,6 @@ final class RecordingSource: ChangeSource {
     let inner: CouchDBChangeSource
     let batches = NIOLockedValueBox<[ChangeBatch]>([])
     var sourceID: String { inner.sourceID }
-    var readsAhead: Bool { inner.readsAhead }
-    var pushes: Bool { inner.pushes }
 
     init(_ inner: CouchDBChangeSource) { self.inner = inner }
 
@@ -54,7 +52,7 @@ final class CouchDBHarness: Sendable {
         let source = RecordingSource(CouchDBChangeSource(configuration: configuration, logger: logger))
         let relay = Relay(source: source, publisher: publisher, store: checkpoint,
                           configuration: .init(mapping: ChangeMapping(includeDocument: includeDocs)), logger: logger)
-        let task = Task { try await relay.run(idle: .milliseconds(5)) }
+        let task = Task { try await relay.run() }
         running.withLockedValue { $0.append((source, task)) }
         return source
     }

@@ -149,7 +149,7 @@ struct SimperiumHarness {
         var logger = Logger(label: "test.relay")
         logger.logLevel = .critical
         let relay = Relay(source: source, publisher: publisher, store: store, logger: logger)
-        let task = Task { try await relay.run(idle: .milliseconds(5)) }
+        let task = Task { try await relay.run() }
         defer { task.cancel() }
         do {
             let result = try await body()
