@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from pubsubtest.bayeux import publish_all
-from pubsubtest.proxy import CuttingProxy
+from pubsubtest.faultproxy import FaultProxy
 
 
 TIMEOUT = 10
@@ -343,7 +343,7 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
     docs/BROWSER.md). After each, the next connect goes out after a subscribe with `ext.resume`, in the same frame or
     request, and every message arrives once, in order."""
     b = make_broker(timeout=10)
-    with CuttingProxy(b.port) as proxy:
+    with FaultProxy(("127.0.0.1", b.port)) as proxy:
         setup = "window.resumes = []; client.bind('resume', function (c, r) { resumes.push([c, r]); });"
         if transport != "websocket":
             setup += "client.disable('websocket');"
@@ -354,14 +354,14 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
         session = page.evaluate("client.getClientId()")
         proxy.stall()                       # written by the broker, never delivered
         publish_all(b, "/chat/room", 2)
-        proxy.cut(hold=True)
+        proxy.reset(hold=True)
         page.wait_for("events.length === 2", what="the failure seen by the page")
-        proxy.release()
+        proxy.heal()
         page.wait_for("received.indexOf(2) >= 0", timeout=20, what="the message written to the broken connection")
-        proxy.cut(hold=True)                # published meanwhile: queued on the session, and in the resumed range too
+        proxy.reset(hold=True)                # published meanwhile: queued on the session, and in the resumed range too
         publish_all(b, "/chat/room", [3, 4])
         page.wait_for("events.length === 4", what="the second failure seen by the page")
-        proxy.release()
+        proxy.heal()
         page.wait_for("resumes.length >= 2", timeout=20, what="the second resume")
         publish_all(b, "/chat/room", 5)
         # In order: a message delivered twice would come before the last one.

@@ -2,7 +2,7 @@
 faults played on fault proxies, and the figures of each run.
 
     publisher = Publisher(broker.url, CHANNEL)           # straight to the broker, never through a proxy
-    client = SomeClient(proxy.url(), CHANNEL, ...)       # every subscriber goes through a proxy
+    client = SomeClient(proxy.url, CHANNEL, ...)       # every subscriber goes through a proxy
     results = play([client], [proxy], publisher)        # publish, break the network, stop, wait, count
     assert results[0].silent == []
 
