@@ -8,7 +8,8 @@ Tests/ on the path):
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
               subscribe, publish: one message each, with its id, ext, and whether the reply is asserted;
               publish_all: a back end's batch of events on one channel
-    websocket the raw WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
+    websocket BayeuxWebSocket (a Bayeux client), BayeuxListener (the same read by a thread of its own), and the raw
+              WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
     fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py

@@ -115,8 +115,8 @@ class BayeuxWebSocket:
 class BayeuxListener(BayeuxWebSocket):
     """A BayeuxWebSocket read by a thread of its own once `listen()` is called (handshake first, over the plain
     client). Every message read is filed under `cond`: a reply (it has `successful`) in `replies` by its id, anything
-    else in `events`, in order; `frames` counts the frames read, `failures` says how the socket ended if the test
-    did not close it. With renew=True, `listen()` sends a /meta/connect and every successful /meta/connect reply is
+    else in `events`, in order; `frames` counts the frames read, `failures` lists the connects refused and how the
+    socket ended if the test did not close it. With renew=True, `listen()` sends a /meta/connect and every successful /meta/connect reply is
     answered with the next one, as a client that stays connected does; renew=False leaves the connects to the test.
     """
 
@@ -175,7 +175,10 @@ class BayeuxListener(BayeuxWebSocket):
                 for m in parsed if isinstance(parsed, list) else [parsed]:
                     if "successful" in m:
                         self.replies.setdefault(json.dumps(m.get("id")), []).append(m)
-                        renew |= m.get("channel") == "/meta/connect" and m["successful"] is True
+                        if m.get("channel") == "/meta/connect":
+                            renew |= m["successful"] is True
+                            if m["successful"] is not True:
+                                self.failures.append(f"connect failed: {m}")
                     else:
                         self.events.append(m)
                 self.cond.notify_all()
@@ -226,6 +229,10 @@ class BayeuxListener(BayeuxWebSocket):
     def wait_event(self, predicate, timeout=TIMEOUT, what="event"):
         """The first event for which `predicate` is true, once it came."""
         return self._wait(lambda: next((m for m in self.events if predicate(m)), None), timeout, what)
+
+    def ended(self):
+        """Whether the socket ended (or was closed)."""
+        return self._closed.is_set()
 
     def close(self):
         self._closed.set()
