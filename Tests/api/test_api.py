@@ -3,7 +3,6 @@
 import json
 import re
 import socket
-import threading
 import time
 from datetime import datetime, timezone
 
@@ -11,22 +10,12 @@ import pytest
 import requests
 import websocket
 
-from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux, new_key
+from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux, new_key, parked_connect
 from pubsubtest.bayeux import connect
 from pubsubtest.broker import Broker
 from pubsubtest.wait import wait_until
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-
-
-def parked_connect(b, cid):
-    """Starts a long-poll connect in a thread; returns (thread, box) where box[0] gets the reply."""
-    box = []
-    t = threading.Thread(target=lambda: box.append(connect(b, cid, timeout=20)), daemon=True)
-    t.start()
-    time.sleep(0.3)
-    assert not box, "the connect was answered at once instead of being held"
-    return t, box
 
 
 # ------------------------------------------------------------------ keys
@@ -259,7 +248,9 @@ def test_kick_over_websocket_answers_then_closes_normally(api_broker):
         ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
         json.loads(ws.recv())  # the first connect is answered at once
         ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
-        time.sleep(0.3)
+        # A socket's frames are handled in order: the answer to a later subscribe means the connect is held.
+        ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": wid, "subscription": "/kick/after"}]))
+        assert json.loads(ws.recv())[0]["channel"] == "/meta/subscribe"
         assert b.ok("POST", "disconnect", json_body={"clientId": wid}) == {"disconnected": True}
         reply = json.loads(ws.recv())
         assert reply[0]["channel"] == "/meta/connect"

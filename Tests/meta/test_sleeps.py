@@ -21,36 +21,15 @@ FAULT = "a fault held on purpose for its length (an outage, a stall, a slow answ
 QUIET = "a quiet check: nothing (more) arrives within this time"
 CLOCK = "a deadline of the broker's must pass (session timeout, token expiry, rate window, refetch interval)"
 MEASURE = "a measurement window (CPU or memory over a time), or the settling before a reading"
-PARKED = ("a request sent in the background reaches the broker and is held: nothing tells the test so (no gauge "
-          "of held requests; the wire suites also run against Faye)")
+PARKED = ("a request sent in the background reaches the broker and is held: nothing tells the test so (the "
+          "held long-polls gauge, pubsubtest.metrics.wait_held, does not count a request not yet whole; the wire "
+          "suites also run against Faye)")
 CLOSED = "a connection the test closed reaches the broker before the next step: nothing tells the test so"
 UNREPLICATED = "sessions made after the replica stopped reach the old master before it is killed"
 RESUBSCRIBES_PAGE = "not yet replaced: the page's client subscribes again after the new handshake, unannounced"
-RESUBSCRIBES_CLI = "not yet replaced: `pubsub subscribe` subscribes again after the gap without saying so"
-STDOUT_AT_EXIT = "not yet replaced: the event reaches `pubsub subscribe`'s stdout, read only when it exits"
 RELAY = "relay suites, not yet reviewed"
 
 SLEEPS = {
-    "api/test_api.py": {
-        "parked_connect": [
-            PARKED,  # time.sleep(0.3)
-        ],
-        "test_kick_over_websocket_answers_then_closes_normally": [
-            PARKED,  # time.sleep(0.3)
-        ],
-    },
-    "api/test_api_cluster.py": {
-        "test_publish_and_kick_across_nodes": [
-            PARKED,  # time.sleep(0.3)
-            PARKED,  # time.sleep(0.3)
-        ],
-    },
-    "api/test_api_dashboard.py": {
-        "test_dashboard_follows_clients_and_publishes": [
-            PARKED,  # time.sleep(0.3)
-            MEASURE,  # time.sleep(0.5)
-        ],
-    },
     "auth/authkit.py": {
         "HookServer.answer": [
             FAULT,  # time.sleep(self.slow_seconds)
@@ -113,12 +92,6 @@ SLEEPS = {
     "cli/test_bench.py": {
         "test_workers_over_two_source_addresses": [
             POLL,  # time.sleep(0.2)
-        ],
-    },
-    "cli/test_subscribe.py": {
-        "test_a_session_the_broker_ends_is_reported_then_resumed": [
-            RESUBSCRIBES_CLI,  # time.sleep(1.0)
-            STDOUT_AT_EXIT,  # time.sleep(2.0)
         ],
     },
     "cli/test_subscribe_positions.py": {
@@ -259,15 +232,11 @@ SLEEPS = {
         ],
     },
     "ops/test_ops_drain.py": {
-        "test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001": [
-            PARKED,  # time.sleep(0.5)
-        ],
         "test_stops_accepting_at_once_and_exits_within_the_drain_timeout_despite_a_stuck_client": [
             PARKED,  # time.sleep(0.2)
             POLL,  # time.sleep(0.05)
         ],
         "test_a_connect_that_completes_during_the_drain_is_answered_at_once": [
-            PARKED,  # time.sleep(0.3)
             PARKED,  # time.sleep(0.3)
         ],
     },

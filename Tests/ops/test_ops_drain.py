@@ -11,7 +11,7 @@ import pytest
 import requests
 import websocket
 
-from opshelp import Broker, free_port, handshake, subscribe, connect, bayeux
+from opshelp import Broker, bayeux, connect, free_port, handshake, subscribe, wait_held, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,7 +60,10 @@ def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
         ws_call(ws, [{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket"}])
         ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket",
                              "id": "ws-held"}]))
-        time.sleep(0.5)
+        # A socket's frames are handled in order: the answer to a later subscribe means its connect is held.
+        assert ws_call(ws, [{"channel": "/meta/subscribe", "clientId": wcid, "subscription": "/after",
+                             "id": "after"}])[0]["id"] == "after"
+        wait_held(b, 1)
         assert not held.done()
 
         t0 = time.monotonic()
@@ -145,7 +148,7 @@ def test_a_connect_that_completes_during_the_drain_is_answered_at_once():
                       f"Content-Length: {len(body)}\r\n\r\n").encode())
         time.sleep(0.3)
         b._proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        wait_until(lambda: "] draining" in b.log(), 5, message="the drain begun")
         t0 = time.monotonic()
         conn.sendall(body.encode())
         conn.settimeout(5)
