@@ -26,7 +26,6 @@ PARKED = ("a request sent in the background reaches the broker and is held: noth
           "suites also run against Faye)")
 CLOSED = "a connection the test closed reaches the broker before the next step: nothing tells the test so"
 UNREPLICATED = "sessions made after the replica stopped reach the old master before it is killed"
-RESUBSCRIBES_PAGE = "not yet replaced: the page's client subscribes again after the new handshake, unannounced"
 RELAY = "relay suites, not yet reviewed"
 
 SLEEPS = {
@@ -51,9 +50,6 @@ SLEEPS = {
         ],
     },
     "browser/test_browser_auth.py": {
-        "test_token_function_gives_a_fresh_token_after_expiry": [
-            RESUBSCRIBES_PAGE,  # time.sleep(1.5)
-        ],
         "test_a_page_from_another_origin_is_refused": [
             QUIET,  # time.sleep(1)
         ],
