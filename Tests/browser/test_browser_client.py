@@ -159,9 +159,13 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     b = make_broker(timeout=10)
     setup = """
       window.outgoing = [];
+      window.answered = [];
       client.addExtension({outgoing: function (message, callback) {
         outgoing.push(message.channel);
         if (message.channel === '/chat/room' || message.channel === '/other') message.ext = {tag: 'x'};
+        callback(message);
+      }, incoming: function (message, callback) {
+        if (message.successful) answered.push(message.channel);
         callback(message);
       }});"""
     open_client_page(page, page_server, b, "cancel", setup=setup)
@@ -172,8 +176,7 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     publish_all(b, "/other", "one")
     page.wait_for("other.length === 1")
     page.evaluate("otherSub.cancel(); true")
-    page.wait_for("outgoing.indexOf('/meta/unsubscribe') >= 0")
-    time.sleep(0.3)
+    page.wait_for("answered.indexOf('/meta/unsubscribe') >= 0", what="the broker's answer to the unsubscribe")
     publish_all(b, "/other", "two")
     publish_all(b, "/chat/room", "still here")
     page.wait_for("received.length >= 1")

@@ -55,9 +55,6 @@ SLEEPS = {
         ],
     },
     "browser/test_browser_client.py": {
-        "test_cancel_and_extensions": [
-            CLOSED,  # time.sleep(0.3)
-        ],
         "test_resume_after_the_session_is_lost": [
             QUIET,  # time.sleep(0.5)
         ],
