@@ -189,11 +189,6 @@ SLEEPS = {
             MEASURE,  # time.sleep(1)
         ],
     },
-    "hostile/test_hostile_slow_consumers.py": {
-        "test_long_poll_client_that_never_reads_is_dropped_and_logged": [
-            PARKED,  # time.sleep(0.5)
-        ],
-    },
     "hostile/test_hostile_timeouts.py": {
         "wait_all_closed": [
             POLL,  # time.sleep(0.1)
@@ -217,11 +212,6 @@ SLEEPS = {
     "meta/test_ports.py": {
         "_churn": [
             PACE,  # time.sleep(0.01)
-        ],
-    },
-    "ops/test_ops_activation.py": {
-        "test_a_connection_made_between_two_brokers_is_served_by_the_second": [
-            PARKED,  # time.sleep(0.5)
         ],
     },
     "ops/test_ops_drain.py": {
