@@ -18,6 +18,7 @@ import pytest
 
 from pubsubtest.bayeux import bayeux
 from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
 from pubsubtest.websocket import BayeuxListener
 
 SECRET = "ios-secret"
@@ -133,13 +134,13 @@ def test_ios_socketrocket_flow_receives_publish_to(pp):
                          "subscription": channel}
         assert isinstance(reply["id"], int)  # numeric ids are echoed as numbers
         with KeepAlive(ios) as keepalive:
-            time.sleep(0.6)  # a few keep-alives are out before anything is published
+            wait_until(lambda: len(keepalive.sent) >= 3, 5, message="a few keep-alives out before any publish")
             assert publish_to(pp, channel, {"text": "hi", "from": "rails"}) == [
                 {"channel": channel, "successful": True}]
             assert publish_to(pp, channel, {"channel": channel, "eval": 'alert("hi")'}) == [
                 {"channel": channel, "successful": True}]
             events = ios.wait_events(2)
-            time.sleep(0.6)
+            time.sleep(0.6)  # quiet: no third event comes, while the keep-alives go on
         assert len(keepalive.sent) >= 4
         for event in events:
             assert event["channel"] == channel
