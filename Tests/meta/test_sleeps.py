@@ -91,9 +91,6 @@ SLEEPS = {
         "Publisher.run": [
             PACE,  # time.sleep(self.pause)
         ],
-        "test_a_lost_session_is_resumed_with_the_events_published_meanwhile": [
-            FAULT,  # time.sleep(6)
-        ],
     },
     "cluster/cluster_helpers.py": {
         "Publisher.run": [
