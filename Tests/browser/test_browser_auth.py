@@ -7,7 +7,7 @@ import time
 
 import jwt
 import pytest
-import requests
+from pubsubtest.bayeux import publish
 from pubsubtest.wait import wait_until
 
 
@@ -50,9 +50,7 @@ def token(sub, ttl, **claims):
 
 
 def back_end_publish(b, data):
-    r = requests.post(b.url, json=[{"channel": CHANNEL, "data": data,
-                                    "ext": {"token": token("app", 60, publish=[CHANNEL])}}], timeout=10)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
+    publish(b, CHANNEL, data, ext={"token": token("app", 60, publish=[CHANNEL])})
 
 
 def page_html(b, tokens):

@@ -10,9 +10,8 @@ import json
 import time
 
 import pytest
-import requests
 
-from pubsubtest.bayeux import publish_all
+from pubsubtest.bayeux import bayeux, post_form, publish_all
 from pubsubtest.faultproxy import FaultProxy
 
 
@@ -272,8 +271,8 @@ def publish_to(broker, secret, channel, data):
     """What PrivatePub.publish_to sends: a form POST with one `message` field and the secret token."""
     payload = {"channel": channel, "eval": data} if isinstance(data, str) else {"channel": channel, "data": data}
     message = {"channel": channel, "data": payload, "ext": {"private_pub_token": secret}}
-    r = requests.post(broker.url, data={"message": json.dumps(message)}, timeout=TIMEOUT)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
+    replies = post_form(broker, message, timeout=TIMEOUT)
+    assert replies[0]["successful"] is True, replies
 
 
 def test_privatepub_browser_api(page, page_server, make_broker):
@@ -325,8 +324,7 @@ def test_resume_after_the_session_is_lost(page, page_server, make_broker):
     page.wait_for("received.length >= 1")
     first_id = page.evaluate("client.getClientId()")
     # The broker forgets the session (as after an expiry or an overflow) and messages go on meanwhile.
-    r = requests.post(b.url, json=[{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)
-    assert r.json()[0]["successful"] is True
+    assert bayeux(b, [{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)[0]["successful"] is True
     publish_all(b, "/chat/room", [2, 3])
     page.wait_for(f"client.getClientId() && client.getClientId() !== {json.dumps(first_id)}", timeout=30,
                   what="a new handshake")

@@ -12,11 +12,10 @@ import hashlib
 import json
 import threading
 import time
-import urllib.parse
 
 import pytest
 
-from pubsubtest.bayeux import bayeux
+from pubsubtest.bayeux import post_form
 from pubsubtest.broker import Broker
 from pubsubtest.wait import wait_until
 from pubsubtest.websocket import BayeuxListener
@@ -50,8 +49,7 @@ def publish_to(b, channel, data, token=SECRET, ext="default"):
         message["ext"] = {"private_pub_token": token}
     elif ext is not None:
         message["ext"] = ext
-    body = "message=" + urllib.parse.quote(json.dumps(message))
-    return bayeux(b, body, headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=WAIT)
+    return post_form(b, message, timeout=WAIT)
 
 
 class RawSocket(BayeuxListener):
