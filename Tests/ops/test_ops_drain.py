@@ -9,34 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import websocket
 
 from opshelp import Broker, bayeux, connect, free_port, handshake, subscribe, wait_held, wait_until
+from pubsubtest.websocket import BayeuxWebSocket
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ws_call(ws, messages, timeout=10):
-    ws.send(json.dumps(messages))
-    ws.settimeout(timeout)
-    return json.loads(ws.recv())
-
-
-def recv_close_code(ws, timeout=10):
-    ws.settimeout(timeout)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            frame = ws.recv_frame()
-        except (websocket.WebSocketConnectionClosedException, ConnectionResetError, BrokenPipeError):
-            return None
-        if frame is None:
-            return None
-        if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
-            return int.from_bytes(frame.data[:2], "big") if len(frame.data) >= 2 else 1005
-        if frame.opcode == websocket.ABNF.OPCODE_TEXT:
-            ws.frames.append(json.loads(frame.data))
-    raise AssertionError("no close frame in time")
 
 
 def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
@@ -52,17 +29,13 @@ def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
                                                      "connectionType": "long-polling", "id": "held"}],
                                            timeout=20), time.monotonic()))
         # A WebSocket client with a held connect too.
-        ws = websocket.create_connection(b.ws_url, timeout=10)
-        ws.frames = []
-        wcid = ws_call(ws, [{"channel": "/meta/handshake", "version": "1.0",
-                             "supportedConnectionTypes": ["websocket"]}])[0]["clientId"]
-        ws_call(ws, [{"channel": "/meta/subscribe", "clientId": wcid, "subscription": "/news"}])
-        ws_call(ws, [{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket"}])
-        ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket",
-                             "id": "ws-held"}]))
+        ws = BayeuxWebSocket(b)
+        wcid = ws.handshake()
+        ws.subscribe("/news")
+        ws.connect()                 # answered at once
+        ws.send([{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket", "id": "ws-held"}])
         # A socket's frames are handled in order: the answer to a later subscribe means its connect is held.
-        assert ws_call(ws, [{"channel": "/meta/subscribe", "clientId": wcid, "subscription": "/after",
-                             "id": "after"}])[0]["id"] == "after"
+        ws.subscribe("/after")
         wait_held(b, 1)
         assert not held.done()
 
@@ -74,10 +47,10 @@ def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
         assert reply == [{"id": "held", "clientId": cid, "channel": "/meta/connect", "successful": True,
                           "advice": {"reconnect": "retry", "interval": 0, "timeout": 30000}}], reply
 
-        code = recv_close_code(ws, timeout=5)
-        assert code == 1001, (code, ws.frames)
+        code = ws.recv_close(timeout=5)
+        assert code == 1001, (code, ws.pending)
         # The held WebSocket connect was answered before the close, successfully, with retry advice.
-        answers = [m for frame in ws.frames for m in frame if m.get("id") == "ws-held"]
+        answers = [m for m in ws.pending if m.get("id") == "ws-held"]
         assert answers and answers[0]["successful"] is True and answers[0]["advice"]["reconnect"] == "retry"
         assert time.monotonic() - t0 < 3.0
 

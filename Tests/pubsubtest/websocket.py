@@ -81,6 +81,26 @@ class BayeuxWebSocket:
         assert i is not None, f"nothing on {channel} within {timeout} s (have {self.pending})"
         return self.pending.pop(i)
 
+    def recv_close(self, timeout=TIMEOUT):
+        """Reads until the server's close frame and returns its status code (1005 when it has none), or None when
+        the connection ended without one; the messages of the text frames read on the way go to `pending`.
+        Fails when nothing ends the connection within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                frame = self.sock.recv_frame()
+            except websocket.WebSocketTimeoutException:
+                raise AssertionError(f"no close frame within {timeout} s (have {self.pending})") from None
+            except (websocket.WebSocketConnectionClosedException, ConnectionResetError, BrokenPipeError):
+                return None
+            if frame is None:
+                return None
+            if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+                return int.from_bytes(frame.data[:2], "big") if len(frame.data) >= 2 else 1005
+            if frame.opcode == websocket.ABNF.OPCODE_TEXT:
+                self.pending.extend(json.loads(frame.data.decode("utf-8")))
+
     def events(self):
         """The messages read that are not /meta/ replies."""
         return [m for m in self.pending if not m.get("channel", "").startswith("/meta/")]
@@ -116,9 +136,9 @@ class BayeuxListener(BayeuxWebSocket):
     """A BayeuxWebSocket read by a thread of its own once `listen()` is called (handshake first, over the plain
     client). Every message read is filed under `cond`: a reply (it has `successful`) in `replies` by its id, anything
     else in `events`, in order; `frames` counts the frames read, `failures` lists the connects refused and how the
-    socket ended if the test did not close it. With renew=True, `listen()` sends a /meta/connect and every successful /meta/connect reply is
-    answered with the next one, as a client that stays connected does; renew=False leaves the connects to the test.
-    """
+    socket ended if the test did not close it. With renew=True, `listen()` sends a /meta/connect and every
+    successful /meta/connect reply is answered with the next one, as a client that stays connected does;
+    renew=False leaves the connects to the test."""
 
     def __init__(self, target, cid=None, timeout=TIMEOUT, renew=True, **kw):
         super().__init__(target, cid, timeout, **kw)
