@@ -84,15 +84,14 @@ def test_stops_accepting_at_once_and_exits_within_the_drain_timeout_despite_a_st
         assert time.monotonic() - t0 < 1.5
 
         # New connections are refused; the metrics port says it is draining.
-        deadline = time.monotonic() + 2
-        refused = False
-        while time.monotonic() < deadline and not refused:
+        def refused():
             try:
                 socket.create_connection(("127.0.0.1", b.port), timeout=0.5).close()
-                time.sleep(0.05)
             except ConnectionRefusedError:
-                refused = True
-        assert refused
+                return True
+            return False
+
+        assert wait_until(refused, 2, raises=False)
         r = requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2)
         assert (r.status_code, r.text) == (503, "draining\n")
         assert requests.get(f"http://127.0.0.1:{metrics_port}/healthz", timeout=2).status_code == 200
