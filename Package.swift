@@ -205,7 +205,8 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         // Test support, written once for every test target: the recording sink, the seeded random generator, the
-        // engine harness (one broker node over either engine) and the redis-server launcher. Used by tests only.
+        // engine harness (one broker node over either engine), the redis-server launcher and waitUntil (a condition
+        // awaited with a deadline). Used by tests only.
         .target(
             name: "PubSubTesting",
             dependencies: [
@@ -272,6 +273,7 @@ let package = Package(
                 "PubSubServer",
                 "PubSubCore",
                 "Bayeux",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -291,6 +293,7 @@ let package = Package(
                 "Bayeux",
                 "PubSubCore",
                 "PubSubServer",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -336,6 +339,7 @@ let package = Package(
                 "PubSubCore",
                 "PubSubServer",
                 "Bayeux",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
