@@ -206,7 +206,8 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         // Test support, written once for every test target: the recording sink, the seeded random generator, the
-        // engine harness (one broker node over either engine) and the redis-server launcher. Used by tests only.
+        // engine harness (one broker node over either engine), the redis-server launcher and waitUntil (a condition
+        // awaited with a deadline). Used by tests only.
         .target(
             name: "PubSubTesting",
             dependencies: [
@@ -273,6 +274,7 @@ let package = Package(
                 "PubSubServer",
                 "PubSubCore",
                 "Bayeux",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -292,6 +294,7 @@ let package = Package(
                 "Bayeux",
                 "PubSubCore",
                 "PubSubServer",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -338,6 +341,7 @@ let package = Package(
                 "PubSubCore",
                 "PubSubServer",
                 "Bayeux",
+                "PubSubTesting",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -4,6 +4,7 @@ import JWTKit
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import PubSubTesting
 import Testing
 @testable import PubSubAuth
 @testable import PubSubCore
@@ -307,12 +308,12 @@ XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
             fetcher: { try provider.fetch() })
         let running = Task { await source.run() }
         // Fetches again and again (however loaded the machine: waited for, not timed), then stops when cancelled.
-        for _ in 0..<200 where provider.calls < 3 { try await Task.sleep(nanoseconds: 50_000_000) }
-        #expect(provider.calls >= 3, "fetched \(provider.calls) times with a 0.2 s refresh")
+        let fetched = try await waitUntil { provider.calls >= 3 }
+        #expect(fetched, "fetched \(provider.calls) times with a 0.2 s refresh")
         running.cancel()
         await running.value
         let calls = provider.calls
-        try await Task.sleep(nanoseconds: 500_000_000)
+        try await Task.sleep(nanoseconds: 500_000_000)  // a quiet window: no fetch after the cancellation
         #expect(provider.calls == calls)
     }
 }

@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import PubSubCore
 import PubSubServer
+import PubSubTesting
 import Synchronization
 import Testing
 @testable import PubSubClient
@@ -122,12 +123,15 @@ import Testing
             #expect(existed)
             // The next connect is refused with advice to handshake; the client does, and signs afresh.
             var second: String?
-            for _ in 0..<50 where second == nil {
-                try await Task.sleep(nanoseconds: 100_000_000)
+            #expect(try await waitUntil {
                 if let id = await subscriber.clientId, id != first { second = id }
-            }
-            #expect(second != nil)
-            try await Task.sleep(nanoseconds: 200_000_000)
+                return second != nil
+            })
+            // Subscribed again under the new id before anything is published.
+            let queries = try #require(server.broker.engine as? any EngineQueries)
+            #expect(try await waitUntil {
+                try await queries.presence(of: "/again", now: .now(), on: loop).get().contains { $0.clientId == second }
+            })
             let publisher = try BayeuxClient(url: url)
             try await publisher.publish("/again", data: "after", ext: ["private_pub_token": "secret"])
             let events = try await next(1, from: subscriber)

@@ -2,12 +2,14 @@
 folder: fixtures of one folder are seen by the others when all suites run in one pytest call)."""
 
 import secrets
+import threading
 
 import pytest
 import requests
 
 from pubsubtest.bayeux import bayeux, connect, handshake, subscribe  # noqa: F401  (bayeux: for the test modules)
 from pubsubtest.broker import Broker
+from pubsubtest.metrics import held, wait_held
 
 HTTP_TIMEOUT = 10
 
@@ -62,3 +64,15 @@ def api_handshake(b):
 def api_subscribe(b, cid, *channels):
     """One /meta/subscribe to all the `channels`, which must succeed."""
     subscribe(b, cid, list(channels))
+
+
+def parked_connect(b, cid):
+    """Starts a long-poll connect in a thread and returns (thread, box) once the broker holds it (its count of
+    held connects went up); box[0] gets the reply."""
+    before = held(b)
+    box = []
+    t = threading.Thread(target=lambda: box.append(connect(b, cid, timeout=20)), daemon=True)
+    t.start()
+    wait_held(b, before + 1)
+    assert not box, "the connect was answered at once instead of being held"
+    return t, box

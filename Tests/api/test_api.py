@@ -1,32 +1,20 @@
 """The server API (`/api`) on the memory engine, against the real binary: each call, each error, kick."""
 
-import json
 import re
 import socket
-import threading
 import time
 from datetime import datetime, timezone
 
 import pytest
 import requests
-import websocket
 
-from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux, new_key
+from apikit import APIBroker, api_broker, api_handshake, api_subscribe, bayeux, new_key, parked_connect
 from pubsubtest.bayeux import connect
 from pubsubtest.broker import Broker
 from pubsubtest.wait import wait_until
+from pubsubtest.websocket import BayeuxWebSocket
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-
-
-def parked_connect(b, cid):
-    """Starts a long-poll connect in a thread; returns (thread, box) where box[0] gets the reply."""
-    box = []
-    t = threading.Thread(target=lambda: box.append(connect(b, cid, timeout=20)), daemon=True)
-    t.start()
-    time.sleep(0.3)
-    assert not box, "the connect was answered at once instead of being held"
-    return t, box
 
 
 # ------------------------------------------------------------------ keys
@@ -194,13 +182,10 @@ def test_presence_lists_clients_with_transport_and_since(api_broker):
     before = datetime.now(timezone.utc).timestamp()
     lp = api_handshake(b)
     api_subscribe(b, lp, "/chat/room")
-    ws = websocket.create_connection(b.ws_url, timeout=10)
-    try:
-        ws.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
-                             "supportedConnectionTypes": ["websocket"]}]))
-        wid = json.loads(ws.recv())[0]["clientId"]
-        ws.send(json.dumps([{"channel": "/meta/subscribe", "clientId": wid, "subscription": "/chat/room"},
-                            {"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
+    with BayeuxWebSocket(b) as ws:
+        wid = ws.handshake()
+        ws.send([{"channel": "/meta/subscribe", "clientId": wid, "subscription": "/chat/room"},
+                 {"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}])
         wait_until(lambda: len(b.ok("GET", "presence", params={"channel": "/chat/room"})["clients"]) == 2)
         answer = wait_until(lambda: (lambda a: a if all(c["transport"] for c in a["clients"]) else None)(
             b.ok("GET", "presence", params={"channel": "/chat/room"})))
@@ -216,8 +201,6 @@ def test_presence_lists_clients_with_transport_and_since(api_broker):
             assert before - 1 <= at <= time.time() + 1
         assert b.ok("GET", "presence", params={"channel": "/chat/other"}) == {"channel": "/chat/other", "clients": []}
         assert b.api("GET", "presence").status_code == 400
-    finally:
-        ws.close()
 
 
 # ------------------------------------------------------------------ disconnect (kick)
@@ -251,24 +234,19 @@ def test_a_client_kicked_between_polls_is_told_at_its_next_connect(api_broker):
 
 def test_kick_over_websocket_answers_then_closes_normally(api_broker):
     b = api_broker
-    ws = websocket.create_connection(b.ws_url, timeout=10)
-    try:
-        ws.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
-                             "supportedConnectionTypes": ["websocket"]}]))
-        wid = json.loads(ws.recv())[0]["clientId"]
-        ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
-        json.loads(ws.recv())  # the first connect is answered at once
-        ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}]))
-        time.sleep(0.3)
+    with BayeuxWebSocket(b) as ws:
+        wid = ws.handshake()
+        ws.send([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}])
+        assert ws.recv()[0]["channel"] == "/meta/connect"  # the first connect is answered at once
+        ws.send([{"channel": "/meta/connect", "clientId": wid, "connectionType": "websocket"}])
+        # A socket's frames are handled in order: the answer to a later subscribe means the connect is held.
+        ws.send([{"channel": "/meta/subscribe", "clientId": wid, "subscription": "/kick/after"}])
+        assert ws.recv()[0]["channel"] == "/meta/subscribe"
         assert b.ok("POST", "disconnect", json_body={"clientId": wid}) == {"disconnected": True}
-        reply = json.loads(ws.recv())
+        reply = ws.recv()
         assert reply[0]["channel"] == "/meta/connect"
         assert reply[0]["advice"] == {"reconnect": "none"}
-        opcode, data = ws.recv_data(control_frame=True)
-        assert opcode == websocket.ABNF.OPCODE_CLOSE
-        assert int.from_bytes(data[:2], "big") == 1000
-    finally:
-        ws.close()
+        assert ws.recv_close() == 1000
 
 
 # ------------------------------------------------------------------ history

@@ -1,11 +1,9 @@
 """The server API on two nodes sharing a real Redis: every answer is cluster-wide, whichever node is asked."""
 
-import threading
-import time
 
 import pytest
 
-from apikit import APIBroker, api_handshake, api_subscribe, bayeux, new_key
+from apikit import APIBroker, api_handshake, api_subscribe, bayeux, new_key, parked_connect
 from pubsubtest.bayeux import connect
 from pubsubtest.redis import RedisServer, wait_ready
 from pubsubtest.wait import wait_until
@@ -53,18 +51,12 @@ def test_publish_and_kick_across_nodes(two_nodes):
     one, two = two_nodes
     cid = api_handshake(two)
     api_subscribe(two, cid, "/cl/kick")
-    box = []
-    t = threading.Thread(target=lambda: box.append(connect(two, cid, timeout=20)), daemon=True)
-    t.start()
-    time.sleep(0.3)
+    t, box = parked_connect(two, cid)
     position = one.ok("POST", "publish", json_body={"channel": "/cl/kick", "data": "x"})["position"]
     t.join(10)
     event = [m for m in box[0] if m.get("channel") == "/cl/kick"][0]
     assert event["ext"]["position"] == position
-    box.clear()
-    t = threading.Thread(target=lambda: box.append(connect(two, cid, timeout=20)), daemon=True)
-    t.start()
-    time.sleep(0.3)
+    t, box = parked_connect(two, cid)
     assert one.ok("POST", "disconnect", json_body={"clientId": cid}) == {"disconnected": True}
     t.join(10)
     assert box, "the parked connect on the other node was not answered"

@@ -3,13 +3,10 @@ go, a channel's presence opens on a click, and its publish form reaches a subscr
 phone width) go to $PUBSUB_SCREENSHOTS or Tests/browser/screenshots/."""
 
 import json
-import threading
-import time
 
 import pytest
 
-from apikit import APIBroker, api_handshake, api_subscribe, bayeux
-from pubsubtest.bayeux import connect
+from apikit import APIBroker, api_handshake, api_subscribe, bayeux, parked_connect
 
 
 def text_of(page, selector):
@@ -57,10 +54,7 @@ def test_dashboard_follows_clients_and_publishes(dashboard_broker, page, screens
     assert set(ids) <= set(page.evaluate("[...document.querySelectorAll('#presence tr')].map(r => r.cells[0].textContent)"))
 
     # The publish form reaches a subscriber (a parked long-poll).
-    box = []
-    t = threading.Thread(target=lambda: box.append(connect(b, ids[1], timeout=20)), daemon=True)
-    t.start()
-    time.sleep(0.3)
+    t, box = parked_connect(b, ids[1])
     page.evaluate("document.getElementById('pub-channel').value = '/dash/room';"
                   "document.getElementById('pub-data').value = '{\"text\": \"from the dashboard\"}';"
                   "document.getElementById('publish').requestSubmit()")
@@ -93,7 +87,7 @@ def test_dashboard_follows_clients_and_publishes(dashboard_broker, page, screens
 
     # Readable on a phone: nothing wider than the screen.
     page.send("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
-    time.sleep(0.5)
+    page.wait_for("window.innerWidth === 390", what="the phone's viewport")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     screenshot(page, "dashboard-phone")
 

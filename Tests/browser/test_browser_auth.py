@@ -7,7 +7,7 @@ import time
 
 import jwt
 import pytest
-import requests
+from pubsubtest.bayeux import publish
 from pubsubtest.wait import wait_until
 
 
@@ -29,6 +29,12 @@ var client = new Faye.Client({broker_json}, {{
     return Promise.resolve(window.tokens.length > 1 ? window.tokens.shift() : window.tokens[0]);
   }}
 }});
+// Successful subscriptions, counted as the broker answers them (the client subscribes again after a new handshake).
+window.subscriptions = 0;
+client.addExtension({{incoming: function (message, callback) {{
+  if (message.channel === '/meta/subscribe' && message.successful) window.subscriptions++;
+  callback(message);
+}}}});
 client.subscribe({channel_json}, function (data) {{
   received.push(data);
   document.getElementById('out').textContent += JSON.stringify(data) + '\\n';
@@ -44,9 +50,7 @@ def token(sub, ttl, **claims):
 
 
 def back_end_publish(b, data):
-    r = requests.post(b.url, json=[{"channel": CHANNEL, "data": data,
-                                    "ext": {"token": token("app", 60, publish=[CHANNEL])}}], timeout=10)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
+    publish(b, CHANNEL, data, ext={"token": token("app", 60, publish=[CHANNEL])})
 
 
 def page_html(b, tokens):
@@ -65,7 +69,7 @@ def test_token_function_gives_a_fresh_token_after_expiry(page, page_server, make
     page.wait_for("received.length >= 1", what="the first message")
     # The first token expires: the broker refuses the next connect, the client asks for a token again.
     page.wait_for("window.tokenCalls >= 2", timeout=15, what="a second handshake")
-    time.sleep(1.5)  # the new session resubscribes
+    page.wait_for("window.subscriptions >= 2", timeout=10, what="the new session's subscription")
     back_end_publish(b, "after expiry")
     page.wait_for("received.indexOf('after expiry') >= 0", timeout=10, what="a message after the re-handshake")
     assert page.evaluate("received") == ["before expiry", "after expiry"]

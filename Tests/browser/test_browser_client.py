@@ -10,10 +10,9 @@ import json
 import time
 
 import pytest
-import requests
 
-from pubsubtest.bayeux import publish_all
-from pubsubtest.proxy import CuttingProxy
+from pubsubtest.bayeux import bayeux, post_form, publish_all
+from pubsubtest.faultproxy import FaultProxy
 
 
 TIMEOUT = 10
@@ -159,9 +158,13 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     b = make_broker(timeout=10)
     setup = """
       window.outgoing = [];
+      window.answered = [];
       client.addExtension({outgoing: function (message, callback) {
         outgoing.push(message.channel);
         if (message.channel === '/chat/room' || message.channel === '/other') message.ext = {tag: 'x'};
+        callback(message);
+      }, incoming: function (message, callback) {
+        if (message.successful) answered.push(message.channel);
         callback(message);
       }});"""
     open_client_page(page, page_server, b, "cancel", setup=setup)
@@ -172,8 +175,7 @@ def test_cancel_and_extensions(page, page_server, make_broker):
     publish_all(b, "/other", "one")
     page.wait_for("other.length === 1")
     page.evaluate("otherSub.cancel(); true")
-    page.wait_for("outgoing.indexOf('/meta/unsubscribe') >= 0")
-    time.sleep(0.3)
+    page.wait_for("answered.indexOf('/meta/unsubscribe') >= 0", what="the broker's answer to the unsubscribe")
     publish_all(b, "/other", "two")
     publish_all(b, "/chat/room", "still here")
     page.wait_for("received.length >= 1")
@@ -269,8 +271,8 @@ def publish_to(broker, secret, channel, data):
     """What PrivatePub.publish_to sends: a form POST with one `message` field and the secret token."""
     payload = {"channel": channel, "eval": data} if isinstance(data, str) else {"channel": channel, "data": data}
     message = {"channel": channel, "data": payload, "ext": {"private_pub_token": secret}}
-    r = requests.post(broker.url, data={"message": json.dumps(message)}, timeout=TIMEOUT)
-    assert r.status_code == 200 and r.json()[0]["successful"] is True, r.text
+    replies = post_form(broker, message, timeout=TIMEOUT)
+    assert replies[0]["successful"] is True, replies
 
 
 def test_privatepub_browser_api(page, page_server, make_broker):
@@ -322,8 +324,7 @@ def test_resume_after_the_session_is_lost(page, page_server, make_broker):
     page.wait_for("received.length >= 1")
     first_id = page.evaluate("client.getClientId()")
     # The broker forgets the session (as after an expiry or an overflow) and messages go on meanwhile.
-    r = requests.post(b.url, json=[{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)
-    assert r.json()[0]["successful"] is True
+    assert bayeux(b, [{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)[0]["successful"] is True
     publish_all(b, "/chat/room", [2, 3])
     page.wait_for(f"client.getClientId() && client.getClientId() !== {json.dumps(first_id)}", timeout=30,
                   what="a new handshake")
@@ -343,7 +344,7 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
     docs/BROWSER.md). After each, the next connect goes out after a subscribe with `ext.resume`, in the same frame or
     request, and every message arrives once, in order."""
     b = make_broker(timeout=10)
-    with CuttingProxy(b.port) as proxy:
+    with FaultProxy(("127.0.0.1", b.port)) as proxy:
         setup = "window.resumes = []; client.bind('resume', function (c, r) { resumes.push([c, r]); });"
         if transport != "websocket":
             setup += "client.disable('websocket');"
@@ -354,14 +355,14 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
         session = page.evaluate("client.getClientId()")
         proxy.stall()                       # written by the broker, never delivered
         publish_all(b, "/chat/room", 2)
-        proxy.cut(hold=True)
+        proxy.reset(hold=True)
         page.wait_for("events.length === 2", what="the failure seen by the page")
-        proxy.release()
+        proxy.heal()
         page.wait_for("received.indexOf(2) >= 0", timeout=20, what="the message written to the broken connection")
-        proxy.cut(hold=True)                # published meanwhile: queued on the session, and in the resumed range too
+        proxy.reset(hold=True)                # published meanwhile: queued on the session, and in the resumed range too
         publish_all(b, "/chat/room", [3, 4])
         page.wait_for("events.length === 4", what="the second failure seen by the page")
-        proxy.release()
+        proxy.heal()
         page.wait_for("resumes.length >= 2", timeout=20, what="the second resume")
         publish_all(b, "/chat/room", 5)
         # In order: a message delivered twice would come before the last one.

@@ -121,15 +121,16 @@ def notes_of(db, user):
 
 def wait_mirrors(page, db, user, example, timeout=20):
     """Waits until the page's table equals the user's rows in the database, and returns them."""
-    deadline = time.monotonic() + timeout
-    while True:
-        expected, shown = notes_of(db, user), page.evaluate(SYNC_ROWS)
-        if shown == expected:
-            return expected
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{user}'s page shows {shown}, the database has {expected}\n{page.dump()}\n"
-                                 f"{example.log()}")
-        time.sleep(0.1)
+    seen = {}
+
+    def mirrored():
+        seen["expected"], seen["shown"] = notes_of(db, user), page.evaluate(SYNC_ROWS)
+        return seen["shown"] == seen["expected"]
+
+    if not wait_until(mirrored, timeout, interval=0.1, raises=False):
+        raise AssertionError(f"{user}'s page shows {seen['shown']}, the database has {seen['expected']}\n"
+                             f"{page.dump()}\n{example.log()}")
+    return seen["expected"]
 
 
 def events_of(page):

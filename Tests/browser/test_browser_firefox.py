@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,6 +20,7 @@ import requests
 from pubsubtest.bayeux import publish_all
 from pubsubtest.compression import job_progress
 from pubsubtest.process import stop_group
+from pubsubtest.wait import wait_until
 
 FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
 
@@ -109,14 +109,13 @@ class ReportServer:
         return [r[key] for r in self.all() if key in r]
 
     def wait(self, predicate, what, timeout=30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready():
             errors = self.values("error")
             assert not errors, errors
-            if predicate(self):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"Firefox: no {what} within {timeout} s; the page reported {self.all()}")
+            return predicate(self)
+
+        if not wait_until(ready, timeout, raises=False):
+            raise AssertionError(f"Firefox: no {what} within {timeout} s; the page reported {self.all()}")
 
     def close(self):
         self.httpd.shutdown()

@@ -12,9 +12,8 @@ import shutil
 import time
 
 import pytest
-import requests
 
-from pubsubtest.bayeux import publish_all
+from pubsubtest.bayeux import bayeux, publish_all
 from pubsubtest.redis import wait_ready
 from test_browser_client import TIMEOUT
 
@@ -103,8 +102,7 @@ def test_wildcard_resumes_over_every_shard(page, page_server, make_redis_cluster
     # The broker forgets the session (as after an expiry or an overflow); events go on on every shard meanwhile.
     page.evaluate("holdHandshake = true")
     first_id = page.evaluate("client.getClientId()")
-    r = requests.post(b.url, json=[{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)
-    assert r.json()[0]["successful"] is True
+    assert bayeux(b, [{"channel": "/meta/disconnect", "clientId": first_id}], timeout=TIMEOUT)[0]["successful"] is True
     publish_round(b, 2)
     publish_round(b, 3)
     page.evaluate("releaseHandshake()")

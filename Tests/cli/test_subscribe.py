@@ -3,10 +3,11 @@
 import json
 import subprocess
 import threading
-import time
+from functools import partial
 
 import pytest
 
+from pubsubtest.bayeux import publish as bayeux_publish
 from pubsubtest.wait import wait_until
 from clitools import SECRET, Broker, clean_env, closed_port, pubsub_bin, run
 
@@ -26,9 +27,12 @@ class Subscriber:
         self.proc = subprocess.Popen([pubsub_bin(), "subscribe"] + list(args), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env or clean_env())
         self.err_lines = []
+        self.out_lines = []
         self.subscribed = threading.Event()
-        self._reader = threading.Thread(target=self._read_err, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read_err, daemon=True),
+                         threading.Thread(target=self._read_out, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read_err(self):
         for line in self.proc.stderr:
@@ -36,13 +40,18 @@ class Subscriber:
             if "subscribed to" in line:
                 self.subscribed.set()
 
+    def _read_out(self):
+        for line in self.proc.stdout:     # `pubsub subscribe` writes each line at once
+            self.out_lines.append(line)
+
     def wait_subscribed(self, timeout=10):
         assert self.subscribed.wait(timeout), f"not subscribed: {self.err_lines}"
 
     def finish(self, timeout=15):
-        out, _ = self.proc.communicate(timeout=timeout)
-        self._reader.join(timeout=2)
-        return self.proc.returncode, out, "".join(self.err_lines)
+        self.proc.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout=2)
+        return self.proc.returncode, "".join(self.out_lines), "".join(self.err_lines)
 
     def kill(self):
         if self.proc.poll() is None:
@@ -50,9 +59,8 @@ class Subscriber:
             self.proc.wait(5)
 
 
-def publish(broker, channel, data):
-    p = run(["publish", "--url", broker.url, "--secret", SECRET, channel, json.dumps(data)])
-    assert p.returncode == 0, p.stderr
+# PrivatePub's publish: the secret as ext.private_pub_token.
+publish = partial(bayeux_publish, ext={"private_pub_token": SECRET})
 
 
 @pytest.mark.parametrize("transport", [[], ["--websocket"]])
@@ -183,12 +191,11 @@ def test_a_session_the_broker_ends_is_reported_then_resumed(accept_gaps):
                 assert s.proc.wait(15) == 3, s.err_lines
                 return
             assert "going on from here" in gap[0], s.err_lines
-            # Subscribed again: a later event arrives.
-            time.sleep(1.0)
+            # Subscribed again (the gap is told from the resumed subscription's reply): a later event arrives.
             publish(b, "/slow/feed", {"after": True})
-            time.sleep(2.0)
+            wait_until(lambda: '{"after":true}\n' in s.out_lines, 10, raises=False)
             s.proc.terminate()
-            out, _ = s.proc.communicate(timeout=15)
+            _, out, _ = s.finish()
             assert '{"after":true}' in out.splitlines(), out[-500:]
         finally:
             s.kill()

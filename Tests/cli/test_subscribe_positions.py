@@ -12,6 +12,7 @@ import pytest
 from clitools import run
 from pubsubtest.bayeux import publish
 from pubsubtest.broker import Broker, pubsub_bin
+from pubsubtest.metrics import metric, scrape
 from pubsubtest.process import Lines
 from pubsubtest.wait import wait_until
 
@@ -154,7 +155,9 @@ def test_a_lost_session_is_resumed_with_the_events_published_meanwhile():
             os.killpg(sub.proc.pid, signal.SIGSTOP)
             for n in range(2, 12):
                 publish(b, "/feed/a", {"n": n})
-            time.sleep(6)                # longer than the broker keeps a session without a connect
+            # Until the broker has forgotten the session (no connect for twice its timeout).
+            wait_until(lambda: metric(scrape(b), "pubsub_sessions_expired_total") >= 1, 20,
+                       message="the stopped subscriber's session expired")
             os.killpg(sub.proc.pid, signal.SIGCONT)
             wait_until(lambda: "ended this session" in sub.errors(), 20, message="the session ended")
             publish(b, "/feed/a", {"n": 12})

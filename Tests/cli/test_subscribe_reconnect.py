@@ -10,7 +10,7 @@ import pytest
 from pubsubtest.bayeux import publish
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.process import Lines
-from pubsubtest.proxy import CuttingProxy
+from pubsubtest.faultproxy import FaultProxy
 from pubsubtest.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +26,7 @@ def positions(sub):
 
 @pytest.mark.parametrize("transport", [[], ["--websocket"]], ids=["long-polling", "websocket"])
 def test_a_reset_connection_is_resumed_on_the_same_session_without_a_lost_or_repeated_event(transport):
-    with Broker(timeout=45, extra_args=["--history-size", "100"]) as b, CuttingProxy(b.port) as proxy:
+    with Broker(timeout=45, extra_args=["--history-size", "100"]) as b, FaultProxy(("127.0.0.1", b.port)) as proxy:
         sub = Lines([pubsub_bin(), "subscribe", "--url", proxy.url, "--full", *transport, "/feed/*"])
         try:
             sub.wait_for(lambda: "subscribed to" in sub.errors(), 30, "the subscription")
@@ -36,13 +36,13 @@ def test_a_reset_connection_is_resumed_on_the_same_session_without_a_lost_or_rep
             # Written by the broker (pushed on the WebSocket, or the held connect's answer), never delivered.
             proxy.stall()
             publish(b, "/feed/a", {"n": 4})
-            proxy.cut()
+            proxy.reset()
             wait_until(lambda: 4 in numbers(sub), 20, message="the event written to the broken connection")
             # Published while the subscriber cannot reconnect: queued on its session, and in the resumed range too.
-            proxy.cut(hold=True)
+            proxy.reset(hold=True)
             for n in range(5, 8):
                 publish(b, "/feed/a", {"n": n})
-            proxy.release()
+            proxy.heal()
             wait_until(lambda: sub.errors().count("resumed /feed/*") == 2, 20, message="the second resume")
             publish(b, "/feed/a", {"n": 8})
             # In order: an event printed twice would come before the last one.

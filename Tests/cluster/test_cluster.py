@@ -73,11 +73,13 @@ def test_long_polling_client_on_a_different_node_at_every_request(nodes):
         reply, events = long_poll(nodes[request % 3], cid)
         assert reply["successful"], reply
         received += data_of(events, "/poll/x")
-    deadline = time.monotonic() + 5
-    while received != sent and time.monotonic() < deadline:
-        reply, events = long_poll(nodes[0], cid)
-        received += data_of(events, "/poll/x")
-        time.sleep(0.05)
+
+    def caught_up():
+        if received != sent:
+            received.extend(data_of(long_poll(nodes[0], cid)[1], "/poll/x"))
+        return received == sent
+
+    wait_until(caught_up, 5, raises=False)
     assert received == sent
 
 
@@ -185,11 +187,13 @@ def test_resume_on_another_node_and_after_redis_lost_its_data(nodes, redis_serve
     """Positions are made in Redis (opaque, `2.<epoch>.<permuted>`), so a token got through one node resumes on
     another; a Redis that restarted empty has a new epoch and key, and says so (`recovered: false`)."""
     def poll_until(node, cid, count):
-        got, deadline = [], time.monotonic() + 10
-        while len(got) < count and time.monotonic() < deadline:
-            _, events = long_poll(node, cid)
-            got += events
-            time.sleep(0.05)
+        got = []
+
+        def enough():
+            got.extend(long_poll(node, cid)[1])
+            return len(got) >= count
+
+        wait_until(enough, 10, raises=False)
         return got
 
     a, b, c = nodes

@@ -28,11 +28,10 @@ import subprocess
 import threading
 import time
 
-import websocket
-
 from faultkit import Tally
 from pubsubtest.broker import pubsub_bin
 from pubsubtest.process import stop_group
+from pubsubtest.websocket import BayeuxWebSocket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAYE_COUNTER = os.path.join(HERE, "faye_counter.rb")
@@ -190,7 +189,8 @@ class AckClient:
     # -- long-polling --
 
     def _post(self, messages, timeout):
-        """One request on a connection of its own (closed after it, as the proxy may break any)."""
+        """One request on a connection of its own (closed after it, as the proxy may break any). http.client, not
+        pubsubtest.bayeux: stop() closes the connection under a request the proxy holds."""
         self.http = http.client.HTTPConnection(self.host, timeout=timeout)
         try:
             self.http.request("POST", self.path, json.dumps(messages),
@@ -218,20 +218,17 @@ class AckClient:
     # -- WebSocket --
 
     def _ws_send(self, messages):
-        self.ws.send(json.dumps(messages))
+        self.ws.send(messages)
 
     def _ws_until(self, done):
         while not self.stopping.is_set():
-            frame = self.ws.recv()
-            if not frame:
-                raise ConnectionError("WebSocket closed")
-            connect = self._handle(json.loads(frame))
+            connect = self._handle(self.ws.recv(self.read_timeout))   # a close frame or a reset raises: reconnect
             if done(connect):
                 return connect
         return None
 
     def _websocket(self):
-        self.ws = websocket.create_connection(self.ws_url, timeout=self.read_timeout)
+        self.ws = BayeuxWebSocket(self.ws_url, timeout=self.read_timeout)
         if self.client_id is None:
             self._ws_send([self._handshake_message()])
             self._ws_until(lambda _c: self.client_id is not None)

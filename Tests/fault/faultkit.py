@@ -2,7 +2,7 @@
 faults played on fault proxies, and the figures of each run.
 
     publisher = Publisher(broker.url, CHANNEL)           # straight to the broker, never through a proxy
-    client = SomeClient(proxy.url(), CHANNEL, ...)       # every subscriber goes through a proxy
+    client = SomeClient(proxy.url, CHANNEL, ...)       # every subscriber goes through a proxy
     results = play([client], [proxy], publisher)        # publish, break the network, stop, wait, count
     assert results[0].silent == []
 
@@ -23,6 +23,8 @@ import http.client
 import json
 import threading
 import time
+
+from pubsubtest.wait import wait_until
 
 CHANNEL = "/fault/events"
 RATE = 30            # events per second
@@ -194,9 +196,7 @@ def play_faults(proxies, schedule=SCHEDULE, gap=GAP, log=None):
     done = []
     for kind, seconds, ending in schedule:
         # A fault is played on open connections: a client between two is waited for (3 s at most).
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not all(p.counters()["active"] for p in proxies):
-            time.sleep(0.05)
+        wait_until(lambda: all(p.counters()["active"] for p in proxies), 3, raises=False)
         if kind == "blackhole":
             hit = [p.blackhole() for p in proxies]
         else:
@@ -215,18 +215,11 @@ def play_faults(proxies, schedule=SCHEDULE, gap=GAP, log=None):
 def settle(clients, acked_of, quiet=QUIET, deadline=SETTLE_DEADLINE):
     """Waits until each client has every event acknowledged to it (`acked_of(client)`) or got nothing new for
     `quiet` seconds (at most `deadline` seconds in all)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        pending = []
-        for c in clients:
-            arrivals, _, _, last = c.tally.snapshot()
-            if acked_of(c) <= set(arrivals) or time.monotonic() - last >= quiet:
-                continue
-            pending.append(c)
-        if not pending:
-            return True
-        time.sleep(0.1)
-    return False
+    def settled(c):
+        arrivals, _, _, last = c.tally.snapshot()
+        return acked_of(c) <= set(arrivals) or time.monotonic() - last >= quiet
+
+    return wait_until(lambda: all(settled(c) for c in clients), deadline, interval=0.1, raises=False)
 
 
 def play(clients, proxies, publishers, schedule=SCHEDULE, *, tail=TAIL):

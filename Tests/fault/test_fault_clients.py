@@ -77,7 +77,7 @@ def assert_once_in_order(result):
 def test_pubsub_subscribe(request, proxies, transport, engine):
     broker = start_broker(request, engine)
     proxy = proxies(broker.port)
-    client = started(SubscribeCLI(proxy.url(), CHANNEL, transport,
+    client = started(SubscribeCLI(proxy.url, CHANNEL, transport,
                                   name=f"pubsub subscribe ({transport}, {engine})"))
     [result] = play([client], [proxy], Publisher(broker.url))
     assert result.delivered > 0, result.line()
@@ -91,7 +91,7 @@ def test_pubsub_subscribe(request, proxies, transport, engine):
 def test_ack_extension_client(request, proxies, transport, engine):
     broker = start_broker(request, engine)
     proxy = proxies(broker.port)
-    client = started(AckClient(proxy.url(), CHANNEL, transport, name=f"ack client ({transport}, {engine})"))
+    client = started(AckClient(proxy.url, CHANNEL, transport, name=f"ack client ({transport}, {engine})"))
     [result] = play([client], [proxy], Publisher(broker.url))
     assert result.delivered > 0, result.line()
     assert_no_silent_loss(result, f"; ack granted by the handshake: {client.ack_granted}")
@@ -105,8 +105,8 @@ def test_faye_client_on_pubsub_and_on_faye(make_broker, proxies, transport):
     on_pubsub = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     on_faye = make_broker(timeout=BROKER_TIMEOUT, target="faye")
     proxy_pubsub, proxy_faye = proxies(on_pubsub.port), proxies(on_faye.port)
-    clients = [started(FayeRuby(proxy_pubsub.url(), CHANNEL, transport, name=f"Faye client on pubsub ({transport})"))]
-    clients.append(started(FayeRuby(proxy_faye.url(), CHANNEL, transport,
+    clients = [started(FayeRuby(proxy_pubsub.url, CHANNEL, transport, name=f"Faye client on pubsub ({transport})"))]
+    clients.append(started(FayeRuby(proxy_faye.url, CHANNEL, transport,
                                     name=f"Faye client on Faye's server ({transport})")))
     publishers = [Publisher(on_pubsub.url), Publisher(on_faye.url)]
     for client, publisher in zip(clients, publishers):
@@ -127,7 +127,7 @@ def test_faye_client_on_pubsub_and_on_faye(make_broker, proxies, transport):
 def test_browser_client(page, page_server, make_broker, proxies, transport):
     broker = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     proxy = proxies(broker.port)
-    client = BrowserClient(page, page_server, proxy.url(), CHANNEL, transport)
+    client = BrowserClient(page, page_server, proxy.url, CHANNEL, transport)
     started(client)
     [result] = play([client], [proxy], Publisher(broker.url))
     assert client.chosen == ("websocket" if transport == "websocket" else "cross-origin-long-polling"), client.chosen
@@ -139,7 +139,7 @@ def test_browser_client(page, page_server, make_broker, proxies, transport):
 def test_eventsource_client(make_broker, proxies):
     broker = make_broker(timeout=BROKER_TIMEOUT, target="pubsub")
     proxy = proxies(broker.port)
-    client = started(SSEClient(proxy.url(), CHANNEL, name="EventSource client (resumes, memory)"))
+    client = started(SSEClient(proxy.url, CHANNEL, name="EventSource client (resumes, memory)"))
     [result] = play([client], [proxy], Publisher(broker.url))
     assert client.streams > 1, "the faults did not break the stream"
     assert result.delivered > 0, result.line()
@@ -155,8 +155,8 @@ def test_faults_between_broker_and_redis(make_broker, redis_server, proxies):
         "--engine", "redis", "--redis-url", f"redis://127.0.0.1:{redis_proxy.port}/0"])
     wait_ready(broker)
     calm = proxies(broker.port)
-    clients = [started(SubscribeCLI(calm.url(), CHANNEL, "websocket", name="pubsub subscribe (websocket, Redis cut)")),
-               started(SubscribeCLI(calm.url(), CHANNEL, "long-polling",
+    clients = [started(SubscribeCLI(calm.url, CHANNEL, "websocket", name="pubsub subscribe (websocket, Redis cut)")),
+               started(SubscribeCLI(calm.url, CHANNEL, "long-polling",
                                     name="pubsub subscribe (long-polling, Redis cut)"))]
     results = play(clients, [redis_proxy], Publisher(broker.url))
     counters = redis_proxy.counters()

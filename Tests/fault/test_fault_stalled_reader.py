@@ -38,7 +38,7 @@ def test_stalled_websocket_reader_is_closed(make_broker):
     broker = make_broker(timeout=5, target="pubsub",
                          extra_args=["--send-timeout", str(SEND_TIMEOUT), "--max-queue", "100000"])
     with FaultProxy(("127.0.0.1", broker.port)) as proxy:
-        ws = websocket.create_connection(proxy.url(scheme="ws"), timeout=10)
+        ws = websocket.create_connection(proxy.ws_url, timeout=10)
         try:
             cid = exchange(ws, [{"channel": "/meta/handshake", "version": "1.0",
                                  "supportedConnectionTypes": ["websocket"]}],

@@ -15,20 +15,18 @@ import contextlib
 import errno
 import json
 import os
-import queue
 import re
 import select
 import socket
 import subprocess
-import threading
 import time
 
 import requests
-import websocket
 
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.process import status_kib
 from pubsubtest.wait import wait_until
+from pubsubtest.websocket import BayeuxListener
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -131,102 +129,34 @@ def assert_overflow_error(reply, cid):
 
 # ---------------------------------------------------------------- the well-behaved client
 
-class Probe:
-    """A WebSocket subscriber that behaves: it reads all the time (its library answers pings), sends the next
-    /meta/connect when one is answered, and checks it is served by publishing on its own channel and waiting
-    for the event."""
+class Probe(BayeuxListener):
+    """A WebSocket subscriber that behaves (the shared threaded client, pubsubtest.websocket): it reads all the time
+    (its library answers pings), sends the next /meta/connect when one is answered, and checks it is served by
+    publishing on its own channel and waiting for the event."""
 
     def __init__(self, b, channel=None, timeout=HTTP_TIMEOUT):
+        super().__init__(b, timeout=timeout)
         self.b = b
         self.channel = channel or f"/probe/{os.getpid()}/{time.monotonic_ns()}"
-        self.ws = websocket.create_connection(b.ws_url, timeout=timeout)
-        self.messages = queue.Queue()
-        self.closed = threading.Event()
-        self.failures = []
         self.seq = 0
-        self.ws.send(json.dumps([{"channel": "/meta/handshake", "version": "1.0",
-                                  "supportedConnectionTypes": ["websocket"]}]))
-        reply = json.loads(self.ws.recv())[0]
-        assert reply["successful"] is True, reply
-        self.cid = reply["clientId"]
-        self.ws.send(json.dumps([{"channel": "/meta/connect", "clientId": self.cid, "connectionType": "websocket"},
-                                 {"channel": "/meta/subscribe", "clientId": self.cid,
-                                  "subscription": self.channel}]))
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-        self._wait(lambda m: m.get("channel") == "/meta/subscribe" and m.get("successful") is True, timeout,
-                   "the probe's subscription")
-
-    def _read(self):
-        self.ws.settimeout(0.25)
-        while not self.closed.is_set():
-            try:
-                opcode, data = self.ws.recv_data()   # answers pings on the way
-            except websocket.WebSocketTimeoutException:
-                continue
-            except Exception as e:  # noqa: BLE001  (closed, reset: the probe is no longer served)
-                if not self.closed.is_set():
-                    self.failures.append(f"probe socket ended: {e!r}")
-                self.closed.set()
-                return
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                self.failures.append(f"probe closed by the broker: {data!r}")
-                self.closed.set()
-                return
-            try:
-                batch = json.loads(data)
-            except ValueError:
-                self.failures.append(f"probe got non-JSON {data[:100]!r}")
-                continue
-            for m in batch if isinstance(batch, list) else [batch]:
-                if m.get("channel") == "/meta/connect":
-                    if m.get("successful") is True:
-                        self._send([{"channel": "/meta/connect", "clientId": self.cid,
-                                     "connectionType": "websocket"}])
-                    else:
-                        self.failures.append(f"probe connect failed: {m}")
-                self.messages.put(m)
-
-    def _send(self, batch):
-        try:
-            self.ws.send(json.dumps(batch))
-        except Exception as e:  # noqa: BLE001
-            self.failures.append(f"probe send failed: {e!r}")
-
-    def _wait(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"well-behaved client: no {what} within {timeout}s {self.failures}")
-            try:
-                m = self.messages.get(timeout=min(remaining, 0.25))
-            except queue.Empty:
-                if self.closed.is_set() and self.messages.empty():
-                    raise AssertionError(f"well-behaved client: socket gone while waiting for {what}: "
-                                         f"{self.failures}") from None
-                continue
-            if predicate(m):
-                return m
+        self.handshake()
+        self.listen()
+        reply = super().subscribe(self.channel, timeout=timeout)
+        assert reply["successful"] is True, f"well-behaved client: {reply} {self.failures}"
 
     def served(self, within=SERVED_WITHIN, what=""):
         """Publishes on its own channel over its socket; the event must come back within `within` seconds."""
-        assert not self.closed.is_set(), f"well-behaved client cut off {what}: {self.failures}"
+        assert not self.ended(), f"well-behaved client cut off {what}: {self.failures}"
         self.seq += 1
         token = f"probe-{self.seq}"
         t0 = time.monotonic()
-        self._send([{"channel": self.channel, "data": token, "clientId": self.cid}])
-        self._wait(lambda m: m.get("channel") == self.channel and m.get("data") == token, within,
-                   f"event of its own publish {what}")
-        return time.monotonic() - t0
-
-    def close(self):
-        self.closed.set()
         try:
-            self.ws.close(timeout=1)
-        except Exception:  # noqa: BLE001
-            pass
-        self.thread.join(timeout=2)
+            self.send([{"channel": self.channel, "data": token, "clientId": self.cid}])
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"well-behaved client: publish not sent {what}: {e!r} {self.failures}") from None
+        self.wait_event(lambda m: m.get("channel") == self.channel and m.get("data") == token, within,
+                        f"well-behaved client's event of its own publish {what}")
+        return time.monotonic() - t0
 
 
 def new_client_served(b, timeout=3):

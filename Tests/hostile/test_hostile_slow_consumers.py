@@ -8,7 +8,6 @@ A subscriber that never reads (EventSource, WebSocket, long-poll) is sent events
 
 import json
 import socket
-import time
 import urllib.parse
 
 import pytest
@@ -18,6 +17,7 @@ import websocket
 from hostilekit import (KiB, MiB, assert_overflow_error, hostile_broker, metric_value, raw_socket, read_http_head,
                         read_to_eof)
 from pubsubtest.bayeux import connect, handshake, subscribe
+from pubsubtest.metrics import wait_held
 from pubsubtest.wait import wait_until
 
 DROPS = "pubsub_slow_consumer_drops_total"
@@ -115,7 +115,7 @@ def test_long_poll_client_that_never_reads_is_dropped_and_logged(transport):
             else:   # JSON-P
                 query = urllib.parse.urlencode({"message": body, "jsonp": "cb"})
                 s.sendall(f"GET /faye?{query} HTTP/1.1\r\nHost: 127.0.0.1:{b.port}\r\n\r\n".encode())
-            time.sleep(0.5)     # parked; it never reads the reply
+            wait_held(b, 1, transport=transport)     # parked; it never reads the reply
             drops0 = metric_value(b, DROPS)
             published = flood(b, g, "/lp", drops0)
             g.assert_served(f"while a {transport} subscriber never reads")

@@ -32,12 +32,14 @@ def still_open(sockets):
 
 def wait_all_closed(sockets, seconds):
     """Polls the sockets until the broker closed all of them or `seconds` pass; returns those still open."""
-    open_ = list(sockets)
-    deadline = time.monotonic() + seconds
-    while open_ and time.monotonic() < deadline:
-        time.sleep(0.1)
-        open_ = still_open(open_)
-    return open_
+    left = [list(sockets)]
+
+    def all_closed():
+        left[0] = still_open(left[0])
+        return not left[0]
+
+    wait_until(all_closed, seconds, interval=0.1, raises=False)
+    return left[0]
 
 
 def test_silent_connections_at_max_connections_are_closed_and_a_new_client_is_served():
@@ -102,11 +104,8 @@ def test_half_done_websocket_upgrades_are_closed():
                 assert status == 101, status
                 silent.append(s)
             waited = max(HEADER, 2 * PING) + MARGIN
-            deadline = time.monotonic() + waited
-            left_heads, left_silent = heads, silent
-            while (left_heads or left_silent) and time.monotonic() < deadline:
-                time.sleep(0.1)
-                left_heads, left_silent = still_open(left_heads), still_open(left_silent)
+            wait_all_closed(heads + silent, waited)
+            left_heads, left_silent = still_open(heads), still_open(silent)
             assert len(left_heads) + len(left_silent) == 0, (
                 f"after {waited}s: {len(left_heads)} of 20 unfinished upgrade requests and {len(left_silent)} of 20 "
                 f"silent WebSockets (no pong) still open {b.describe()}")

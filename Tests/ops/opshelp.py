@@ -1,5 +1,5 @@
 """Helpers of the operations suite (Tests/ops): a server process with its own environment, a systemd
-notification socket owned by the test, Bayeux calls over HTTP(S), Prometheus text, certificates."""
+notification socket owned by the test, Bayeux calls over HTTP(S), certificates."""
 
 import json
 import os
@@ -23,6 +23,7 @@ from pubsubtest.broker import Broker, pubsub_bin  # noqa: F401  (re-exported for
 from pubsubtest.ports import free_port  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.bayeux import bayeux, connect, subscribe  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.bayeux import handshake as bayeux_handshake, publish as bayeux_publish
+from pubsubtest.metrics import held, metric, scrape, wait_held  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.tls import make_self_signed as make_certificate  # noqa: F401  (re-exported for the test modules)
 from pubsubtest.wait import wait_until
 
@@ -158,25 +159,6 @@ def post(url, body, *, timeout=HTTP_TIMEOUT, verify=True, headers=None, session=
 # unasserted: the tests judge what was delivered.
 handshake = partial(bayeux_handshake, types=("long-polling", "websocket"))
 publish = partial(bayeux_publish, check=False)
-
-
-# ---------------------------------------------------------------- Prometheus text
-
-def scrape(url, **kw):
-    """Parses /metrics with prometheus_client's parser: {(name, frozenset(labels)): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-    r = requests.get(url, timeout=HTTP_TIMEOUT, **kw)
-    assert r.status_code == 200, (r.status_code, r.text)
-    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers
-    samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-def metric(samples, name, **labels):
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 # ---------------------------------------------------------------- certificates

@@ -9,35 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import websocket
 
-from opshelp import Broker, free_port, handshake, subscribe, connect, bayeux
-from pubsubtest.wait import wait_until
+from opshelp import Broker, bayeux, connect, free_port, handshake, subscribe, wait_held, wait_until
+from pubsubtest.websocket import BayeuxWebSocket
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ws_call(ws, messages, timeout=10):
-    ws.send(json.dumps(messages))
-    ws.settimeout(timeout)
-    return json.loads(ws.recv())
-
-
-def recv_close_code(ws, timeout=10):
-    ws.settimeout(timeout)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            frame = ws.recv_frame()
-        except (websocket.WebSocketConnectionClosedException, ConnectionResetError, BrokenPipeError):
-            return None
-        if frame is None:
-            return None
-        if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
-            return int.from_bytes(frame.data[:2], "big") if len(frame.data) >= 2 else 1005
-        if frame.opcode == websocket.ABNF.OPCODE_TEXT:
-            ws.frames.append(json.loads(frame.data))
-    raise AssertionError("no close frame in time")
 
 
 def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
@@ -53,15 +29,14 @@ def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
                                                      "connectionType": "long-polling", "id": "held"}],
                                            timeout=20), time.monotonic()))
         # A WebSocket client with a held connect too.
-        ws = websocket.create_connection(b.ws_url, timeout=10)
-        ws.frames = []
-        wcid = ws_call(ws, [{"channel": "/meta/handshake", "version": "1.0",
-                             "supportedConnectionTypes": ["websocket"]}])[0]["clientId"]
-        ws_call(ws, [{"channel": "/meta/subscribe", "clientId": wcid, "subscription": "/news"}])
-        ws_call(ws, [{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket"}])
-        ws.send(json.dumps([{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket",
-                             "id": "ws-held"}]))
-        time.sleep(0.5)
+        ws = BayeuxWebSocket(b)
+        wcid = ws.handshake()
+        ws.subscribe("/news")
+        ws.connect()                 # answered at once
+        ws.send([{"channel": "/meta/connect", "clientId": wcid, "connectionType": "websocket", "id": "ws-held"}])
+        # A socket's frames are handled in order: the answer to a later subscribe means its connect is held.
+        ws.subscribe("/after")
+        wait_held(b, 1)
         assert not held.done()
 
         t0 = time.monotonic()
@@ -72,18 +47,17 @@ def test_sigterm_releases_a_held_long_poll_and_closes_websockets_with_1001():
         assert reply == [{"id": "held", "clientId": cid, "channel": "/meta/connect", "successful": True,
                           "advice": {"reconnect": "retry", "interval": 0, "timeout": 30000}}], reply
 
-        code = recv_close_code(ws, timeout=5)
-        assert code == 1001, (code, ws.frames)
+        code = ws.recv_close(timeout=5)
+        assert code == 1001, (code, ws.pending)
         # The held WebSocket connect was answered before the close, successfully, with retry advice.
-        answers = [m for frame in ws.frames for m in frame if m.get("id") == "ws-held"]
+        answers = [m for m in ws.pending if m.get("id") == "ws-held"]
         assert answers and answers[0]["successful"] is True and answers[0]["advice"]["reconnect"] == "retry"
         assert time.monotonic() - t0 < 3.0
 
         rc = b._proc.wait(timeout=8)
         assert rc == 0, b.log()
         assert time.monotonic() - t0 < 6.0
-        # The log is read by a thread of the test: its last lines may come just after the exit.
-        assert wait_until(lambda: "draining" in b.log() and "drained" in b.log(), 5, 0.05, raises=False), b.log()
+        wait_until(lambda: "draining" in b.log() and "drained" in b.log(), 5, message="the drain's log lines")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         b.stop()
@@ -110,15 +84,14 @@ def test_stops_accepting_at_once_and_exits_within_the_drain_timeout_despite_a_st
         assert time.monotonic() - t0 < 1.5
 
         # New connections are refused; the metrics port says it is draining.
-        deadline = time.monotonic() + 2
-        refused = False
-        while time.monotonic() < deadline and not refused:
+        def refused():
             try:
                 socket.create_connection(("127.0.0.1", b.port), timeout=0.5).close()
-                time.sleep(0.05)
             except ConnectionRefusedError:
-                refused = True
-        assert refused
+                return True
+            return False
+
+        assert wait_until(refused, 2, raises=False)
         r = requests.get(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2)
         assert (r.status_code, r.text) == (503, "draining\n")
         assert requests.get(f"http://127.0.0.1:{metrics_port}/healthz", timeout=2).status_code == 200
@@ -127,7 +100,9 @@ def test_stops_accepting_at_once_and_exits_within_the_drain_timeout_despite_a_st
         elapsed = time.monotonic() - t0
         assert rc == 0, b.log()
         assert 1.5 < elapsed < 3.0, elapsed  # it waited for the stuck client, but not beyond the timeout
-        assert "closing connections still open at the end of the drain" in b.log()
+        # The log is read by a thread of the test: its last lines may come just after the exit.
+        wait_until(lambda: "closing connections still open at the end of the drain" in b.log(), 5,
+                   message="the drain's last log line")
         stuck.close()
         idle.close()
     finally:
@@ -147,7 +122,7 @@ def test_a_connect_that_completes_during_the_drain_is_answered_at_once():
                       f"Content-Length: {len(body)}\r\n\r\n").encode())
         time.sleep(0.3)
         b._proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        wait_until(lambda: "] draining" in b.log(), 5, message="the drain begun")
         t0 = time.monotonic()
         conn.sendall(body.encode())
         conn.settimeout(5)

@@ -8,18 +8,18 @@ Tests/ on the path):
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
               subscribe, publish: one message each, with its id, ext, and whether the reply is asserted;
               publish_all: a back end's batch of events on one channel
-    websocket the raw WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
+    websocket BayeuxWebSocket (a Bayeux client), BayeuxListener (the same read by a thread of its own), and the raw
+              WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
-    proxy     CuttingProxy: a TCP proxy in front of a broker that stalls, resets (and holds down) its clients'
-              connections, and records the message lists they sent
     fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
     redis     RedisServer, Sentinel, RedisCluster (masters with replicas, redis-cli --cluster create), wait_ready()
     tls       make_authority(), make_self_signed(): throwaway certificates made with openssl
     postgres  PostgresCluster (wal_level=logical, wal2json)
     browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
-    faultproxy  FaultProxy: a loopback TCP proxy that stalls, blackholes, resets (RST) and drops its connections
-              on demand (Tests/fault; between clients and broker, or broker and Redis)
+    faultproxy  FaultProxy: a loopback TCP proxy that stalls, blackholes, resets (RST, and holds down) and drops
+              its connections on demand (between clients and broker, or broker and Redis), and records the
+              message lists its clients sent
     compression  permessage-deflate: job_progress() events, deflate_alone()/inflate() with zlib, and
               WebSocketSession, a Bayeux client over the `websockets` library (compression negotiated or not)
 """

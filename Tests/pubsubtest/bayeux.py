@@ -1,5 +1,6 @@
 """Bayeux over HTTP for the suites that do not compare replies byte for byte (the wire suites' `wirekit` does):
-`bayeux()` POSTs any messages; `handshake`, `connect`, `subscribe` and `publish` send one message each.
+`bayeux()` POSTs any messages; `handshake`, `connect`, `subscribe` and `publish` send one message each;
+`post_form` sends one as a PrivatePub back end does.
 
 Each of the four takes, after its own arguments, the `id` and `ext` to put in its message, and passes any other
 keyword (timeout, headers, session, verify) to `bayeux()`. `check` says whether the reply must be successful:
@@ -7,6 +8,7 @@ asserted by default for handshake, subscribe and publish, left to the test for c
 is what many tests look at)."""
 
 import json
+import urllib.parse
 
 import requests
 
@@ -26,6 +28,13 @@ def bayeux(target, messages, *, timeout=HTTP_TIMEOUT, headers=None, session=None
         log = "" if isinstance(target, str) else "\n" + target.log()[-2000:]
         raise AssertionError(f"HTTP {r.status_code} {r.text[:300]!r} from {url}{log}")
     return r.json()
+
+
+def post_form(target, message, **kw):
+    """Sends one message as PrivatePub's publish_to does (a Rails back end): a form POST with one field,
+    message=<JSON>. Returns the parsed replies (HTTP 200 asserted); keywords go to `bayeux()`."""
+    body = "message=" + urllib.parse.quote(json.dumps(message))
+    return bayeux(target, body, headers={"Content-Type": "application/x-www-form-urlencoded"}, **kw)
 
 
 def _message(channel, fields, id, ext, **ext_fields):

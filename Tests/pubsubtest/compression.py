@@ -51,7 +51,8 @@ def flat(frame_json):
 
 class WebSocketSession:
     """A Bayeux client over a `websockets` connection: handshake, connect, subscribe; keeps a /meta/connect
-    outstanding; collects every message it receives."""
+    outstanding; collects every message it receives. Not BayeuxWebSocket: `websocket-client` cannot offer or
+    speak permessage-deflate, and a second, independent implementation negotiating it is the point here."""
 
     def __init__(self, b, compression="deflate", timeout=10):
         self.ws = ws_connect(b.ws_url, compression=compression, open_timeout=timeout,

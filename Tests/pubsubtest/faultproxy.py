@@ -1,14 +1,19 @@
-"""A TCP proxy on a loopback port that the tests break on purpose (standard library only).
+"""A TCP proxy on a loopback port that the tests break on purpose (standard library only): between clients and a
+broker, or a broker and Redis.
 
     with FaultProxy(("127.0.0.1", broker.port)) as proxy:   # listens on proxy.port, forwards to the target
+        proxy.url, proxy.ws_url   # the broker's endpoint (/faye) through the proxy
         proxy.stall(2)       # the client side sees nothing for 2 s: nothing is read from the target (its writes
                              # pile up in the kernel's buffers) nor written to the client; both=True also stops
-                             # reading what the client sends
+                             # reading what the client sends; no `seconds`: until heal() or a reset
         proxy.reset()        # every current connection closed with RST (SO_LINGER 0), on both sides
+        proxy.reset(hold=True)   # ... and every new one too, at once, until heal(): the broker is unreachable
         proxy.blackhole()    # bytes swallowed both ways, sockets kept open (new connections too), until heal()
         proxy.drop()         # every current connection closed without RST (a FIN, no close frame)
-        proxy.heal()         # ends a stall and the blackhole
+        proxy.heal()         # ends a stall, the blackhole and a held reset
         proxy.counters()     # accepted, active, bytes each way, swallowed, resets, drops, ...
+        proxy.sent()         # every Bayeux message list the clients sent, in order: HTTP bodies (JSON, or a CORS
+                             # form's `message=`) and WebSocket frames (compressed or not)
 
 One thread owns every socket (non-blocking, select()); the methods above are carried out by that thread and return
 once they took effect. A stall or a blackhole applies to the connections open when it is called (a blackhole also
@@ -17,12 +22,17 @@ to those accepted while it lasts); connections keep being accepted after any fau
 """
 
 import collections
+import json
 import queue
 import select
 import socket
 import struct
 import threading
 import time
+import urllib.parse
+import zlib
+
+from .ports import free_port
 
 CHUNK = 65536
 BUFFER_LIMIT = 65536  # bytes the proxy holds per direction before it stops reading that side
@@ -31,7 +41,7 @@ LINGER_RST = struct.pack("ii", 1, 0)
 
 class _Conn:
     __slots__ = ("id", "client", "upstream", "down", "up", "stalled_down", "stalled_up", "blackholed",
-                 "client_eof", "upstream_eof", "client_shut", "upstream_shut", "stall_until")
+                 "client_eof", "upstream_eof", "client_shut", "upstream_shut", "stall_until", "recorder")
 
     def __init__(self, cid, client, upstream, blackholed):
         self.id = cid
@@ -45,22 +55,25 @@ class _Conn:
         self.blackholed = blackholed
         self.client_eof = self.upstream_eof = False
         self.client_shut = self.upstream_shut = False
+        self.recorder = _Recorder()
 
 
 class FaultProxy:
-    """See the module's docstring. `target` is (host, port); `name` shows in errors."""
+    """See the module's docstring. `target` is (host, port); `name` shows in errors; `path` is the endpoint that
+    `url` and `ws_url` name."""
 
-    def __init__(self, target, name="proxy"):
+    def __init__(self, target, name="proxy", path="/faye"):
         self.target = tuple(target)
         self.name = name
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(128)
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.1", self.port), backlog=128)
         self.listener.setblocking(False)
-        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}{path}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}{path}"
         self.conns = []
         self.blackholing = False
+        self.holding = False
+        self._sent = []
         self.count = collections.Counter()
         self._ids = 0
         self._commands = queue.Queue()
@@ -79,9 +92,6 @@ class FaultProxy:
     def __exit__(self, *exc):
         self.close()
         return False
-
-    def url(self, path="/faye", scheme="http"):
-        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def _do(self, fn, timeout=5.0):
         """Runs `fn()` on the proxy's thread and returns its result once done."""
@@ -135,18 +145,21 @@ class FaultProxy:
         return self._do(apply)
 
     def heal(self):
-        """Ends every stall and the blackhole (connections blackholed stay so: what they lost breaks their
-        streams; a drop() or reset() ends them)."""
+        """Ends every stall, the blackhole and a held reset (connections blackholed stay so: what they lost breaks
+        their streams; a drop() or reset() ends them)."""
         def apply():
             self.blackholing = False
+            self.holding = False
             for c in self.conns:
                 c.stalled_down = c.stalled_up = False
                 c.stall_until = None
         return self._do(apply)
 
-    def reset(self):
-        """Closes every current connection with RST on both sides. Returns how many there were."""
+    def reset(self, hold=False):
+        """Closes every current connection with RST on both sides; with `hold`, every connection accepted until
+        heal() too, at once (the client sees its connect refused by a reset). Returns how many there were."""
         def apply():
+            self.holding = hold
             n = len(self.conns)
             for c in list(self.conns):
                 self._close(c, rst=True)
@@ -164,6 +177,10 @@ class FaultProxy:
             self.count["drops"] += n
             return n
         return self._do(apply)
+
+    def sent(self):
+        """The message lists the clients sent, in the order the proxy read them."""
+        return self._do(lambda: list(self._sent))
 
     def counters(self):
         """accepted, active, bytes_up, bytes_down, swallowed, stalls, blackholes, resets, drops,
@@ -221,6 +238,11 @@ class FaultProxy:
             except OSError:
                 return
             self.count["accepted"] += 1
+            if self.holding:
+                self.count["refused"] += 1
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RST)
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=2)
             except OSError:
@@ -281,6 +303,7 @@ class FaultProxy:
                     self.count["swallowed"] += len(data)
                 else:
                     c.up += data
+                    self._sent += c.recorder.feed(data)
             if c.upstream in readable:
                 data = c.upstream.recv(CHUNK)
                 if not data:
@@ -319,3 +342,78 @@ class FaultProxy:
                 pass
         if c.client_shut and c.upstream_shut:
             self._close(c, rst=False)
+
+
+class _Recorder:
+    """The Bayeux message lists in what one client sent: whole HTTP requests' bodies, then, after an upgrade,
+    its WebSocket text frames (whole and unfragmented, as clients send Bayeux; inflated when compressed)."""
+
+    def __init__(self):
+        self.pending = b""
+        self.websocket = False
+
+    def feed(self, data):
+        self.pending += data
+        found = []
+        while True:
+            if self.websocket:
+                frame = _ws_frame(self.pending)
+                if frame is None:
+                    return found
+                opcode, compressed, payload, size = frame
+                self.pending = self.pending[size:]
+                if opcode == 1:
+                    # permessage-deflate without context takeover (the broker's terms): each message on its own.
+                    found += _messages(zlib.decompressobj(-15).decompress(payload + b"\0\0\xff\xff")
+                                       if compressed else payload)
+                continue
+            end = self.pending.find(b"\r\n\r\n")
+            if end < 0:
+                return found
+            head = self.pending[:end].decode("latin-1").lower()
+            length = 0
+            for line in head.split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                if name.strip() == "content-length":
+                    length = int(value.strip())
+            if len(self.pending) < end + 4 + length:
+                return found
+            body = self.pending[end + 4:end + 4 + length]
+            self.pending = self.pending[end + 4 + length:]
+            if "upgrade: websocket" in head:
+                self.websocket = True
+            elif body:
+                found += _messages(body)
+
+
+def _messages(body):
+    """[the message list] in one request body or frame (a CORS form's `message=` too); [] when it is not JSON."""
+    if body.startswith(b"message="):
+        body = urllib.parse.unquote_plus(body[len(b"message="):].decode())
+    try:
+        messages = json.loads(body)
+    except ValueError:
+        return []
+    return [messages if isinstance(messages, list) else [messages]]
+
+
+def _ws_frame(data):
+    """(opcode, compressed, unmasked payload, frame size) of the first whole frame a client sent, or None."""
+    if len(data) < 2:
+        return None
+    opcode, compressed, length, offset = data[0] & 0x0F, bool(data[0] & 0x40), data[1] & 0x7F, 2
+    if length == 126:
+        if len(data) < 4:
+            return None
+        length, offset = struct.unpack("!H", data[2:4])[0], 4
+    elif length == 127:
+        if len(data) < 10:
+            return None
+        length, offset = struct.unpack("!Q", data[2:10])[0], 10
+    masked = data[1] & 0x80
+    mask = data[offset:offset + 4] if masked else b"\0\0\0\0"
+    offset += 4 if masked else 0
+    if len(data) < offset + length:
+        return None
+    payload = bytes(b ^ mask[i % 4] for i, b in enumerate(data[offset:offset + length]))
+    return opcode, compressed, payload, offset + length

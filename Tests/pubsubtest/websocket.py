@@ -2,6 +2,8 @@
 
 BayeuxWebSocket is a well-behaved Bayeux client over the `websocket-client` library: it sends message lists and
 reads replies and events as they come (`recv` one frame, `read` until a condition, `wait_for` one message).
+BayeuxListener is the same client read by a thread of its own, for the tests that send while events arrive: it
+files replies by id and events in order, and keeps its /meta/connect going (`listen`, `request`, `wait_events`).
 
 The raw WebSocket (RFC 6455 byte for byte) is for the tests that speak the protocol itself (bad frames, RSV bits,
 fragments, compression, upgrades cut short, sockets that never read): the upgrade request, client frames, and
@@ -13,6 +15,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 
 import websocket
@@ -78,6 +81,26 @@ class BayeuxWebSocket:
         assert i is not None, f"nothing on {channel} within {timeout} s (have {self.pending})"
         return self.pending.pop(i)
 
+    def recv_close(self, timeout=TIMEOUT):
+        """Reads until the server's close frame and returns its status code (1005 when it has none), or None when
+        the connection ended without one; the messages of the text frames read on the way go to `pending`.
+        Fails when nothing ends the connection within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                frame = self.sock.recv_frame()
+            except websocket.WebSocketTimeoutException:
+                raise AssertionError(f"no close frame within {timeout} s (have {self.pending})") from None
+            except (websocket.WebSocketConnectionClosedException, ConnectionResetError, BrokenPipeError):
+                return None
+            if frame is None:
+                return None
+            if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+                return int.from_bytes(frame.data[:2], "big") if len(frame.data) >= 2 else 1005
+            if frame.opcode == websocket.ABNF.OPCODE_TEXT:
+                self.pending.extend(json.loads(frame.data.decode("utf-8")))
+
     def events(self):
         """The messages read that are not /meta/ replies."""
         return [m for m in self.pending if not m.get("channel", "").startswith("/meta/")]
@@ -107,6 +130,135 @@ class BayeuxWebSocket:
             self.sock.close(timeout=1)
         except Exception:
             pass
+
+
+class BayeuxListener(BayeuxWebSocket):
+    """A BayeuxWebSocket read by a thread of its own once `listen()` is called (handshake first, over the plain
+    client). Every message read is filed under `cond`: a reply (it has `successful`) in `replies` by its id, anything
+    else in `events`, in order; `frames` counts the frames read, `failures` lists the connects refused and how the
+    socket ended if the test did not close it. With renew=True, `listen()` sends a /meta/connect and every
+    successful /meta/connect reply is answered with the next one, as a client that stays connected does;
+    renew=False leaves the connects to the test."""
+
+    def __init__(self, target, cid=None, timeout=TIMEOUT, renew=True, **kw):
+        super().__init__(target, cid, timeout, **kw)
+        self.renew = renew
+        self.cond = threading.Condition()
+        self.replies = {}      # json.dumps(id) -> the replies with that id, in order
+        self.events = []
+        self.frames = 0
+        self.failures = []
+        self._ids = 0
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def listen(self):
+        """Starts the reader (and with renew=True the /meta/connect loop); returns self."""
+        self._thread.start()
+        if self.renew:
+            self._send_connect()
+        return self
+
+    def new_id(self):
+        self._ids += 1
+        return f"l{self._ids}"
+
+    def _send_connect(self):
+        try:
+            self.send([{"channel": "/meta/connect", "clientId": self.cid, "connectionType": "websocket",
+                        "id": self.new_id()}])
+        except Exception as e:  # noqa: BLE001  (the socket ended: the reader says so)
+            self.failures.append(f"connect not sent: {e!r}")
+
+    def _read(self):
+        self.sock.settimeout(0.25)
+        while not self._closed.is_set():
+            try:
+                opcode, data = self.sock.recv_data()   # answers pings on the way
+            except websocket.WebSocketTimeoutException:
+                continue
+            except Exception as e:  # noqa: BLE001  (closed, reset: no longer served)
+                if not self._closed.is_set():
+                    self.failures.append(f"socket ended: {e!r}")
+                break
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                self.failures.append(f"closed by the broker: {data!r}")
+                break
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                self.failures.append(f"not JSON: {data[:100]!r}")
+                continue
+            renew = False
+            with self.cond:
+                self.frames += 1
+                for m in parsed if isinstance(parsed, list) else [parsed]:
+                    if "successful" in m:
+                        self.replies.setdefault(json.dumps(m.get("id")), []).append(m)
+                        if m.get("channel") == "/meta/connect":
+                            renew |= m["successful"] is True
+                            if m["successful"] is not True:
+                                self.failures.append(f"connect failed: {m}")
+                    else:
+                        self.events.append(m)
+                self.cond.notify_all()
+            if renew and self.renew:
+                self._send_connect()
+        with self.cond:
+            self._closed.set()
+            self.cond.notify_all()
+
+    def _wait(self, ready, timeout, what):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = ready()
+                if found is not None:
+                    return found
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"no {what} within {timeout} s (failures: {self.failures})"
+                if self._closed.is_set():
+                    raise AssertionError(f"the socket ended while waiting for {what}: {self.failures}")
+                self.cond.wait(remaining)
+
+    def reply(self, id, timeout=TIMEOUT):
+        """The first reply with `id`, once it came."""
+        key = json.dumps(id)
+        return self._wait(lambda: self.replies[key][0] if key in self.replies else None, timeout,
+                          f"reply with id {id!r} (replies: {self.replies})")
+
+    def request(self, message, timeout=TIMEOUT):
+        """Sends one message (with an id of its own unless it has one) and returns its reply."""
+        message = dict(message)
+        message.setdefault("id", self.new_id())
+        self.send([message])
+        return self.reply(message["id"], timeout)
+
+    def subscribe(self, subscription, ext=None, timeout=TIMEOUT):
+        """A /meta/subscribe (with `ext` when given); returns the reply, whether successful or not."""
+        m = {"channel": "/meta/subscribe", "clientId": self.cid, "subscription": subscription}
+        if ext is not None:
+            m["ext"] = ext
+        return self.request(m, timeout)
+
+    def wait_events(self, n, timeout=TIMEOUT):
+        """All the events, once there are at least `n`."""
+        return self._wait(lambda: list(self.events) if len(self.events) >= n else None, timeout,
+                          f"{n} events (have {self.events})")
+
+    def wait_event(self, predicate, timeout=TIMEOUT, what="event"):
+        """The first event for which `predicate` is true, once it came."""
+        return self._wait(lambda: next((m for m in self.events if predicate(m)), None), timeout, what)
+
+    def ended(self):
+        """Whether the socket ended (or was closed)."""
+        return self._closed.is_set()
+
+    def close(self):
+        self._closed.set()
+        super().close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
 
 
 # A server frame: `rsv` holds the RSV bits in place (RSV1 is 0x40), `size` is the frame's bytes on the wire.

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pubsubtest.bayeux import bayeux, handshake, subscribe
 from pubsubtest.broker import Broker
 from pubsubtest.ports import free_port as hook_free_port  # noqa: F401  (re-exported for the test modules)
+from pubsubtest.wait import wait_until
 
 HOOK_SECRET = "hook-secret-7f3a"
 
@@ -81,13 +82,18 @@ class HookReceiver:
             return list(self.posts)
 
     def wait_events(self, predicate, timeout=10.0, what="webhook events"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """The events received, once `predicate(events)` holds."""
+        found = []
+
+        def ready():
             events = self.events()
             if predicate(events):
-                return events
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; got {self.events()}")
+                found.append(events)
+            return bool(found)
+
+        if not wait_until(ready, timeout, raises=False):
+            raise AssertionError(f"timed out waiting for {what}; got {self.events()}")
+        return found[0]
 
 
 def hook_broker(urls, *, secret=HOOK_SECRET, extra=(), timeout=45):

@@ -179,15 +179,8 @@ def test_pubsub_webhook_environment_takes_comma_separated_urls():
         try:
             class Where:
                 url = f"http://127.0.0.1:{port}/faye"
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    cid = hook_handshake(Where)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            cid = wait_until(lambda: hook_handshake(Where), 20, interval=0.1, ignore=(OSError,),
+                             message="a handshake answered")
             for receiver in (one, two):
                 receiver.wait_events(lambda es: [e["clientId"] for e in es] == [cid])
                 assert receiver.accepted()[0].signature_ok()

@@ -12,13 +12,13 @@ import hashlib
 import json
 import threading
 import time
-import urllib.parse
 
 import pytest
-import requests
-import websocket
 
+from pubsubtest.bayeux import post_form
 from pubsubtest.broker import Broker
+from pubsubtest.wait import wait_until
+from pubsubtest.websocket import BayeuxListener
 
 SECRET = "ios-secret"
 EXPIRATION = 3600
@@ -49,70 +49,17 @@ def publish_to(b, channel, data, token=SECRET, ext="default"):
         message["ext"] = {"private_pub_token": token}
     elif ext is not None:
         message["ext"] = ext
-    body = "message=" + urllib.parse.quote(json.dumps(message))
-    r = requests.post(b.url, data=body, headers={"Content-Type": "application/x-www-form-urlencoded"},
-                      timeout=WAIT)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post_form(b, message, timeout=WAIT)
 
 
-class RawSocket:
-    """A WebSocket client that talks Bayeux by hand, as an iOS app on SocketRocket does.
-
-    Every frame received is parsed and kept; a reader thread files replies by id and events in order."""
+class RawSocket(BayeuxListener):
+    """A WebSocket client that talks Bayeux by hand, as an iOS app on SocketRocket does: single JSON objects, a
+    numeric version and numeric ids, connects sent on a timer (KeepAlive) rather than on each reply. The shared
+    threaded client (pubsubtest.websocket) reads it: replies filed by id, events in order, frames counted."""
 
     def __init__(self, b):
-        self.ws = websocket.create_connection(b.ws_url, timeout=WAIT)
-        self.cond = threading.Condition()
-        self.replies = {}
-        self.events = []
-        self.frames = 0
-        self.closed = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        while not self.closed:
-            try:
-                self.ws.settimeout(0.3)
-                data = self.ws.recv()
-            except websocket.WebSocketTimeoutException:
-                continue
-            except Exception:
-                return
-            if not data:
-                continue
-            parsed = json.loads(data)
-            with self.cond:
-                self.frames += 1
-                for m in parsed if isinstance(parsed, list) else [parsed]:
-                    if "successful" in m:
-                        self.replies.setdefault(json.dumps(m.get("id")), []).append(m)
-                    else:
-                        self.events.append(m)
-                self.cond.notify_all()
-
-    def send(self, obj):
-        self.ws.send(json.dumps(obj))
-
-    def reply(self, id, timeout=WAIT):
-        key = json.dumps(id)
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while key not in self.replies:
-                remaining = deadline - time.monotonic()
-                assert remaining > 0, f"no reply with id {id!r}; replies: {self.replies}"
-                self.cond.wait(remaining)
-            return self.replies[key][0]
-
-    def wait_events(self, n, timeout=WAIT):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while len(self.events) < n:
-                remaining = deadline - time.monotonic()
-                assert remaining > 0, f"expected {n} events, got {self.events}"
-                self.cond.wait(remaining)
-            return list(self.events)
+        super().__init__(b, timeout=WAIT, renew=False)
+        self.listen()
 
     def assert_no_events(self, seconds=QUIET):
         time.sleep(seconds)
@@ -124,7 +71,7 @@ class RawSocket:
         self.send({"channel": "/meta/handshake", "version": 1.0, "supportedConnectionTypes": ["websocket"], "id": 1})
         reply = self.reply(1)
         assert reply["successful"] is True and reply["channel"] == "/meta/handshake", reply
-        self.client_id = reply["clientId"]
+        self.client_id = self.cid = reply["clientId"]
         self.next_id = 100
         return self.client_id
 
@@ -142,21 +89,6 @@ class RawSocket:
             message["ext"] = ext
         self.send(message)
         return self.reply(self.next_id)
-
-    def close(self):
-        self.closed = True
-        try:
-            self.ws.close(timeout=1)
-        except Exception:
-            pass
-        self.reader.join(timeout=2)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class KeepAlive:
@@ -200,13 +132,13 @@ def test_ios_socketrocket_flow_receives_publish_to(pp):
                          "subscription": channel}
         assert isinstance(reply["id"], int)  # numeric ids are echoed as numbers
         with KeepAlive(ios) as keepalive:
-            time.sleep(0.6)  # a few keep-alives are out before anything is published
+            wait_until(lambda: len(keepalive.sent) >= 3, 5, message="a few keep-alives out before any publish")
             assert publish_to(pp, channel, {"text": "hi", "from": "rails"}) == [
                 {"channel": channel, "successful": True}]
             assert publish_to(pp, channel, {"channel": channel, "eval": 'alert("hi")'}) == [
                 {"channel": channel, "successful": True}]
             events = ios.wait_events(2)
-            time.sleep(0.6)
+            time.sleep(0.6)  # quiet: no third event comes, while the keep-alives go on
         assert len(keepalive.sent) >= 4
         for event in events:
             assert event["channel"] == channel

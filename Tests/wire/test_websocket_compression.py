@@ -19,8 +19,8 @@ import time
 import zlib
 
 import pytest
-import requests
 
+from pubsubtest.bayeux import bayeux, publish
 from pubsubtest.broker import Broker
 from pubsubtest.compression import ANSWER, TAIL, WebSocketSession, deflate_alone, flat, inflate, job_progress
 from wirekit import (CLOSE, CONT, HTTP_TIMEOUT, PING, PONG, RSV1, RSV2, RSV3, TEXT, RawWebSocket,
@@ -36,12 +36,6 @@ def deflate_broker():
     """Compression on (the default: no flag given), messages limited to 64 KiB."""
     with Broker(timeout=45, extra_args=["--max-frame-bytes", str(MAX_FRAME)]) as b:
         yield b
-
-
-def publish_http(b, channel, data, id="p"):
-    r = requests.post(b.url, json=[{"channel": channel, "data": data, "id": id}], timeout=HTTP_TIMEOUT)
-    assert r.status_code == 200, r.text
-    assert r.json()[0].get("successful") is True, r.json()
 
 
 def unique(name):
@@ -60,15 +54,15 @@ def test_websockets_negotiates_and_receives_a_large_and_a_short_event(deflate_br
 
         large = job_progress(1024)
         assert len(json.dumps(large)) >= 1024
-        publish_http(deflate_broker, channel, large)
+        publish(deflate_broker, channel, large)
         assert s.event(channel)["data"] == large
 
         short = {"job": "render-42", "percent": 17.5}
-        publish_http(deflate_broker, channel, short)
+        publish(deflate_broker, channel, short)
         assert s.event(channel)["data"] == short
 
         big = job_progress(40_000)
-        publish_http(deflate_broker, channel, big)
+        publish(deflate_broker, channel, big)
         assert s.event(channel)["data"] == big
 
 
@@ -96,8 +90,8 @@ def test_websockets_large_and_short_events_of_one_batch_arrive_in_order(deflate_
         for n in range(12):
             data = job_progress(1500, step=n) if n % 3 == 0 else {"n": n}
             batch.append({"channel": channel, "data": data})
-        r = requests.post(deflate_broker.url, json=batch, timeout=HTTP_TIMEOUT)
-        assert r.status_code == 200 and all(m.get("successful") for m in r.json()), r.text
+        replies = bayeux(deflate_broker, batch, timeout=HTTP_TIMEOUT)
+        assert all(m.get("successful") for m in replies), replies
         got = [s.event(channel)["data"] for _ in batch]
         assert got == [m["data"] for m in batch]
 
@@ -108,7 +102,7 @@ def test_websockets_without_compression_gets_no_extension_and_plain_events(defla
         channel = unique("none")
         s.subscribe(channel)
         large = job_progress(1024)
-        publish_http(deflate_broker, channel, large)
+        publish(deflate_broker, channel, large)
         assert s.event(channel)["data"] == large
 
 
@@ -125,9 +119,9 @@ def test_compression_off_negotiates_nothing_and_everything_works(make_broker, mo
         assert s.answered == [] and s.extensions == []
         s.subscribe(channel)
         large = job_progress(1024)
-        publish_http(b, channel, large)
+        publish(b, channel, large)
         assert s.event(channel)["data"] == large
-        publish_http(b, channel, "short")
+        publish(b, channel, "short")
         assert s.event(channel)["data"] == "short"
         own = job_progress(3000, step=3)
         s.send([{"channel": channel, "clientId": s.cid, "data": own, "id": "own"}])
@@ -137,7 +131,7 @@ def test_compression_off_negotiates_nothing_and_everything_works(make_broker, mo
     with Raw(b, "permessage-deflate") as raw:
         assert raw.extensions is None
         raw.bayeux_subscribe(channel)
-        publish_http(b, channel, job_progress(1024))
+        publish(b, channel, job_progress(1024))
         rsv, payload = raw.event_frame(channel)
         assert rsv == 0 and flat(payload)[0]["data"] == job_progress(1024)
 
@@ -213,7 +207,7 @@ def test_raw_large_event_is_one_compressed_frame_that_zlib_inflates(deflate_brok
         assert raw.extensions == ANSWER
         raw.bayeux_subscribe(channel)
         data = job_progress(1024)
-        publish_http(deflate_broker, channel, data)
+        publish(deflate_broker, channel, data)
         m, rsv, payload, size = raw.wait(lambda m: m.get("channel") == channel and "successful" not in m)
         assert rsv == RSV1, f"the event's frame has RSV bits {rsv:#x}, not RSV1"
         # zlib.decompressobj(-15) of the payload with 00 00 ff ff appended is the event's JSON, on its own
@@ -235,7 +229,7 @@ def test_raw_short_event_and_replies_are_not_compressed(deflate_broker):
         assert raw.extensions == ANSWER
         raw.bayeux_subscribe(channel)
         data = {"job": "render-42", "percent": 42.5}
-        publish_http(deflate_broker, channel, data)
+        publish(deflate_broker, channel, data)
         rsv, text = raw.event_frame(channel)
         assert len(text) < 256, len(text)
         assert rsv == 0, f"a {len(text)}-byte event came with RSV bits {rsv:#x}"
@@ -259,7 +253,7 @@ def test_raw_events_around_the_minimum_size(make_broker):
         sizes = {}
         for n, size in enumerate([1024, 1900, 2100, 4096]):
             data = job_progress(size, step=n)
-            publish_http(b, channel, data)
+            publish(b, channel, data)
             rsv, text = raw.event_frame(channel)
             assert flat(text)[0]["data"] == data
             sizes[len(text)] = rsv
@@ -281,7 +275,7 @@ def test_raw_declined_offer_gets_no_extension_and_plain_frames(deflate_broker, o
         assert raw.extensions is None, f"offer {offer!r} answered with {raw.extensions!r}"
         raw.bayeux_subscribe(channel)
         data = job_progress(1024)
-        publish_http(deflate_broker, channel, data)
+        publish(deflate_broker, channel, data)
         rsv, text = raw.event_frame(channel)
         assert rsv == 0 and flat(text)[0]["data"] == data
 
@@ -301,7 +295,7 @@ def test_raw_accepted_offer_gets_the_one_answer(deflate_broker, offer):
         assert raw.extensions == ANSWER, f"offer {offer!r} answered with {raw.extensions!r}"
         raw.bayeux_subscribe(channel)
         data = job_progress(1024)
-        publish_http(deflate_broker, channel, data)
+        publish(deflate_broker, channel, data)
         rsv, text = raw.event_frame(channel)
         assert rsv == RSV1 and flat(text)[0]["data"] == data
 
@@ -429,7 +423,7 @@ def test_raw_bytes_on_the_wire_for_a_1kib_event_are_within_10_percent_of_zlib_al
     with Raw(deflate_broker, "permessage-deflate") as raw:
         raw.bayeux_subscribe(channel)
         data = job_progress(1024)
-        publish_http(deflate_broker, channel, data)
+        publish(deflate_broker, channel, data)
         m, rsv, payload, size = raw.wait(lambda m: m.get("channel") == channel and "successful" not in m)
         assert rsv == RSV1
         text = inflate(payload)

@@ -207,7 +207,7 @@ def server_answers_handshake(b):
 
 class WS(BayeuxWebSocket):
     """The suites' Bayeux WebSocket client (pubsubtest.websocket), its replies read without pubsub's positions (to
-    compare them with Faye's), with the wire suites' checks: other opcodes, quiet, the close frame."""
+    compare them with Faye's), with the wire suites' checks: other opcodes, quiet (the close frame: recv_close)."""
 
     def __init__(self, b, timeout=HTTP_TIMEOUT, **kw):
         super().__init__(b, timeout=timeout, **kw)
@@ -232,25 +232,6 @@ class WS(BayeuxWebSocket):
         except websocket.WebSocketTimeoutException:
             return
         raise AssertionError(f"unexpected frame {opcode}: {data!r}")
-
-    def recv_close(self, timeout=HTTP_TIMEOUT):
-        """Wait for the server's close frame; return its status code (None if the TCP closed without one)."""
-        self.sock.settimeout(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                frame = self.sock.recv_frame()
-            except websocket.WebSocketConnectionClosedException:
-                return None
-            except (ConnectionResetError, BrokenPipeError):
-                return None
-            if frame is None:
-                return None
-            if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
-                if len(frame.data) >= 2:
-                    return int.from_bytes(frame.data[:2], "big")
-                return 1005
-        raise AssertionError("no close frame in time")
 
     def handshake(self, id="wh"):
         """A handshake whose reply must be the next frame, alone; returns the client id."""

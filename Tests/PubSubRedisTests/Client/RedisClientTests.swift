@@ -12,7 +12,7 @@ import PubSubTesting
             configuration: try RedisConfiguration(url: url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
             onPush: onPush)
         client.start()
-        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(3)) { client.isConnected }
         return client
     }
 
@@ -29,8 +29,8 @@ import PubSubTesting
         await #expect(throws: RedisError.self) { try await other.send(RESPCommand("NOSUCHCOMMAND")).get() }
         // A dropped connection comes back by itself.
         client.dropConnection()
-        for _ in 0..<300 where client.isConnected { try await Task.sleep(nanoseconds: 1_000_000) }
-        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .milliseconds(300), interval: .milliseconds(1)) { !client.isConnected }
+        _ = try await waitUntil(timeout: .seconds(3)) { client.isConnected }
         #expect(try await client.send(RESPCommand("GET", "n")).get().string == "100")
         try await client.close().get()
         try await other.close().get()
@@ -52,12 +52,12 @@ import PubSubTesting
         }
         subscriber.sendWithoutReply([RESPCommand("SUBSCRIBE", "ch")])
         let publisher = try await connected("redis://127.0.0.1:\(server.port)")
-        for _ in 0..<200 {
-            if try await publisher.send(RESPCommand("PUBLISH", "ch", "0")).get().int == 1 { break }
-            try await Task.sleep(nanoseconds: 5_000_000)
+        // Subscribed once a publish reaches one subscriber.
+        _ = try await waitUntil(timeout: .seconds(1), interval: .milliseconds(5)) {
+            try await publisher.send(RESPCommand("PUBLISH", "ch", "0")).get().int == 1
         }
         _ = try await publisher.send((1...50).map { RESPCommand("PUBLISH", "ch", .string("\($0)")) }).get()
-        for _ in 0..<300 where received.withLockedValue({ $0.count }) < 51 { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(3)) { received.withLockedValue { $0.count } >= 51 }
         #expect(received.withLockedValue { Array($0.drop { $0 == "0" }) } == (1...50).map(String.init))
         #expect(try await subscriber.send(RESPCommand("PING")).get().array?.first?.string == "pong")
         try await subscriber.close().get()
@@ -71,7 +71,7 @@ import PubSubTesting
         configuration.commandTimeout = .milliseconds(300)
         let client = RedisClient(configuration: configuration, eventLoop: MultiThreadedEventLoopGroup.singleton.next())
         client.start()
-        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(3)) { client.isConnected }
         let started = NIODeadline.now()
         do {
             _ = try await client.send(RESPCommand("DEBUG", "SLEEP", "2")).get()
@@ -82,9 +82,9 @@ import PubSubTesting
         #expect(NIODeadline.now() - started < .seconds(1))
         // The server sleeps 2 s in all: the client keeps reconnecting until it answers again.
         var pong: String?
-        for _ in 0..<100 where pong == nil {
+        _ = try await waitUntil(timeout: .seconds(5), interval: .milliseconds(50)) {
             pong = try? await client.send(RESPCommand("PING")).get().string
-            if pong == nil { try await Task.sleep(nanoseconds: 50_000_000) }
+            return pong != nil
         }
         #expect(pong == "PONG")
         try await client.close().get()
@@ -102,11 +102,11 @@ import PubSubTesting
             configuration: try RedisConfiguration(url: replica.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
             onRedirect: { message in if message.hasPrefix("READONLY") { readOnly.withLockedValue { $0 += 1 } } })
         client.start()
-        for _ in 0..<300 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(3)) { client.isConnected }
         let reply = try await client.send([RESPCommand("SET", "k", "v")]).get()
         #expect(RedisClient.redirect(reply[0])?.hasPrefix("READONLY") == true)
         #expect(readOnly.withLockedValue { $0 } == 1)
-        for _ in 0..<100 where client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(1)) { !client.isConnected }
         try await client.close().get()
 
         // Resolved at each attempt: the replica first (refused by the check), then the master.
@@ -127,7 +127,7 @@ import PubSubTesting
                 }
             })
         checked.start()
-        for _ in 0..<300 where !checked.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(3)) { checked.isConnected }
         #expect(checked.endpoint?.port == master.port)
         #expect(attempts.withLockedValue { $0 } == [replica.port, master.port])
         #expect(try await checked.send(RESPCommand("SET", "k", "v")).get().string == "OK")

@@ -192,7 +192,7 @@ import PubSubTesting
             try await b.settle()
             b.redis!.subscriber.dropConnection()
             for i in 2...6 { _ = try await a.publish("/cut", "\(i)") }
-            for _ in 0..<500 where !b.redis!.isReady { try await Task.sleep(nanoseconds: 10_000_000) }
+            _ = try await waitUntil(timeout: .seconds(5)) { b.redis!.isReady }
             #expect(b.redis!.isReady)
             _ = try await a.publish("/cut", "7")
             try await b.settle()
@@ -218,10 +218,10 @@ import PubSubTesting
             try await b.settle()
             b.redis!.subscriber.dropConnection()
             for i in 2...10 { _ = try await a.publish("/cut", "\(i)") }
-            for _ in 0..<500 where !b.redis!.isReady { try await Task.sleep(nanoseconds: 10_000_000) }
+            _ = try await waitUntil(timeout: .seconds(5)) { b.redis!.isReady }
             #expect(b.redis!.isReady)
             try await b.settle()
-            for _ in 0..<500 where ws.detaches.isEmpty { try await Task.sleep(nanoseconds: 10_000_000) }
+            _ = try await waitUntil(timeout: .seconds(5)) { !ws.detaches.isEmpty }
             #expect(ws.detaches == [.overflow])
             #expect(b.redis!.redisStatistics.missedAfterCut > 0)
             #expect(b.redis!.redisStatistics.toldOfGap == 1)
@@ -265,7 +265,7 @@ import PubSubTesting
             try await b.sweep(at: b.now + .seconds(11))  // within a's period: the lock is taken
             #expect(a.redis!.redisStatistics.sweptSessions == 3)
             #expect(b.redis!.redisStatistics.sweptSessions == 0)
-            try await Task.sleep(nanoseconds: 800_000_000)
+            try await Task.sleep(nanoseconds: 800_000_000)  // a's period must pass: the lock expires in Redis
             try await b.sweep(at: b.now + .seconds(11))
             #expect(b.redis!.redisStatistics.sweptSessions == 3)
         }
@@ -332,9 +332,8 @@ import PubSubTesting
             _ = try await a.connect(cid)
             _ = try await a.connect(cid)
             // Once the engine is ready again: a move told meanwhile would have been lost, so Redis is asked first.
-            let deadline = NIODeadline.now() + .seconds(10)
-            while a.redis!.isReady, NIODeadline.now() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
-            while !a.redis!.isReady, NIODeadline.now() < deadline { try await Task.sleep(nanoseconds: 5_000_000) }
+            _ = try await waitUntil(interval: .milliseconds(5)) { !a.redis!.isReady }
+            _ = try await waitUntil(interval: .milliseconds(5)) { a.redis!.isReady }
             let before = a.redis!.redisStatistics.batchedConnects
             _ = try await a.connect(cid)
             #expect(a.redis!.redisStatistics.batchedConnects == before)

@@ -28,7 +28,7 @@ import PubSubTesting
         let client = RedisClient(
             configuration: try RedisConfiguration(url: server.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
         client.start()
-        for _ in 0..<200 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
+        _ = try await waitUntil(timeout: .seconds(2)) { client.isConnected }
         return client
     }
 

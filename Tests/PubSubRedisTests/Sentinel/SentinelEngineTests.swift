@@ -24,14 +24,14 @@ import Testing
         defer { _ = probe.close() }
         // The sentinel learns of the replica from the master's INFO; a failover needs it.
         var known = false
-        for _ in 0..<300 where !known {
-            try await Task.sleep(nanoseconds: 50_000_000)
+        _ = try await waitUntil(timeout: .seconds(15), interval: .milliseconds(50)) {
             let replicas = try? await probe.send(RESPCommand("SENTINEL", "REPLICAS", "mymaster")).get()
             let link = try? await RedisClient.request(
                 [RESPCommand("INFO", "replication")], configuration: RedisConfiguration(), to: RedisEndpoint(host: "127.0.0.1", port: replica.port),
                 on: loop
             ).get()
             known = (replicas?.array?.isEmpty == false) && (link?.first?.string?.contains("master_link_status:up") ?? false)
+            return known
         }
         #expect(known)
 
@@ -51,9 +51,7 @@ import Testing
         try await node.settle()
 
         _ = try await probe.send(RESPCommand("SENTINEL", "FAILOVER", "mymaster")).get()
-        for _ in 0..<400 where !(engine.redisStatistics.failovers == 1 && engine.isReady) {
-            try await Task.sleep(nanoseconds: 25_000_000)
-        }
+        _ = try await waitUntil(interval: .milliseconds(25)) { engine.redisStatistics.failovers == 1 && engine.isReady }
         #expect(engine.redisStatistics.failovers == 1)
         #expect(engine.isReady)
         #expect(engine.commands.endpoint?.port == replica.port)
