@@ -50,6 +50,14 @@ import Testing
         _ = try await node.publish("/f", "1")
         try await node.settle()
 
+        // Sentinel promotes the replica without waiting for it: what the master has not yet sent it (the session,
+        // its subscription, the publish) would be lost by the failover itself, not by the engine. WAIT until the
+        // replica has it.
+        let synced = try await RedisClient.request(
+            [RESPCommand("WAIT", "1", "5000")], configuration: RedisConfiguration(),
+            to: RedisEndpoint(host: "127.0.0.1", port: master.port), on: loop
+        ).get()
+        #expect(synced.first?.int == 1, "the replica acknowledged every write before the failover")
         _ = try await probe.send(RESPCommand("SENTINEL", "FAILOVER", "mymaster")).get()
         _ = try await waitUntil(interval: .milliseconds(25)) { engine.redisStatistics.failovers == 1 && engine.isReady }
         #expect(engine.redisStatistics.failovers == 1)
