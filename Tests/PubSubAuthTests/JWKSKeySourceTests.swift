@@ -308,7 +308,7 @@ XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
             fetcher: { try provider.fetch() })
         let running = Task { await source.run() }
         // Fetches again and again (however loaded the machine: waited for, not timed), then stops when cancelled.
-        let fetched = try await waitUntil { provider.calls >= 3 }
+        let fetched = try await waitUntil(timeout: .seconds(30)) { provider.calls >= 3 }
         #expect(fetched, "fetched \(provider.calls) times with a 0.2 s refresh")
         running.cancel()
         await running.value
