@@ -180,6 +180,10 @@ def test_redis_restart_in_the_middle_of_a_publish_stream(nodes, redis_server):
         redis_metrics[name] = {k: int(v) for k, v in re.findall(r"^(pubsub_redis_\w+_total) (\d+)", text, re.M)}
         assert redis_metrics[name]["pubsub_redis_outages_total"] >= 1, text
     assert redis_metrics["b"]["pubsub_redis_events_received_total"] >= 20  # at least the tail came through Redis
+    # The log is read by a thread of the test: its last line may come after the scrape.
+    wait_until(lambda: redis_metrics["a"]["pubsub_redis_local_only_publishes_total"] == sum(
+        int(n) for n in re.findall(r"pubsub\.redis\.local_only_publishes=(\d+)", a.log())), 5, raises=False)
+    local_only = sum(int(n) for n in re.findall(r"pubsub\.redis\.local_only_publishes=(\d+)", a.log()))
     assert redis_metrics["a"]["pubsub_redis_local_only_publishes_total"] == local_only
 
 
