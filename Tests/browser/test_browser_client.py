@@ -344,7 +344,7 @@ def test_resume_after_a_broken_connection_on_the_same_session(page, page_server,
     docs/BROWSER.md). After each, the next connect goes out after a subscribe with `ext.resume`, in the same frame or
     request, and every message arrives once, in order."""
     b = make_broker(timeout=10)
-    with FaultProxy(("127.0.0.1", b.port)) as proxy:
+    with FaultProxy(("127.0.0.1", b.port), record=True) as proxy:
         setup = "window.resumes = []; client.bind('resume', function (c, r) { resumes.push([c, r]); });"
         if transport != "websocket":
             setup += "client.disable('websocket');"

@@ -26,7 +26,8 @@ def positions(sub):
 
 @pytest.mark.parametrize("transport", [[], ["--websocket"]], ids=["long-polling", "websocket"])
 def test_a_reset_connection_is_resumed_on_the_same_session_without_a_lost_or_repeated_event(transport):
-    with Broker(timeout=45, extra_args=["--history-size", "100"]) as b, FaultProxy(("127.0.0.1", b.port)) as proxy:
+    with (Broker(timeout=45, extra_args=["--history-size", "100"]) as b,
+          FaultProxy(("127.0.0.1", b.port), record=True) as proxy):
         sub = Lines([pubsub_bin(), "subscribe", "--url", proxy.url, "--full", *transport, "/feed/*"])
         try:
             sub.wait_for(lambda: "subscribed to" in sub.errors(), 30, "the subscription")

@@ -7,9 +7,10 @@ Tests/ on the path):
               (raises=False: its last value)
     bayeux    bayeux(broker or url, messages): POST, assert HTTP 200, the parsed replies; handshake, connect,
               subscribe, publish: one message each, with its id, ext, and whether the reply is asserted;
-              publish_all: a back end's batch of events on one channel
+              publish_all: a back end's batch of events on one channel; post_form: PrivatePub's form publish
     websocket BayeuxWebSocket (a Bayeux client), BayeuxListener (the same read by a thread of its own), and the raw
               WebSocket (RFC 6455 byte for byte): upgrade_request(), frame(), RawWebSocket
+    metrics   scrape(), metric(): the broker's /metrics; held(), wait_held(): the long-poll connects it holds
     process   Lines: a process whose output lines are collected, killed with SIGKILL or stopped with SIGTERM
     fixtures  make_broker, pool, redis_server, make_redis_cluster
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
@@ -18,8 +19,8 @@ Tests/ on the path):
     postgres  PostgresCluster (wal_level=logical, wal2json)
     browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
     faultproxy  FaultProxy: a loopback TCP proxy that stalls, blackholes, resets (RST, and holds down) and drops
-              its connections on demand (between clients and broker, or broker and Redis), and records the
-              message lists its clients sent
+              its connections on demand (between clients and broker, or broker and Redis); with
+              record=True, the message lists its clients sent
     compression  permessage-deflate: job_progress() events, deflate_alone()/inflate() with zlib, and
               WebSocketSession, a Bayeux client over the `websockets` library (compression negotiated or not)
 """

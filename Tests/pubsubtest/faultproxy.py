@@ -12,8 +12,8 @@ broker, or a broker and Redis.
         proxy.drop()         # every current connection closed without RST (a FIN, no close frame)
         proxy.heal()         # ends a stall, the blackhole and a held reset
         proxy.counters()     # accepted, active, bytes each way, swallowed, resets, drops, ...
-        proxy.sent()         # every Bayeux message list the clients sent, in order: HTTP bodies (JSON, or a CORS
-                             # form's `message=`) and WebSocket frames (compressed or not)
+        proxy.sent()         # with record=True, every Bayeux message list the clients sent, in order: HTTP bodies
+                             # (JSON, or a CORS form's `message=`) and WebSocket frames (compressed or not)
 
 One thread owns every socket (non-blocking, select()); the methods above are carried out by that thread and return
 once they took effect. A stall or a blackhole applies to the connections open when it is called (a blackhole also
@@ -43,7 +43,7 @@ class _Conn:
     __slots__ = ("id", "client", "upstream", "down", "up", "stalled_down", "stalled_up", "blackholed",
                  "client_eof", "upstream_eof", "client_shut", "upstream_shut", "stall_until", "recorder")
 
-    def __init__(self, cid, client, upstream, blackholed):
+    def __init__(self, cid, client, upstream, blackholed, record):
         self.id = cid
         self.client = client
         self.upstream = upstream
@@ -55,15 +55,16 @@ class _Conn:
         self.blackholed = blackholed
         self.client_eof = self.upstream_eof = False
         self.client_shut = self.upstream_shut = False
-        self.recorder = _Recorder()
+        self.recorder = _Recorder() if record else None
 
 
 class FaultProxy:
     """See the module's docstring. `target` is (host, port); `name` shows in errors; `path` is the endpoint that
-    `url` and `ws_url` name."""
+    `url` and `ws_url` name; `record` keeps what the clients send as Bayeux message lists (sent())."""
 
-    def __init__(self, target, name="proxy", path="/faye"):
+    def __init__(self, target, name="proxy", path="/faye", record=False):
         self.target = tuple(target)
+        self.record = record
         self.name = name
         self.port = free_port()
         self.listener = socket.create_server(("127.0.0.1", self.port), backlog=128)
@@ -179,7 +180,8 @@ class FaultProxy:
         return self._do(apply)
 
     def sent(self):
-        """The message lists the clients sent, in the order the proxy read them."""
+        """The message lists the clients sent, in the order the proxy read them (record=True)."""
+        assert self.record, "a FaultProxy(record=True) keeps what its clients send"
         return self._do(lambda: list(self._sent))
 
     def counters(self):
@@ -254,7 +256,7 @@ class FaultProxy:
                 s.setblocking(False)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._ids += 1
-            self.conns.append(_Conn(self._ids, client, upstream, self.blackholing))
+            self.conns.append(_Conn(self._ids, client, upstream, self.blackholing, self.record))
 
     def _run(self):
         while not self._stopping:
@@ -303,7 +305,8 @@ class FaultProxy:
                     self.count["swallowed"] += len(data)
                 else:
                     c.up += data
-                    self._sent += c.recorder.feed(data)
+                    if c.recorder is not None:
+                        self._sent += c.recorder.feed(data)
             if c.upstream in readable:
                 data = c.upstream.recv(CHUNK)
                 if not data:

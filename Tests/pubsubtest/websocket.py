@@ -135,10 +135,10 @@ class BayeuxWebSocket:
 class BayeuxListener(BayeuxWebSocket):
     """A BayeuxWebSocket read by a thread of its own once `listen()` is called (handshake first, over the plain
     client). Every message read is filed under `cond`: a reply (it has `successful`) in `replies` by its id, anything
-    else in `events`, in order; `frames` counts the frames read, `failures` lists the connects refused and how the
-    socket ended if the test did not close it. With renew=True, `listen()` sends a /meta/connect and every
-    successful /meta/connect reply is answered with the next one, as a client that stays connected does;
-    renew=False leaves the connects to the test."""
+    else in `events` (a list here, not the plain client's method), in order; `frames` counts the frames read,
+    `failures` lists the connects refused and how the socket ended if the test did not close it. With renew=True,
+    `listen()` sends a /meta/connect and every successful /meta/connect reply is answered with the next one, as a
+    client that stays connected does; renew=False leaves the connects to the test."""
 
     def __init__(self, target, cid=None, timeout=TIMEOUT, renew=True, **kw):
         super().__init__(target, cid, timeout, **kw)
@@ -216,16 +216,17 @@ class BayeuxListener(BayeuxWebSocket):
                 if found is not None:
                     return found
                 remaining = deadline - time.monotonic()
-                assert remaining > 0, f"no {what} within {timeout} s (failures: {self.failures})"
+                have = f"replies {self.replies}, events {self.events}, failures {self.failures}"
+                assert remaining > 0, f"no {what} within {timeout} s ({have})"
                 if self._closed.is_set():
-                    raise AssertionError(f"the socket ended while waiting for {what}: {self.failures}")
+                    raise AssertionError(f"the socket ended while waiting for {what} ({have})")
                 self.cond.wait(remaining)
 
     def reply(self, id, timeout=TIMEOUT):
         """The first reply with `id`, once it came."""
         key = json.dumps(id)
         return self._wait(lambda: self.replies[key][0] if key in self.replies else None, timeout,
-                          f"reply with id {id!r} (replies: {self.replies})")
+                          f"reply with id {id!r}")
 
     def request(self, message, timeout=TIMEOUT):
         """Sends one message (with an id of its own unless it has one) and returns its reply."""
@@ -243,8 +244,7 @@ class BayeuxListener(BayeuxWebSocket):
 
     def wait_events(self, n, timeout=TIMEOUT):
         """All the events, once there are at least `n`."""
-        return self._wait(lambda: list(self.events) if len(self.events) >= n else None, timeout,
-                          f"{n} events (have {self.events})")
+        return self._wait(lambda: list(self.events) if len(self.events) >= n else None, timeout, f"{n} events")
 
     def wait_event(self, predicate, timeout=TIMEOUT, what="event"):
         """The first event for which `predicate` is true, once it came."""
