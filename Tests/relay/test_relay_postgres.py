@@ -236,7 +236,8 @@ def test_a_lost_position_means_a_full_resync_then_live_changes(pg, broker, workd
     with psycopg.connect(pg.conninfo, autocommit=True) as db:
         if how == "dropped":
             db.execute("SELECT pg_drop_replication_slot('relay_test')")
-        # Changes the relay will never see from the slot.
+        # Changes the relay will never see from the slot; a column named like the resync's row alias.
+        db.execute("ALTER TABLE notes ADD COLUMN t double precision DEFAULT 1.5")
         db.execute("UPDATE notes SET body = 'v2' WHERE id = 'n0'")
         db.execute("INSERT INTO notes (id, body) VALUES ('late', 'v1')")
         db.execute("DELETE FROM notes WHERE id = 'n2'")
@@ -253,6 +254,7 @@ def test_a_lost_position_means_a_full_resync_then_live_changes(pg, broker, workd
         assert sorted(d["id"] for d in resynced) == ["late", "n0", "n1"]
         assert all(d["op"] == "update" for d in resynced)
         assert {d["id"]: d["doc"]["body"] for d in resynced} == {"late": "v1", "n0": "v2", "n1": "v1"}
+        assert all(d["doc"]["t"] == 1.5 for d in resynced)
         live = [m["data"] for m in got if not m["data"].get("resync")]
         assert [(d["id"], d["op"]) for d in live] == [("after", "insert")]
         assert "FULL RESYNC" in relay.errors() and "pubsub.relay.reason" in relay.errors()

@@ -595,7 +595,8 @@ struct ResyncKey: Sendable, Equatable {
     func pageSQL(of table: String, after last: [String]?, limit: Int) -> (sql: String, binds: [String]) {
         let columns = names.isEmpty ? ["t.ctid"] : names.map { "t." + PostgresChangeSource.quoteIdentifier($0) }
         let types = names.isEmpty ? ["tid"] : types
-        var sql = "SELECT row_to_json(t)::text"
+        // `t.*`, not `t`: in `row_to_json(t)` a column named `t` would be taken instead of the row.
+        var sql = "SELECT row_to_json(t.*)::text"
         for column in columns { sql += ", \(column)::text" }
         sql += " FROM ONLY \(table) t"
         var binds: [String] = []

@@ -170,14 +170,14 @@ import Testing
     @Test func resyncPagesByKeyNeverByOffset() {
         let key = ResyncKey(names: ["org", "Id"], types: ["text", "integer"])
         #expect(key.pageSQL(of: #""public"."notes""#, after: nil, limit: 10).sql
-            == #"SELECT row_to_json(t)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t ORDER BY t."org", t."Id" LIMIT 10"#)
+            == #"SELECT row_to_json(t.*)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t ORDER BY t."org", t."Id" LIMIT 10"#)
         let next = key.pageSQL(of: #""public"."notes""#, after: ["o'1", "7"], limit: 10)
         #expect(next.sql
-            == #"SELECT row_to_json(t)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t WHERE (t."org", t."Id") > (CAST($1 AS text), CAST($2 AS integer)) ORDER BY t."org", t."Id" LIMIT 10"#)
+            == #"SELECT row_to_json(t.*)::text, t."org"::text, t."Id"::text FROM ONLY "public"."notes" t WHERE (t."org", t."Id") > (CAST($1 AS text), CAST($2 AS integer)) ORDER BY t."org", t."Id" LIMIT 10"#)
         #expect(next.binds == ["o'1", "7"])
         #expect(!next.sql.contains("OFFSET"))
         let physical = ResyncKey(names: [], types: []).pageSQL(of: "s.t", after: ["(0,5)"], limit: 3)
-        #expect(physical.sql == "SELECT row_to_json(t)::text, t.ctid::text FROM ONLY s.t t WHERE (t.ctid) > (CAST($1 AS tid)) ORDER BY t.ctid LIMIT 3")
+        #expect(physical.sql == "SELECT row_to_json(t.*)::text, t.ctid::text FROM ONLY s.t t WHERE (t.ctid) > (CAST($1 AS tid)) ORDER BY t.ctid LIMIT 3")
     }
 
     /// The start check: routed columns must be in the table and in its replica identity, else one line that names
