@@ -18,9 +18,10 @@ import PubSubCore
 /// sends one notification per node that has a subscriber (not one per recipient). The node fans the event out
 /// to its own sessions. A session whose client connects to another node moves there: routing moves in the same
 /// script, and the old node hands the queue over, so nothing is lost or reordered. See `RedisScripts`.
-// @unchecked: every mutable field (the phase machine, waiters, ledger, gate, statistics, positions) is in `state`,
-// guarded by its `NIOLockedValueBox` lock; all stored properties of the class are `let`.
-public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable {
+///
+/// Every mutable field (the phase machine, waiters, ledger, gate, statistics, positions) is in `state`, behind its
+/// lock; every stored property is a `let`, so the compiler checks that the engine is `Sendable`.
+public final class RedisEngine: Engine, EngineObservability, Sendable {
     public let configuration: BrokerConfiguration
     public let settings: RedisEngineConfiguration
     public var node: String { settings.nodeID }
@@ -50,7 +51,7 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
     /// A new position key, made in Redis with the epoch when it has none (shared by every node from then on).
     var positionKeyCandidate: String { PositionKey.random().text }
 
-    struct State {
+    struct State: Sendable {
         var epoch: UInt64?
         /// The key of the position permutation in Redis, learnt with the epoch (a publish, a history read).
         var positionKey: PositionKey?
