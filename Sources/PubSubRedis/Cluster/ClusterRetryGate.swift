@@ -111,3 +111,5 @@ struct ClusterRetryGate<Job> {
 }
 
 extension ClusterRetryGate.Entry: Sendable where Job: Sendable {}
+
+extension ClusterRetryGate: Sendable where Job: Sendable {}

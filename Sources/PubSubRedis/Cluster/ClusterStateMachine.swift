@@ -8,7 +8,7 @@ import NIOCore
 /// A `MOVED` reply names the new owner, which the next discovery tries first. A failover is noticed by a
 /// `MOVED` or `READONLY` reply, a `sunsubscribe` of the notification channel (its slot moved), or a lost
 /// connection; every reconnect discovers the owner again.
-struct ClusterStateMachine: Sendable {
+struct ClusterStateMachine: MasterDiscovery {
     let seeds: [RedisEndpoint]
     let slot: Int
     /// Seeds, then the nodes learnt from slot maps (bounded).
@@ -32,14 +32,9 @@ struct ClusterStateMachine: Sendable {
         self.slot = slot
     }
 
-    enum DiscoveryAction: Equatable {
-        /// Send `CLUSTER SLOTS` to node `index` of `known`.
-        case ask(node: Int, RedisEndpoint)
-        /// Connect here and verify it serves the slot as a master.
-        case connect(RedisEndpoint)
-        /// Nobody said who serves the slot: try again later (the caller backs off).
-        case fail(String)
-    }
+    /// `ask`: send `CLUSTER SLOTS` to that node of `known`; `connect`: verify the address serves the slot as a
+    /// master.
+    typealias DiscoveryAction = MasterDiscoveryAction
 
     enum NodeReply: Equatable {
         case slots(ClusterSlotMap)
@@ -64,7 +59,7 @@ struct ClusterStateMachine: Sendable {
             return .fail("no cluster node named the master of slot \(slot): " + r.failures.joined(separator: "; "))
         }
         round = r
-        return .ask(node: index, known[index])
+        return .ask(server: index, known[index])
     }
 
     mutating func nodeAnswered(_ index: Int, _ reply: NodeReply) -> DiscoveryAction {
@@ -86,11 +81,23 @@ struct ClusterStateMachine: Sendable {
         }
     }
 
-    enum Verdict: Equatable {
-        /// Serve here; `switched` when it replaced another verified owner (a failover followed).
-        case use(switched: Bool)
-        /// Not a master of the slot: drop the connection; the next discovery asks the next node first.
-        case reject
+    /// `reject`: not a master of the slot; the next discovery asks the next node first.
+    typealias Verdict = MasterVerdict
+
+    /// What the check of a new connection found: its `ROLE`, whether a key of the slot is served there, and the
+    /// owner a `MOVED` named instead.
+    struct Check: Equatable, Sendable {
+        var role: String?
+        var serves: Bool
+        var movedTo: RedisEndpoint?
+    }
+
+    mutating func answered(_ index: Int, _ answer: NodeReply) -> DiscoveryAction {
+        nodeAnswered(index, answer)
+    }
+
+    mutating func checked(_ endpoint: RedisEndpoint, _ check: Check) -> Verdict {
+        verified(endpoint, role: check.role, serves: check.serves, movedTo: check.movedTo)
     }
 
     /// What a new connection to `endpoint` said: its `ROLE`, and whether it served a key of the slot
@@ -116,11 +123,7 @@ struct ClusterStateMachine: Sendable {
         case unsubscribed
     }
 
-    enum Reaction: Equatable {
-        /// Drop the connections now and discover the owner again.
-        case rediscover
-        case ignore
-    }
+    typealias Reaction = MasterReaction
 
     mutating func signal(_ signal: Signal) -> Reaction {
         switch signal {

@@ -14,23 +14,12 @@ extension RedisEngine {
                 logger.warning("unreadable notification", metadata: ["pubsub.redis.bytes": "\(payload.readableBytes)"])
                 return
             }
-            let buffer = state.withLockedValue { s -> Bool in
-                if s.filling {
-                    if s.buffered.count < 1_000_000 { s.buffered.append(message) }
-                    return true
-                }
-                return false
-            }
-            if !buffer { handle(message) }
+            perform(state.withLockedValue { $0.machine.received(message) })
         case "sunsubscribe":
             // The server moved the slot of the notification channel elsewhere.
             cluster?.unsubscribed()
         case "subscribe", "ssubscribe":
-            let both = state.withLockedValue { s -> Bool in
-                s.subscribed = true
-                return s.routed
-            }
-            if both { fillFromHistory() }
+            perform(state.withLockedValue { $0.machine.notificationsSubscribed() })
         default:
             break
         }
@@ -89,23 +78,65 @@ extension RedisEngine {
         _ = commands.send(RESPCommand(publishCommand, .string(channelPrefix + "n:" + node), .bytes(handoff.encoded())))
     }
 
-    /// Once both connections are back and this node's routing is in Redis again: delivers from the history what
-    /// was published while this node was not listening, then what arrived meanwhile; nothing twice, nothing out
-    /// of order.
-    func fillFromHistory() {
-        let position = state.withLockedValue { s -> (UInt64, String)? in
-            guard s.filling, !s.fillRunning else { return nil }
-            s.fillRunning = true
-            return (s.delivered, s.deliveredEpoch ?? "")
+    /// What the machine asked for after an event of the engine's life.
+    func perform(_ action: RedisEngineStateMachine.Action) {
+        switch action {
+        case .none, .close:
+            break
+        case .subscribe:
+            subscriber.sendWithoutReply([RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))])
+        case .route(let outage):
+            resynchronise(after: outage)
+        case .fill(let fill):
+            fillFromHistory(fill)
+        case .scheduleFill:
+            commands.eventLoop.scheduleTask(in: .milliseconds(100)) {
+                self.perform(self.state.withLockedValue { $0.machine.fillDue() })
+            }
+        case .deliver(let messages):
+            for message in messages { handle(message) }
+        case .resume(let buffered, let found, let atCut):
+            state.withLockedValue { s in
+                s.redis.recoveredAfterCut += found.recovered
+                s.redis.missedAfterCut += found.missed
+            }
+            if found.recovered > 0 || found.missed > 0 {
+                logger.notice(
+                    "notifications resumed",
+                    metadata: ["pubsub.redis.recovered": "\(found.recovered)", "pubsub.redis.missed": "\(found.missed)"])
+            }
+            // The gap is known once the history was read while listening: then the sessions of the cut are told.
+            if found.isGap { tellGap(atCut) }
+            for message in buffered { handle(message) }
+        case .notificationsLost:
+            resetLedger()
+        case .outageBegan:
+            resetLedger()
+            // Whatever waits on a notification would wait for nothing.
+            let (adopts, handoffs, barriers) = state.withLockedValue { s in
+                defer {
+                    s.adoptWaiters = [:]
+                    s.handoffWaiters = [:]
+                    s.barriers = [:]
+                }
+                return (s.adoptWaiters.values.flatMap { $0 }, Array(s.handoffWaiters.values), Array(s.barriers.values))
+            }
+            for p in adopts { p.fail(RedisError(.connectionClosed)) }
+            for p in handoffs { p.succeed(()) }
+            for p in barriers { p.fail(RedisError(.connectionClosed)) }
         }
-        guard let (after, afterEpoch) = position else { return }
+    }
+
+    /// Once both connections are back and this node's routing is in Redis again: delivers from the history what
+    /// was published while this node was not listening; the machine then hands out what arrived meanwhile.
+    /// Nothing twice, nothing out of order.
+    func fillFromHistory(_ fill: UInt64) {
+        let (after, afterEpoch) = state.withLockedValue { s in (s.delivered, s.deliveredEpoch ?? "") }
         let arguments: [RESPArgument] = [
             .integer(Int64(after)), .string(String(epochCandidate)), .string(afterEpoch), .string(positionKeyCandidate),
         ]
         eval(RedisScripts.history, arguments).whenComplete { result in
-            var recovered = 0
-            var gap: UInt64 = 0
-            var lostData = false
+            var found = RedisEngineStateMachine.FillOutcome()
             if case .success(let reply) = result, let values = reply.array, values.count >= 3,
                 let epochText = values[0].string, let last = values[1].int.map({ UInt64(max(0, $0)) })
             {
@@ -126,7 +157,7 @@ extension RedisEngine {
                 } else {
                     let from = sameEpoch ? delivered : 0
                     if !sameEpoch {
-                        lostData = true
+                        found.lostData = true
                         self.logger.warning("Redis lost its data (new history epoch): positions start over")
                         self.state.withLockedValue { s in
                             s.deliveredEpoch = epochText
@@ -148,15 +179,15 @@ extension RedisEngine {
                             return true
                         }
                         if fresh {
-                            recovered += 1
+                            found.recovered += 1
                             self.dropOverflowed(self.local.enqueue(reader.buffer, on: channel))
                         }
                     }
                     let firstNeeded = from + 1
                     if let firstHeld, firstHeld > firstNeeded {
-                        gap = firstHeld - firstNeeded
+                        found.missed = firstHeld - firstNeeded
                     } else if firstHeld == nil, last >= firstNeeded {
-                        gap = last - from
+                        found.missed = last - from
                     }
                     self.state.withLockedValue { s in
                         s.delivered = max(s.delivered, last)
@@ -166,104 +197,56 @@ extension RedisEngine {
             } else if case .failure(let error) = result {
                 self.logger.warning("could not read the history after reconnecting", metadata: ["pubsub.error": "\(error)"])
             }
-            let (buffered, again) = self.state.withLockedValue { s -> ([NodeMessage], Bool) in
-                s.fillRunning = false
-                guard case .success = result, s.subscribed, s.routed else {
-                    // A connection dropped meanwhile (or the read failed): keep holding, read again.
-                    return ([], s.subscribed && s.routed)
-                }
-                s.filling = false
-                s.redis.recoveredAfterCut += UInt64(recovered)
-                s.redis.missedAfterCut += gap
-                defer { s.buffered = [] }
-                return (s.buffered, false)
-            }
-            if again {
-                self.commands.eventLoop.scheduleTask(in: .milliseconds(100)) { self.fillFromHistory() }
-                return
-            }
-            if recovered > 0 || gap > 0 {
-                self.logger.notice(
-                    "notifications resumed",
-                    metadata: ["pubsub.redis.recovered": "\(recovered)", "pubsub.redis.missed": "\(gap)"])
-            }
-            // The gap is known once the history was read while listening: then the sessions of the cut are told.
-            let atCut = self.state.withLockedValue { s -> Set<String>? in
-                guard case .success = result, !s.filling else { return nil }
-                defer { s.sessionsAtCut = nil }
-                return s.sessionsAtCut ?? []
-            }
-            if let atCut, gap > 0 || lostData { self.tellGap(atCut) }
-            for message in buffered { self.handle(message) }
+            let outcome: RedisEngineStateMachine.FillOutcome? = if case .success = result { found } else { nil }
+            self.perform(self.state.withLockedValue { $0.machine.fillFinished(fill, outcome) })
         }
     }
 
     func subscriberEvent(_ event: RedisClient.Event) {
         switch event {
         case .connected:
-            subscriber.sendWithoutReply([RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))])
+            perform(state.withLockedValue { $0.machine.notificationsConnected() })
         case .disconnected(let error):
             let resident = Set(local.snapshot().map(\.id))
-            state.withLockedValue { s in
-                s.subscribed = false
-                s.filling = true
-                // Kept from the first cut until the history fills the gap (a cut may come again meanwhile).
-                if s.sessionsAtCut == nil { s.sessionsAtCut = resident }
-            }
-            resetLedger()
+            let action = state.withLockedValue { $0.machine.notificationsCut(resident: resident) }
+            guard action != .none else { return }
             logger.warning("lost the Redis notification connection", metadata: ["pubsub.error": "\(error)"])
+            perform(action)
         }
     }
 
     func commandsEvent(_ event: RedisClient.Event) {
         switch event {
         case .connected:
-            resynchronise()
+            perform(state.withLockedValue { $0.machine.commandsConnected() })
         case .disconnected(let error):
-            state.withLockedValue { s in
-                s.redis.outages += 1
-                s.outageSince = .now()
-                s.outageLocalPublishes = 0
-                s.routed = false
-                s.filling = true
+            let action = state.withLockedValue { s in
+                let action = s.machine.commandsLost(now: .now())
+                if action == .outageBegan { s.redis.outages += 1 }
+                return action
             }
-            resetLedger()
+            guard action != .none else { return }
             logger.error(
                 "Redis unavailable: serving this node's clients only until it is back",
                 metadata: ["pubsub.error": "\(error)", "pubsub.redis.url": "\(redisDescription)"])
-            // Whatever waits on a notification would wait for nothing.
-            let (adopts, handoffs, barriers) = state.withLockedValue { s in
-                defer {
-                    s.adoptWaiters = [:]
-                    s.handoffWaiters = [:]
-                    s.barriers = [:]
-                }
-                return (s.adoptWaiters.values.flatMap { $0 }, Array(s.handoffWaiters.values), Array(s.barriers.values))
-            }
-            for p in adopts { p.fail(RedisError(.connectionClosed)) }
-            for p in handoffs { p.succeed(()) }
-            for p in barriers { p.fail(RedisError(.connectionClosed)) }
+            perform(action)
         }
     }
 
     /// After (re)connecting: puts this node's sessions and routing back (Redis may have restarted empty, or
     /// changes made during the outage were local only), and finishes destroys made meanwhile.
-    func resynchronise() {
-        let (since, localPublishes, destroys) = state.withLockedValue { s in
-            defer {
-                s.outageSince = nil
-                s.outageLocalPublishes = 0
-                s.pendingDestroys = []
-            }
-            return (s.outageSince, s.outageLocalPublishes, s.pendingDestroys)
+    func resynchronise(after outage: RedisEngineStateMachine.Outage?) {
+        let destroys = state.withLockedValue { s in
+            defer { s.pendingDestroys = [] }
+            return s.pendingDestroys
         }
-        if let since {
-            let seconds = Double((NIODeadline.now() - since).nanoseconds) / 1e9
+        if let outage {
+            let seconds = Double((NIODeadline.now() - outage.since).nanoseconds) / 1e9
             logger.notice(
                 "Redis is back",
                 metadata: [
                     "pubsub.redis.outage_seconds": "\(seconds)",
-                    "pubsub.redis.local_only_publishes": "\(localPublishes)",
+                    "pubsub.redis.local_only_publishes": "\(outage.localPublishes)",
                 ])
         }
         let now = NIODeadline.now()
@@ -291,11 +274,7 @@ extension RedisEngine {
             var arguments: [RESPArgument] = [.string(self.node), .integer(Int64(counts.count))]
             for (channel, count) in counts { arguments += [.string(channel), .integer(Int64(count))] }
             self.eval(RedisScripts.reroute, arguments).whenSuccess { _ in
-                let both = self.state.withLockedValue { s -> Bool in
-                    s.routed = true
-                    return s.subscribed
-                }
-                if both { self.fillFromHistory() }
+                self.perform(self.state.withLockedValue { $0.machine.routingDone() })
             }
         }
     }

@@ -77,7 +77,7 @@ extension RedisEngine {
         state.withLockedValue { s in
             s.published += 1
             s.redis.localOnlyPublishes += 1
-            s.outageLocalPublishes += 1
+            s.machine.publishedLocally()
         }
     }
 

@@ -157,7 +157,7 @@ extension RedisEngine {
     /// The ledger generation a confirmation asked now belongs to; nil while the notification channel is not
     /// subscribed (a move told meanwhile would be lost, so Redis' answer cannot be trusted for later connects).
     func confirmationGeneration() -> UInt64? {
-        state.withLockedValue { s in s.subscribed ? s.ledger.generation : nil }
+        state.withLockedValue { s in s.machine.isSubscribed ? s.ledger.generation : nil }
     }
 
     /// A connect for a session Redis confirmed here: waits for the next batch (its expiry refresh and the barrier

@@ -18,15 +18,16 @@ import PubSubCore
 /// sends one notification per node that has a subscriber (not one per recipient). The node fans the event out
 /// to its own sessions. A session whose client connects to another node moves there: routing moves in the same
 /// script, and the old node hands the queue over, so nothing is lost or reordered. See `RedisScripts`.
-// @unchecked: mutable state is guarded by the lock of `state`; `subscriber` is set once in `start`, before the
-// engine is shared.
-public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable {
+///
+/// Every mutable field (the phase machine, waiters, ledger, gate, statistics, positions) is in `state`, behind its
+/// lock; every stored property is a `let`, so the compiler checks that the engine is `Sendable`.
+public final class RedisEngine: Engine, EngineObservability, Sendable {
     public let configuration: BrokerConfiguration
     public let settings: RedisEngineConfiguration
     public var node: String { settings.nodeID }
     let local: MemoryEngine
     let commands: RedisClient
-    var subscriber: RedisClient!
+    let subscriber: RedisClient
     /// Sentinel mode: finds the master and watches for failovers.
     let sentinel: SentinelMonitor?
     /// Cluster mode: finds the master serving the engine's slot and follows it.
@@ -50,7 +51,7 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
     /// A new position key, made in Redis with the epoch when it has none (shared by every node from then on).
     var positionKeyCandidate: String { PositionKey.random().text }
 
-    struct State {
+    struct State: Sendable {
         var epoch: UInt64?
         /// The key of the position permutation in Redis, learnt with the epoch (a publish, a history read).
         var positionKey: PositionKey?
@@ -59,25 +60,11 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
         /// Highest position delivered from notifications, in `deliveredEpoch`.
         var delivered: UInt64 = 0
         var deliveredEpoch: String?
-        /// The notification channel is subscribed.
-        var subscribed = false
-        /// This node's sessions and routing are in Redis since the command connection last came up.
-        var routed = false
-        /// Notifications are held back (from a disconnect until the history has been read after both
-        /// connections are back), so that what the history gives and what arrives live merge in order.
-        var filling = true
-        var fillRunning = false
-        var buffered: [NodeMessage] = []
-        /// The resident sessions when the notification connection was cut: the ones a gap can have cost events
-        /// (`tellGap`); a session that came later missed nothing of it.
-        var sessionsAtCut: Set<String>?
         var adoptWaiters: [String: [EventLoopPromise<Void>]] = [:]
         var handoffWaiters: [String: EventLoopPromise<Void>] = [:]
         var abandoned: Set<String> = []
         var barriers: [UInt64: EventLoopPromise<Void>] = [:]
         var nextBarrier: UInt64 = 0
-        var outageSince: NIODeadline?
-        var outageLocalPublishes: UInt64 = 0
         var pendingDestroys: [(String, DetachReason)] = []
         /// Sentinel: the master this node's positions come from (set at each connection, see `reseat`).
         var termMaster: RedisEndpoint?
@@ -85,7 +72,8 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
         /// to count those a new master lacks.
         var acknowledged = CircularBuffer<UInt64>(initialCapacity: 64)
         var redis = RedisEngineStatistics()
-        var closed = false
+        /// The phase of the engine's life: connecting, routing, filling from the history, serving, outage, closed.
+        var machine = RedisEngineStateMachine()
         /// Resident sessions whose connects need no script (see `ResidencyLedger`); its lifetime is set in `init`.
         var ledger = ResidencyLedger<EventLoopPromise<Bool>>(lifetime: .seconds(90))
         /// Redis Cluster: scripts wait here, in order, while one is refused (slot migration).
@@ -194,7 +182,7 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
     /// Both connections are up and this node receives its notifications.
     public var isReady: Bool {
         commands.isConnected && subscriber.isConnected
-            && state.withLockedValue { $0.subscribed && $0.routed && !$0.filling }
+            && state.withLockedValue { $0.machine.isServing }
     }
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }
@@ -390,14 +378,10 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
 
     public func shutdown() {
         local.shutdown()
-        let closed = state.withLockedValue { s -> Bool in
-            defer { s.closed = true }
-            return s.closed
-        }
-        guard !closed else { return }
+        guard state.withLockedValue({ $0.machine.close() }) == .close else { return }
         failWaitingScripts()
         let group = self.group
-        let subscriber = self.subscriber!
+        let subscriber = self.subscriber
         let commands = self.commands
         _ = sentinel?.close()
         // Stop listening first, so that nodes taking our sessions over do not wait for a handoff.
@@ -416,11 +400,7 @@ public final class RedisEngine: Engine, EngineObservability, @unchecked Sendable
     /// Closes the Redis connections and stops the engine's thread (tests; `shutdown` does it too).
     public func close() async {
         local.shutdown()
-        let closed = state.withLockedValue { s -> Bool in
-            defer { s.closed = true }
-            return s.closed
-        }
-        guard !closed else { return }
+        guard state.withLockedValue({ $0.machine.close() }) == .close else { return }
         failWaitingScripts()
         _ = try? await sentinel?.close().get()
         _ = try? await commands.close().and(subscriber.close()).get()

@@ -124,3 +124,5 @@ struct ResidencyLedger<Waiter> {
         return batch
     }
 }
+
+extension ResidencyLedger: Sendable where Waiter: Sendable {}

@@ -19,7 +19,7 @@ public struct RedisEndpoint: Hashable, Sendable, CustomStringConvertible {
 /// master sends the next discovery to the next sentinel. A failover is noticed by a `+switch-master` message
 /// from a sentinel, a `READONLY` error reply (the node was demoted), or a lost connection: the first two ask
 /// for the connections to be dropped; every reconnect discovers the master again.
-struct SentinelStateMachine: Sendable {
+struct SentinelStateMachine: MasterDiscovery {
     let sentinels: [RedisEndpoint]
     let masterName: String
     /// The last master verified with `ROLE`.
@@ -30,6 +30,8 @@ struct SentinelStateMachine: Sendable {
     private(set) var switches: UInt64 = 0
     /// The sentinel the pub/sub watcher (`+switch-master`) connects to next.
     private var watchNext = 0
+    /// Which sentinel named each address (bounded), for the verdict on `ROLE`.
+    private var namedBy: [RedisEndpoint: Int] = [:]
     private var round: DiscoveryRound?
 
     init(sentinels: [RedisEndpoint], masterName: String) {
@@ -38,14 +40,9 @@ struct SentinelStateMachine: Sendable {
         self.masterName = masterName
     }
 
-    enum DiscoveryAction: Equatable {
-        /// Send `SENTINEL get-master-addr-by-name` to sentinel `index`.
-        case ask(sentinel: Int, RedisEndpoint)
-        /// Connect to this address and check with `ROLE` that it is a master (`sentinel` named it).
-        case connect(RedisEndpoint, sentinel: Int)
-        /// No sentinel named a master: try again later (the caller backs off).
-        case fail(String)
-    }
+    /// `ask`: send `SENTINEL get-master-addr-by-name` to that sentinel; `connect`: check with `ROLE` that the
+    /// address is a master.
+    typealias DiscoveryAction = MasterDiscoveryAction
 
     /// What a sentinel answered to `get-master-addr-by-name`.
     enum SentinelReply: Equatable {
@@ -69,14 +66,16 @@ struct SentinelStateMachine: Sendable {
             return .fail("no sentinel named a master '\(masterName)': " + r.failures.joined(separator: "; "))
         }
         round = r
-        return .ask(sentinel: index, sentinels[index])
+        return .ask(server: index, sentinels[index])
     }
 
     mutating func sentinelAnswered(_ index: Int, _ reply: SentinelReply) -> DiscoveryAction {
         switch reply {
         case .master(let endpoint):
             round = nil
-            return .connect(endpoint, sentinel: index)
+            namedBy[endpoint] = index
+            if namedBy.count > 64 { namedBy = [endpoint: index] }
+            return .connect(endpoint)
         case .unknownName:
             round?.failed("\(sentinels[index]) knows no master of that name")
             return nextAsk()
@@ -86,11 +85,16 @@ struct SentinelStateMachine: Sendable {
         }
     }
 
-    enum Verdict: Equatable {
-        /// Serve on this master; `switched` when it replaced another verified master (a failover).
-        case use(switched: Bool)
-        /// Not a master (or unreachable): drop the connection; the next discovery starts at the next sentinel.
-        case reject
+    /// `reject`: not a master (or unreachable); the next discovery starts at the next sentinel.
+    typealias Verdict = MasterVerdict
+
+    mutating func answered(_ index: Int, _ answer: SentinelReply) -> DiscoveryAction {
+        sentinelAnswered(index, answer)
+    }
+
+    /// What `ROLE` said on a new connection to `endpoint`, judged with the sentinel that named it.
+    mutating func checked(_ endpoint: RedisEndpoint, _ role: String?) -> Verdict {
+        roleChecked(endpoint, named: namedBy[endpoint] ?? preferred, role: role)
     }
 
     /// What `ROLE` said on a connection to `endpoint`, which sentinel `index` named (nil: no answer).
@@ -118,11 +122,7 @@ struct SentinelStateMachine: Sendable {
         case readOnly
     }
 
-    enum Reaction: Equatable {
-        /// Drop the connections to Redis now and discover the master again.
-        case rediscover
-        case ignore
-    }
+    typealias Reaction = MasterReaction
 
     mutating func signal(_ signal: Signal) -> Reaction {
         switch signal {

@@ -86,18 +86,18 @@ import Testing
     /// Each node in turn until one names the slot's master; the nodes a map names are asked too afterwards.
     @Test func discoveryAsksTheNodesInTurnAndLearnsNewOnes() {
         var m = ClusterStateMachine(seeds: [n1, n2], slot: 4003)
-        #expect(m.discover() == .ask(node: 0, n1))
-        #expect(m.nodeAnswered(0, .failed("connection refused")) == .ask(node: 1, n2))
+        #expect(m.discover() == .ask(server: 0, n1))
+        #expect(m.nodeAnswered(0, .failed("connection refused")) == .ask(server: 1, n2))
         #expect(m.nodeAnswered(1, .slots(map(n3, also: [r1]))) == .connect(n3))
         #expect(m.known == [n1, n2, n3, r1])
         #expect(m.verified(n3, role: "master", serves: true) == .use(switched: false))
         #expect(m.master == n3)
         // The next round starts with the node that answered last.
-        #expect(m.discover() == .ask(node: 1, n2))
+        #expect(m.discover() == .ask(server: 1, n2))
         // A map without the slot (a cluster being set up), then nobody answers at all.
-        #expect(m.nodeAnswered(1, .slots(ClusterSlotMap(ranges: []))) == .ask(node: 2, n3))
-        #expect(m.nodeAnswered(2, .failed("timeout")) == .ask(node: 3, r1))
-        #expect(m.nodeAnswered(3, .failed("timeout")) == .ask(node: 0, n1))
+        #expect(m.nodeAnswered(1, .slots(ClusterSlotMap(ranges: []))) == .ask(server: 2, n3))
+        #expect(m.nodeAnswered(2, .failed("timeout")) == .ask(server: 3, r1))
+        #expect(m.nodeAnswered(3, .failed("timeout")) == .ask(server: 0, n1))
         guard case .fail(let reason) = m.nodeAnswered(0, .failed("timeout")) else {
             Issue.record("a round without an answer must fail")
             return
@@ -117,6 +117,16 @@ import Testing
         #expect(m.verified(n3, role: nil, serves: true) == .reject)
     }
 
+    /// Through `MasterDiscovery`, as `MasterMonitor` drives it: the check's `MOVED` is followed first.
+    @Test func theCheckThroughMasterDiscovery() {
+        var m = ClusterStateMachine(seeds: [n1], slot: 7)
+        #expect(m.discover() == .ask(server: 0, n1))
+        #expect(m.answered(0, .slots(map(n1))) == .connect(n1))
+        #expect(m.checked(n1, .init(role: "master", serves: false, movedTo: n2)) == .reject)
+        #expect(m.discover() == .connect(n2))
+        #expect(m.checked(n2, .init(role: "master", serves: true)) == .use(switched: false))
+    }
+
     /// `MOVED` for the engine's slot, `READONLY` and a server-side `sunsubscribe` ask for rediscovery; a `MOVED`
     /// of another slot does not.
     @Test func signals() {
@@ -126,7 +136,7 @@ import Testing
         #expect(m.discover() == .connect(n2))
         #expect(m.signal(.readOnly) == .rediscover)
         #expect(m.signal(.unsubscribed) == .rediscover)
-        #expect(m.discover() == .ask(node: 0, n1))
+        #expect(m.discover() == .ask(server: 0, n1))
     }
 
     /// The Cluster variant of every script sends its notifications with SPUBLISH, and only that differs.

@@ -16,14 +16,29 @@ import Testing
 
     @Test func asksEachSentinelInTurnUntilOneNamesAMaster() {
         var m = machine()
-        #expect(m.discover() == .ask(sentinel: 0, s1))
-        #expect(m.sentinelAnswered(0, .failed("connection refused")) == .ask(sentinel: 1, s2))
-        #expect(m.sentinelAnswered(1, .unknownName) == .ask(sentinel: 2, s3))
-        #expect(m.sentinelAnswered(2, .master(m1)) == .connect(m1, sentinel: 2))
+        #expect(m.discover() == .ask(server: 0, s1))
+        #expect(m.sentinelAnswered(0, .failed("connection refused")) == .ask(server: 1, s2))
+        #expect(m.sentinelAnswered(1, .unknownName) == .ask(server: 2, s3))
+        #expect(m.sentinelAnswered(2, .master(m1)) == .connect(m1))
         #expect(m.roleChecked(m1, named: 2, role: "master") == .use(switched: false))
         #expect(m.master == m1)
         // The sentinel that answered is asked first next time.
-        #expect(m.discover() == .ask(sentinel: 2, s3))
+        #expect(m.discover() == .ask(server: 2, s3))
+    }
+
+    /// Through `MasterDiscovery`, as `MasterMonitor` drives it: the check is judged with the sentinel that named
+    /// the address.
+    @Test func theCheckIsJudgedWithTheSentinelThatNamedTheAddress() {
+        var m = machine()
+        #expect(m.discover() == .ask(server: 0, s1))
+        #expect(m.answered(0, .failed("refused")) == .ask(server: 1, s2))
+        #expect(m.answered(1, .master(m1)) == .connect(m1))
+        #expect(m.checked(m1, "slave") == .reject)
+        // Sentinel 1 named a replica: the next round starts after it.
+        #expect(m.discover() == .ask(server: 2, s3))
+        #expect(m.answered(2, .master(m2)) == .connect(m2))
+        #expect(m.checked(m2, "master") == .use(switched: false))
+        #expect(m.discover() == .ask(server: 2, s3))
     }
 
     @Test func noSentinelAnsweringFailsTheRoundWithEveryReason() {
@@ -37,20 +52,20 @@ import Testing
         }
         #expect(reason.contains("refused") && reason.contains("timeout") && reason.contains("knows no master"))
         // The next round starts again.
-        #expect(m.discover() == .ask(sentinel: 0, s1))
+        #expect(m.discover() == .ask(server: 0, s1))
     }
 
     @Test func aNodeThatIsNoLongerMasterIsRejectedAndTheNextSentinelAskedFirst() {
         var m = machine()
         _ = m.discover()
-        #expect(m.sentinelAnswered(0, .master(m1)) == .connect(m1, sentinel: 0))
+        #expect(m.sentinelAnswered(0, .master(m1)) == .connect(m1))
         // Demoted, or a stale answer: ROLE says slave.
         #expect(m.roleChecked(m1, named: 0, role: "slave") == .reject)
         #expect(m.master == nil)
-        #expect(m.discover() == .ask(sentinel: 1, s2))
+        #expect(m.discover() == .ask(server: 1, s2))
         // No answer to ROLE at all counts the same.
         #expect(m.roleChecked(m1, named: 1, role: nil) == .reject)
-        #expect(m.discover() == .ask(sentinel: 2, s3))
+        #expect(m.discover() == .ask(server: 2, s3))
     }
 
     @Test func aNewMasterAfterAVerifiedOneIsAFailover() {
