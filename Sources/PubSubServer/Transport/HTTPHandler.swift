@@ -210,8 +210,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
 
     /// The end of a stream.
     func close(_ reason: ConnectionStateMachine.CloseReason) {
-        guard let context else { return }
-        driver.closing()
+        guard let context, driver.sendingClose() else { return }
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 
