@@ -83,13 +83,10 @@ public final class PubSubServer: Sendable {
         let shared = self.shared
         let upgrader = WebSocketUpgrader(
             compression: configuration.broker.eventCompression != nil,
-            shouldUpgrade: { _, head in
-                switch Route(path: head.uri, mount: shared.mount) {
-                case .bayeux, .bayeuxWithSuffix:
-                    // An origin that is not allowed is not upgraded: the HTTP handler answers it 403.
-                    return shared.configuration.origins.allows(head.headers)
-                default: return false
-                }
+            shouldUpgrade: { channel, head in
+                // The HTTP handler behind the upgrader decides, and serves a refused request with the route it parsed.
+                let handler = try? channel.pipeline.syncOperations.handler(type: HTTPHandler.self)
+                return handler?.acceptsUpgrade(head) ?? false
             },
             upgradePipeline: { channel, upgradeHead in
                 // Frames are read and written by the WebSocket handler itself, limits included (`maxFrameBytes`).

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Logging
 import PubSubCore
+import PubSubRelay
 
 #if canImport(Glibc)
     import Glibc
@@ -65,3 +66,7 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 
 /// `--signatures privatepub|hmac|both`.
 extension SignatureScheme: ExpressibleByArgument {}
+
+/// `pubsub relay couchdb --feed continuous|longpoll|eventsource`: the `_changes` feeds the relay follows
+/// (`normal` is what a full resync pages through, not a feed to follow).
+extension CouchDBChangeSource.Feed: ExpressibleByArgument {}

@@ -46,7 +46,7 @@ struct RelayOptions: ParsableArguments {
     var batchSize: Int = 100
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
-    var logLevel: String?
+    var logLevel: Logger.Level?
 
     func validate() throws {
         guard ChangeMapping.isValidPrefix(prefix) else {
@@ -56,9 +56,7 @@ struct RelayOptions: ParsableArguments {
         guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
         guard routeMemory > 0 else { throw ValidationError("--route-memory must be positive") }
         _ = try routes()
-        if let logLevel, Logger.Level(rawValue: logLevel) == nil {
-            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
-        }
+        _ = try RelayLogging.level(logLevel)
     }
 
     /// The `--route` options, parsed; a bad one is a usage error naming it.
@@ -74,8 +72,8 @@ struct RelayOptions: ParsableArguments {
         get throws { ChangeMapping(prefix: prefix, includeDocument: includeDoc, routes: try routes()) }
     }
 
-    func makeLogger() -> Logger {
-        RelayLogging.bootstrap(RelayLogging.level(logLevel) ?? .info)
+    func makeLogger() throws -> Logger {
+        RelayLogging.bootstrap(try RelayLogging.level(logLevel))
     }
 
     func makePublisher(token: String?) throws -> BayeuxPublisher {
@@ -205,7 +203,7 @@ struct RelayPostgres: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let logger = relay.makeLogger()
+        let logger = try relay.makeLogger()
         let source = PostgresChangeSource(configuration: try configuration(), logger: logger)
         try await relay.run(source: source, logger: logger, token: jwt.token)
     }

@@ -30,11 +30,12 @@ struct RelayCouchDB: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .customLong("db-url"), help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).")
-    var dbURL: String
+    @Option(name: .customLong("db-url"), help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).",
+            transform: { try CouchDBURL($0) })
+    var dbURL: CouchDBURL
 
     @Option(help: "continuous, longpoll or eventsource (CouchDB only).")
-    var feed: String = "continuous"
+    var feed: CouchDBChangeSource.Feed = .continuous
 
     @Option(help: "Milliseconds between the server's heartbeats; no byte for twice as long reopens the feed (Sync Gateway needs at least 25000).")
     var heartbeat: Int = 10000
@@ -58,14 +59,6 @@ struct RelayCouchDB: AsyncParsableCommand {
     @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
-        do {
-            _ = try CouchDBURL(dbURL)
-        } catch let error as RelayError where error.code == .invalidURL {
-            throw ValidationError(error.message)
-        }
-        guard CouchDBChangeSource.Feed(rawValue: feed) != nil else {
-            throw ValidationError("--feed must be continuous, longpoll or eventsource")
-        }
         guard heartbeat > 0 else { throw ValidationError("--heartbeat must be positive (milliseconds)") }
         guard since == "0" || since == "now" else { throw ValidationError("--since must be 0 or now") }
         guard maxBatch > 0 else { throw ValidationError("--max-batch must be positive") }
@@ -77,9 +70,9 @@ struct RelayCouchDB: AsyncParsableCommand {
 
     func run() async throws {
         let tls = try feedTLS.make()
-        let logger = relay.makeLogger()
+        let logger = try relay.makeLogger()
         var configuration = CouchDBChangeSource.Configuration(
-            url: try CouchDBURL(dbURL), feed: CouchDBChangeSource.Feed(rawValue: feed) ?? .continuous,
+            url: dbURL, feed: feed,
             heartbeat: .milliseconds(Int64(heartbeat)), filter: filter, channels: channel,
             includeDocs: relay.needsDocuments, initialSince: since, maxBatch: maxBatch)
         configuration.tls = tls

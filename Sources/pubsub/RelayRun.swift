@@ -43,18 +43,18 @@ struct RelayRun: AsyncParsableCommand {
     var caFile: String?
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
-    var logLevel: String?
+    var logLevel: Logger.Level?
 
     @Flag(help: "Only check the file: print one line per feed and exit 0, or the first problem and exit 64.")
     var check = false
 
+    func validate() throws {
+        _ = try RelayLogging.level(logLevel)
+    }
+
     func run() async throws {
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        guard let level = RelayLogging.level(logLevel) else {
-            throw failure("--log-level must be one of trace, debug, info, notice, warning, error, critical",
-                          ExitStatus.usage)
-        }
-        let logger = RelayLogging.bootstrap(level)
+        let logger = RelayLogging.bootstrap(try RelayLogging.level(logLevel))
         let relayFile: RelayFile
         do {
             relayFile = try RelayFile(path: file, logger: logger)
@@ -99,9 +99,9 @@ struct RelayRun: AsyncParsableCommand {
 }
 
 enum RelayLogging {
-    /// The level named by the flag, else PUBSUB_LOG_LEVEL, else info; nil when the name is not a level.
-    static func level(_ name: String?) -> Logger.Level? {
-        Logger.Level(rawValue: name ?? Environment.string("PUBSUB_LOG_LEVEL") ?? "info")
+    /// The level of the flag, else PUBSUB_LOG_LEVEL, else info; a variable that names no level is a usage error.
+    static func level(_ flag: Logger.Level?) throws -> Logger.Level {
+        try Environment.pick(flag, "PUBSUB_LOG_LEVEL", .info)
     }
 
     /// Logging to stderr at `level`.

@@ -34,8 +34,9 @@ struct RelaySimperium: AsyncParsableCommand {
     @Option(help: "The bucket to relay.")
     var bucket: String
 
-    @Option(help: "The streaming API: a base URL (wss://api.simperium.com) or the full WebSocket URL.")
-    var simperiumURL: String?
+    @Option(help: "The streaming API: a base URL (wss://api.simperium.com) or the full WebSocket URL.",
+            transform: { try SimperiumURL($0) })
+    var simperiumURL: SimperiumURL?
 
     @Option(help: "Seconds of quiet before a heartbeat is sent; an answer must come within half of it (at least 1 s).")
     var heartbeat: Double = 20
@@ -54,10 +55,6 @@ struct RelaySimperium: AsyncParsableCommand {
         guard resolvedToken != nil else { throw ValidationError("give --token or set SIMPERIUM_TOKEN") }
         guard heartbeat > 0, heartbeat <= 3600 else { throw ValidationError("--heartbeat must be in (0, 3600] seconds") }
         guard indexPage > 0, indexPage <= 1000 else { throw ValidationError("--index-page must be between 1 and 1000") }
-        let url = SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL, appID: appID)
-        guard url.hasPrefix("ws://") || url.hasPrefix("wss://") else {
-            throw ValidationError("--simperium-url must be a ws:// or wss:// URL")
-        }
     }
 
     var resolvedToken: String? {
@@ -67,14 +64,28 @@ struct RelaySimperium: AsyncParsableCommand {
 
     func run() async throws {
         let tls = try feedTLS.make()
-        let logger = relay.makeLogger()
+        let logger = try relay.makeLogger()
         var configuration = SimperiumChangeSource.Configuration(
-            url: SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL, appID: appID),
+            url: SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL?.text, appID: appID),
             appID: appID, token: resolvedToken ?? "", bucket: bucket, indexPageSize: indexPage,
             batchSize: relay.batchSize, includeDocuments: relay.needsDocuments, heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
             heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         configuration.tls = tls
         let source = SimperiumChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger)
+    }
+}
+
+/// `--simperium-url`: a `ws://` or `wss://` URL, checked as the arguments are parsed.
+struct SimperiumURL: Sendable {
+    struct Invalid: Error, CustomStringConvertible {
+        var description: String { "must be a ws:// or wss:// URL" }
+    }
+
+    let text: String
+
+    init(_ text: String) throws {
+        guard text.hasPrefix("ws://") || text.hasPrefix("wss://") else { throw Invalid() }
+        self.text = text
     }
 }

@@ -54,6 +54,16 @@ def check_at_least_once(got, ids, same=("key",), op=None, ordered=True):
     return len(got) - len(ids)
 
 
+def assert_usage_error(stderr, *words):
+    """A bad argument: its message is the first line, naming each of `words`; what follows is only the parser's
+    hint (the choices when there are many, the option's help, the usage line, where to read more), never a trace."""
+    lines = stderr.strip().splitlines()
+    assert lines and lines[0].startswith("Error: "), stderr
+    assert all(word in lines[0] for word in words), (words, stderr)
+    hints = ("  - ", "Help:", "Usage:", "  See ")
+    assert all(line.startswith(hints) for line in lines[1:]), stderr
+
+
 def relay_fake_bin():
     """The `relay-fake` runner built beside the pubsub binary."""
     return os.path.join(os.path.dirname(pubsub_bin()), "relay-fake")

@@ -11,7 +11,8 @@ import pytest
 
 from pubsubtest.broker import pubsub_bin
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
-    SECRET, Lines, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids, broker, workdir)
+    SECRET, Lines, assert_usage_error, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids,
+    broker, workdir)
 
 
 @pytest.fixture
@@ -134,4 +135,4 @@ def test_bad_arguments(workdir):
                        (["--sg-url", "ws://h/db", "--channel", "a,b"], "channel")):
         bad = subprocess.run(base + args, capture_output=True, text=True, timeout=30)
         assert bad.returncode == 64 and word in bad.stderr, bad.stderr
-        assert len(bad.stderr.strip().splitlines()) <= 3, bad.stderr
+        assert_usage_error(bad.stderr, word)

@@ -12,7 +12,8 @@ import pytest
 
 from pubsubtest.broker import pubsub_bin
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
-    SECRET, Lines, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids, broker, workdir)
+    SECRET, Lines, assert_usage_error, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids,
+    broker, workdir)
 
 
 def call(port, method, path, body=None):
@@ -158,10 +159,18 @@ def test_bad_arguments_and_unreachable_database(workdir):
     for url in ["ftp://host/db", "http://host", "http://host:99999/db"]:
         bad = subprocess.run(base + ["--db-url", url], capture_output=True, text=True, timeout=30)
         assert bad.returncode == 64 and "--db-url" in bad.stderr, bad.stderr
-        assert bad.stderr.splitlines()[0].startswith("Error: --db-url"), bad.stderr
+        assert_usage_error(bad.stderr, f"'{url}'", "--db-url")
+    # A feed the relay does not follow: the parser names the value and the choices, on the message's one line.
     bad = subprocess.run(base + ["--db-url", "http://127.0.0.1/db", "--feed", "normal"],
                          capture_output=True, text=True, timeout=30)
-    assert bad.returncode == 64 and "--feed" in bad.stderr
+    assert bad.returncode == 64, bad.stderr
+    assert_usage_error(bad.stderr, "'normal'", "--feed", "continuous", "longpoll", "eventsource")
+    # The log level, from the flag or from its variable, is one of the levels.
+    for args, env in ((["--log-level", "loud"], {}), ([], {"PUBSUB_LOG_LEVEL": "loud"})):
+        bad = subprocess.run(base + ["--db-url", "http://127.0.0.1/db", *args], capture_output=True, text=True,
+                             timeout=30, env={**os.environ, **env})
+        assert bad.returncode == 64 and "critical" in bad.stderr, bad.stderr
+        assert_usage_error(bad.stderr, "'loud'")
     started = time.monotonic()
     down = subprocess.run(base + ["--db-url", "http://127.0.0.1:1/db"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 69, down.stderr

@@ -13,7 +13,8 @@ import pytest
 from pubsubtest.broker import Broker, pubsub_bin
 from pubsubtest.postgres import PostgresCluster, needs_wal2json
 from pubsubtest.wait import wait_until
-from relaykit import SECRET, Lines, events, start_subscriber, broker, workdir  # noqa: F401  (fixtures)
+from relaykit import (  # noqa: F401  (fixtures)
+    SECRET, Lines, assert_usage_error, events, start_subscriber, broker, workdir)
 
 pytestmark = needs_wal2json()
 
@@ -191,6 +192,15 @@ def test_a_missing_file_is_one_line_and_exit_64(workdir):
     result = subprocess.run([pubsub_bin(), "relay", "run", os.path.join(workdir, "nope.json")],
                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert result.returncode == 64 and "cannot read" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_log_level_is_a_usage_error_from_the_flag_and_from_the_variable(workdir):
+    path = os.path.join(workdir, "nope.json")
+    for args, env in ((["--log-level", "loud"], {}), ([], {"PUBSUB_LOG_LEVEL": "loud"})):
+        result = subprocess.run([pubsub_bin(), "relay", "run", *args, path], capture_output=True, text=True,
+                                timeout=30, stdin=subprocess.DEVNULL, env={**os.environ, **env})
+        assert result.returncode == 64 and "critical" in result.stderr, result.stderr
+        assert_usage_error(result.stderr, "'loud'")
 
 
 def test_check_validates_without_connecting(workdir):

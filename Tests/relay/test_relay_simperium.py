@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import subprocess
 import time
 import urllib.request
 
@@ -10,7 +11,8 @@ import pytest
 
 from pubsubtest.broker import pubsub_bin
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
-    SECRET, Lines, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids, broker, workdir)
+    SECRET, Lines, assert_usage_error, check_at_least_once, events, start_fake, start_subscriber, wait_for_ids,
+    broker, workdir)
 
 TOKEN = "relay-token"
 
@@ -123,6 +125,11 @@ def test_bad_arguments_are_one_line_validation_errors(fake, broker, workdir):
         done.proc.wait(timeout=30)
         done.stop()
         assert done.proc.returncode == 64, (args, done.errors())
+    bad = subprocess.run([pubsub_bin(), "relay", "simperium", "--app-id", "app1", "--token", TOKEN, "--bucket", "notes",
+                          "--checkpoint", os.path.join(workdir, "c"), "--simperium-url", "https://api.example"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 64, bad.stderr
+    assert_usage_error(bad.stderr, "'https://api.example'", "--simperium-url", "ws:// or wss://")
 
 
 def test_dropped_connections_and_unanswered_heartbeats_reconnect_without_a_gap(fake, broker, workdir):

@@ -53,10 +53,6 @@ final class ConnectionDriver: TimerQueueOwner {
     /// When the held connect's hold ends. The timer entry may be earlier (left from a hold answered before: it
     /// fires early and is moved), never later, so answering a poll and parking the next take no heap work.
     private var holdDeadline: NIODeadline?
-    /// What else is timed: a stream's heartbeats, or a WebSocket's pings, silence and send timeouts.
-    private var timing = Timing.none
-    /// When `noteUnsent` last asked the channel for its unsent bytes (at most every `unsentCheckEvery`).
-    private var unsentCheckedAt = NIODeadline.uptimeNanoseconds(0)
     /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
     private var requestContext: RequestContext
     /// How the attached client is counted (`pubsub_clients`): an open WebSocket, a parked connect, a stream.
@@ -79,23 +75,6 @@ final class ConnectionDriver: TimerQueueOwner {
         self.requestContext = context
     }
 
-    /// A connection's timing beside the hold: one or the other, never both, in the room of the larger.
-    private enum Timing {
-        case none
-        /// When an EventSource stream's next heartbeat is due.
-        case heartbeat(NIODeadline)
-        /// A WebSocket's keep-alive, handed over by the `ConnectionGuard`.
-        case keepAlive(ConnectionGuardState)
-
-        var deadline: NIODeadline? {
-            switch self {
-            case .none: nil
-            case .heartbeat(let deadline): deadline
-            case .keepAlive(let state): state.deadline
-            }
-        }
-    }
-
     /// The handler joined its pipeline: an open WebSocket counts as an attached client from now on.
     func opened() {
         if machine.transport == .webSocket { attachedType = .websocket }
@@ -110,7 +89,6 @@ final class ConnectionDriver: TimerQueueOwner {
         if case .closed = machine.state { return nil }
         return transport
     }
-
 
     var isOpen: Bool { machine.isOpen }
     /// The current sink (for tests).
@@ -129,7 +107,7 @@ final class ConnectionDriver: TimerQueueOwner {
         let context = requestContext
         if isPolling {
             // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
-            if shared.operations.isDraining { _ = machine.quiesce() }
+            if shared.operations.isDraining { perform(machine.quiesce()) }
             guard machine.requestStarted() else { return }
             newSink(persistent: false)
         } else {
@@ -160,9 +138,7 @@ final class ConnectionDriver: TimerQueueOwner {
             }
             switch result {
             case .failure(let error):
-                machine.requestFailed()
-                releaseSink()
-                live?.requestFailed(error)
+                perform(machine.requestFailed(error))
             case .success(let outcomes):
                 let (replies, events, pending) = broker.split(outcomes, context: context)
                 perform(machine.messagesHandled(replies: replies, events: events, pending: pending))
@@ -174,7 +150,7 @@ final class ConnectionDriver: TimerQueueOwner {
             let (replies, events, pending) = broker.split(outcomes, context: context)
             perform(machine.messagesHandled(replies: replies, events: events, pending: pending))
         case .failure(let error):
-            if machine.isOpen { live?.requestFailed(error) }
+            perform(machine.requestFailed(error))
         }
         perform(machine.frameFinished())
         live?.batchHandled()
@@ -190,14 +166,10 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// A polling connection becomes an EventSource stream of `clientId`, with heartbeats every `pingInterval`.
     func openStream(clientId: String) {
-        machine.streamOpened(clientId: clientId)
+        machine.streamOpened(clientId: clientId, heartbeat: shared.configuration.pingInterval, now: eventLoop.now)
         newSink(persistent: true)
         attachedType = .eventSource
-        let interval = shared.configuration.pingInterval
-        if interval > .zero {
-            timing = .heartbeat(eventLoop.now + interval)
-            rearm()
-        }
+        rearm()
         let (sink, generation) = (sink!, generation)
         shared.broker.attach(clientId, sink: sink, on: eventLoop).assumeIsolated().whenSuccess { attached in
             // An unknown client: the stream ends as if its session had.
@@ -207,29 +179,21 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// A WebSocket is timed here from now on (pings, silence, blocked writes): the connection guard's state,
     /// handed over as it leaves the pipeline.
-    func keepAlive(_ state: ConnectionGuardState, isWritable: Bool) {
-        var state = state
-        let now = eventLoop.now
-        state.upgraded(now: now)
-        state.writabilityChanged(isWritable: isWritable, unsentBytes: live?.unsentBytes ?? 0, now: now)
-        timing = .keepAlive(state)
+    func keepAlive(_ state: ConnectionGuardState) {
+        machine.keepAliveHandedOver(state, unsentBytes: live?.unsentBytes ?? 0, now: eventLoop.now)
         rearm()
     }
 
     /// Bytes arrived: any byte is a sign of life (a later deadline: the armed entry stays as it is).
     func bytesReceived(_ count: Int) {
-        guard case .keepAlive(var state) = timing else { return }
-        _ = state.bytesReceived(count, now: eventLoop.now)
-        timing = .keepAlive(state)
+        machine.bytesReceived(count, now: eventLoop.now)
     }
 
     func writabilityChanged(isWritable: Bool) {
-        if case .keepAlive(var state) = timing, let live {
-            state.writabilityChanged(isWritable: isWritable, unsentBytes: live.unsentBytes, now: eventLoop.now)
-            timing = .keepAlive(state)
-            rearm()
-        }
-        perform(machine.writabilityChanged(isWritable: isWritable))
+        let watched = machine.keepAlive.watchesUnsentBytes
+        let unsent = watched ? live?.unsentBytes ?? 0 : 0
+        perform(machine.writabilityChanged(isWritable: isWritable, unsentBytes: unsent, now: eventLoop.now))
+        if watched { rearm() }
     }
 
     /// Whether the pipeline's read goes on now (it is withheld while writes drain or a frame is handled).
@@ -238,8 +202,12 @@ final class ConnectionDriver: TimerQueueOwner {
     /// The server is draining: a held connect is answered, what waits is sent, persistent connections close.
     func quiesce() { perform(machine.quiesce()) }
 
-    /// The handler closes the connection on its own (a close frame, a protocol error): nothing more is written.
-    func closing() { machine.closing() }
+    /// The handler writes the close frame or the end of the stream, on its own (a close frame, a protocol error) or
+    /// as asked: false when it went out already or the connection is gone.
+    func sendingClose() -> Bool { machine.sendingClose() }
+
+    /// The close frame or the end of the stream went out: nothing more is written.
+    var closeSent: Bool { machine.closeSent }
 
     /// The connection is gone (or its handler left the pipeline): the transport is not called again.
     func closed() { perform(machine.closed()) }
@@ -248,14 +216,7 @@ final class ConnectionDriver: TimerQueueOwner {
 
     func deliver(_ events: CircularBuffer<WireEvent>, generation: UInt32) {
         guard generation == self.generation, sink != nil else { return }
-        switch machine.eventsDelivered(events, now: eventLoop.now) {
-        case .none: break
-        case .write(let events):
-            live?.send(replies: [], events: events)
-            noteUnsent()
-        case .answer(let answer): self.answer(answer)
-        case .drop(let clientId): drop(clientId)
-        }
+        perform(ConnectionStateMachine.Action(machine.eventsDelivered(events, now: eventLoop.now)))
     }
 
     func detached(_ reason: DetachReason, generation: UInt32) {
@@ -274,24 +235,11 @@ final class ConnectionDriver: TimerQueueOwner {
             self.holdDeadline = nil
             perform(machine.holdTimerFired())
         }
-        switch timing {
-        case .heartbeat(let deadline) where now >= deadline:
-            timing = machine.isStream ? .heartbeat(now + shared.configuration.pingInterval) : .none
-            perform(machine.heartbeatDue())
-        case .keepAlive(var state):
-            guard let live else { break }
-            let action = state.timerFired(now: now, unsentBytes: live.unsentBytes)
-            timing = .keepAlive(state)
-            switch action {
-            case .none: break
-            case .ping: if machine.isOpen { live.sendHeartbeat() }
-            case .close(let reason):
-                live.abort(reason)
-                return
-            }
-        default:
-            break
-        }
+        let unsent = machine.keepAlive.watchesUnsentBytes ? live?.unsentBytes ?? 0 : 0
+        let action = machine.keepAliveTimerFired(now: now, unsentBytes: unsent)
+        perform(action)
+        // Aborted: the connection closes, and its timer entry with it.
+        if case .abort = action { return }
         rearm()
     }
 
@@ -300,7 +248,7 @@ final class ConnectionDriver: TimerQueueOwner {
     private func rearm() {
         guard live != nil else { return }
         var next = holdDeadline
-        if let deadline = timing.deadline { next = min(next ?? deadline, deadline) }
+        if let deadline = machine.keepAlive.deadline { next = min(next ?? deadline, deadline) }
         guard let next else { return }
         if let armed = timers.deadline(of: self), armed <= next { return }
         timers.schedule(self, at: next)
@@ -350,11 +298,18 @@ final class ConnectionDriver: TimerQueueOwner {
                 live?.send(replies: [], events: flush)
             }
             live?.close(reason)
+        case .deliver(let events):
+            live?.send(replies: [], events: events)
+            noteUnsent()
         case .heartbeat:
             live?.sendHeartbeat()
+        case .abort(let reason):
+            live?.abort(reason)
+        case .fail(let error):
+            if isPolling { releaseSink() }
+            live?.requestFailed(error)
         case .release(let clientId):
             holdDeadline = nil
-            timing = .none
             timers.cancel(self)
             if let clientId, let sink { shared.broker.detach(clientId, sink: sink, takeEvents: false) }
             releaseSink()
@@ -383,22 +338,18 @@ final class ConnectionDriver: TimerQueueOwner {
 
     /// After a WebSocket's write: bytes the socket did not take start the send timeout even while the channel stays
     /// writable (`ConnectionGuardState.writesPending`), so a reader that stopped is closed within `--send-timeout`.
-    /// Asked at most every `unsentCheckEvery`: the channel's option is a dynamic lookup, and a socket that takes
+    /// Asked at most every `KeepAlive.unsentCheckEvery`: the channel's option is a dynamic lookup, and a socket that takes
     /// its bytes is the rule. A reader that stops while events go on is still seen within this much; one that stops
     /// after the last event is the ping's to find (`--ping-interval`).
     private func noteUnsent() {
-        guard case .keepAlive(var state) = timing, state.blockedSince == nil, let live else { return }
+        guard let live else { return }
         let now = eventLoop.now
-        guard now - unsentCheckedAt >= Self.unsentCheckEvery else { return }
-        unsentCheckedAt = now
+        guard machine.unsentCheckDue(now: now) else { return }
         let unsent = live.unsentBytes
         guard unsent > 0 else { return }
-        state.writesPending(unsentBytes: unsent, now: now)
-        timing = .keepAlive(state)
+        machine.unsentWritten(unsent, now: now)
         rearm()
     }
-
-    static let unsentCheckEvery = TimeAmount.milliseconds(50)
 
     /// A slow consumer: more than `maxQueue` events wait on a connection that is not writable.
     private func drop(_ clientId: String) {

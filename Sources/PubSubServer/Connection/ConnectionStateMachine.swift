@@ -14,8 +14,10 @@ import PubSubCore
 /// - `socket`: a WebSocket, bound to the client of its latest connect, with its held connect and the events
 ///   that wait while it is not writable (up to `maxQueue`, past which the client is dropped);
 /// - `stream`: an EventSource stream of one session's events, backlogged and dropped the same way;
-/// - `closing` (nothing more is written, the sink attached until the connection is gone) and `closed`.
-/// Writability, a withheld read, a frame in hand and the drain are the same for every state and kept beside it.
+/// - `closing` (the close frame or the stream's end about to go out, then gone out: nothing more is written, the
+///   sink attached until the connection is gone) and `closed`.
+/// Writability, a withheld read, a frame in hand and the drain are the same for every state and kept beside it;
+/// so is the keep-alive, a sub-machine (`KeepAlive`: a stream's heartbeats, a WebSocket's pings and timeouts).
 /// A transition no connection can take (a second request while one is parked, a frame on a polling connection)
 /// stops with a precondition.
 struct ConnectionStateMachine {
@@ -87,8 +89,14 @@ struct ConnectionStateMachine {
         /// End the connection: answer the held connect, send what waits, then close (a WebSocket close frame, the
         /// end of a stream).
         case close(CloseReason, answer: Answer?, flush: CircularBuffer<WireEvent>)
-        /// Write a heartbeat (an EventSource comment line).
+        /// Events delivered to a persistent connection: write them (the send timeout watches whether they go out).
+        case deliver(CircularBuffer<WireEvent>)
+        /// Write a sign of life: an EventSource comment line, a WebSocket ping.
         case heartbeat
+        /// Close at once, without a goodbye: the keep-alive found the peer silent or not reading.
+        case abort(ConnectionGuardState.CloseReason)
+        /// The broker failed on a request or frame (its messages are lost): answer it with an error.
+        case fail(any Error)
         /// The connection is gone: the hold ends unanswered, and the sink attached to `detach` lets go.
         case release(detach: String?)
     }
@@ -158,8 +166,10 @@ struct ConnectionStateMachine {
         case parked(Parked)
         case socket(Socket)
         case stream(clientId: String, backlog: CircularBuffer<WireEvent>)
-        /// Nothing more is written; `attached`, the session whose sink lets go when the connection is gone.
-        case closing(attached: String?)
+        /// Nothing more is taken from the connection; `attached`, the session whose sink lets go when it is gone.
+        /// Until `closeSent`, what the close asked for (an answer, what waited) still goes out, then the close
+        /// frame or the stream's end; after it, nothing more is written.
+        case closing(attached: String?, closeSent: Bool)
         case closed
         /// Only while a transition runs: the state's data is moved out, not copied (no copy on write).
         case modifying
@@ -185,6 +195,8 @@ struct ConnectionStateMachine {
     private(set) var isHandlingFrame = false
     /// Draining: a polling connect is answered as soon as it parks.
     private var quiescing = false
+    /// The connection's timing beside the hold.
+    private(set) var keepAlive = KeepAlive()
 
     init(transport: Transport, maxQueue: Int) {
         precondition(transport != .stream, "a connection becomes a stream (streamOpened), it does not start as one")
@@ -253,11 +265,13 @@ struct ConnectionStateMachine {
         return .rebind(detach: old, answer: answer)
     }
 
-    /// A polling connection between requests becomes an EventSource stream of `clientId`.
-    mutating func streamOpened(clientId: String) {
+    /// A polling connection between requests becomes an EventSource stream of `clientId`, with a heartbeat every
+    /// `heartbeat` (none when zero).
+    mutating func streamOpened(clientId: String, heartbeat: TimeAmount = .zero, now: NIODeadline = .now()) {
         guard case .idle = state else { preconditionFailure("an EventSource stream opened in state \(state)") }
         state = .stream(clientId: clientId, backlog: .noEvents)
         transport = .stream
+        if heartbeat > .zero { keepAlive.heartbeatsStarted(every: heartbeat, now: now) }
     }
 
     // MARK: Messages
@@ -275,13 +289,19 @@ struct ConnectionStateMachine {
         return true
     }
 
-    /// Polling: the broker failed on the request (its messages are lost, a 500 answers it): nothing is parked, the
-    /// next request starts afresh.
-    mutating func requestFailed() {
+    /// The broker failed on a request or frame (its messages are lost): a 500 or an error reply answers it.
+    /// Polling: nothing is parked, the next request starts afresh. A socket that is closing answers nothing.
+    mutating func requestFailed(_ error: any Error) -> Action {
         switch state {
-        case .awaiting: state = .idle
-        case .closing, .closed: break
-        default: preconditionFailure("a request failed in state \(state)")
+        case .awaiting:
+            state = .idle
+            return .fail(error)
+        case .socket:
+            return .fail(error)
+        case .closing, .closed:
+            return .none
+        case .idle, .parked, .stream, .modifying:
+            preconditionFailure("a request failed in state \(state)")
         }
     }
 
@@ -329,7 +349,7 @@ struct ConnectionStateMachine {
                 case .write(let events): out = events
                 case .drop:
                     if let clientId = socket.clientId {
-                        state = .closing(attached: nil)
+                        state = .closing(attached: nil, closeSent: false)
                         return .drop(clientId: clientId)
                     }
                 case .none, .answer: break
@@ -363,7 +383,7 @@ struct ConnectionStateMachine {
             state = .modifying
             let action = Self.deliver(events, to: &socket.backlog, isWritable: isWritable, maxQueue: maxQueue)
             if case .drop = action, let clientId = socket.clientId {
-                state = .closing(attached: nil)
+                state = .closing(attached: nil, closeSent: false)
                 return .drop(clientId: clientId)
             }
             socket.sinceConnect &+= Int32(truncatingIfNeeded: events.count)
@@ -385,7 +405,7 @@ struct ConnectionStateMachine {
             state = .modifying
             let action = Self.deliver(events, to: &backlog, isWritable: isWritable, maxQueue: maxQueue)
             if case .drop = action {
-                state = .closing(attached: nil)
+                state = .closing(attached: nil, closeSent: false)
                 return .drop(clientId: clientId)
             }
             state = .stream(clientId: clientId, backlog: backlog)
@@ -446,14 +466,14 @@ struct ConnectionStateMachine {
                     state = .socket(socket)
                     return answer.map { .answer($0) } ?? .none
                 }
-                state = .closing(attached: nil)
+                state = .closing(attached: nil, closeSent: false)
                 return .close(.normal, answer: answer, flush: .noEvents)
             case .shutdown:
-                state = .closing(attached: nil)
+                state = .closing(attached: nil, closeSent: false)
                 return .close(.goingAway, answer: answer, flush: socket.backlog)
             }
         case .stream(_, let backlog):
-            state = .closing(attached: nil)
+            state = .closing(attached: nil, closeSent: false)
             return .close(reason == .shutdown ? .goingAway : .normal, answer: nil, flush: backlog)
         case .closing, .closed:
             return .none
@@ -487,17 +507,48 @@ struct ConnectionStateMachine {
         }
     }
 
-    /// Time for a heartbeat: only an open stream that can take it writes one (a backlog says enough already).
-    func heartbeatDue() -> Action {
-        guard isStream, isWritable else { return .none }
-        return .heartbeat
+    // MARK: Keep-alive
+
+    /// A WebSocket is timed here from now on (pings, silence, blocked writes): the connection guard's state, handed
+    /// over as it leaves the pipeline.
+    mutating func keepAliveHandedOver(_ guardState: ConnectionGuardState, unsentBytes: Int, now: NIODeadline) {
+        keepAlive.handedOver(guardState, isWritable: isWritable, unsentBytes: unsentBytes, now: now)
+    }
+
+    /// Bytes arrived: any byte is a sign of life.
+    mutating func bytesReceived(_ count: Int, now: NIODeadline) {
+        keepAlive.bytesReceived(count, now: now)
+    }
+
+    /// After a write to a WebSocket: whether to look at the channel's unsent bytes now (`unsentWritten`).
+    mutating func unsentCheckDue(now: NIODeadline) -> Bool {
+        keepAlive.unsentCheckDue(now: now)
+    }
+
+    /// Bytes the socket did not take start the send timeout even while the channel stays writable, so that a reader
+    /// that stopped is closed within the send timeout (`ConnectionGuardState.writesPending`).
+    mutating func unsentWritten(_ unsentBytes: Int, now: NIODeadline) {
+        keepAlive.writesPending(unsentBytes: unsentBytes, now: now)
+    }
+
+    /// The keep-alive's deadline came (`keepAlive.deadline`). Only an open stream that can take it writes a
+    /// heartbeat (a backlog says enough already); an open socket pings.
+    mutating func keepAliveTimerFired(now: NIODeadline, unsentBytes: Int = 0) -> Action {
+        switch keepAlive.timerFired(now: now, unsentBytes: unsentBytes, isStream: isStream) {
+        case .none: return .none
+        case .heartbeat: return isStream && isWritable ? .heartbeat : .none
+        case .ping: return isOpen ? .heartbeat : .none
+        case .abort(let reason): return .abort(reason)
+        }
     }
 
     // MARK: Backpressure
 
-    /// The channel's writability changed (its outbound bytes crossed a water mark).
-    mutating func writabilityChanged(isWritable: Bool) -> Action {
+    /// The channel's writability changed (its outbound bytes crossed a water mark). `unsentBytes`: what the
+    /// channel holds (read only when `keepAlive.watchesUnsentBytes`).
+    mutating func writabilityChanged(isWritable: Bool, unsentBytes: Int = 0, now: NIODeadline = .now()) -> Action {
         self.isWritable = isWritable
+        keepAlive.writabilityChanged(isWritable: isWritable, unsentBytes: unsentBytes, now: now)
         guard isWritable else { return .none }
         var events = CircularBuffer<WireEvent>.noEvents
         switch state {
@@ -542,7 +593,7 @@ struct ConnectionStateMachine {
         isHandlingFrame = false
         if case .socket(var socket) = state, let reason = socket.closeAfterFrame {
             socket.closeAfterFrame = nil
-            state = .closing(attached: nil)
+            state = .closing(attached: nil, closeSent: false)
             return .close(reason, answer: nil, flush: socket.backlog)
         }
         guard readPending, isWritable || !isOpen else { return .none }
@@ -562,23 +613,38 @@ struct ConnectionStateMachine {
             return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
         case .socket(var socket):
             let answer = Self.take(&socket.held)
-            state = .closing(attached: socket.clientId)
+            state = .closing(attached: socket.clientId, closeSent: false)
             return .close(.goingAway, answer: answer, flush: socket.backlog)
         case .stream(let clientId, let backlog):
-            state = .closing(attached: clientId)
+            state = .closing(attached: clientId, closeSent: false)
             return .close(.goingAway, answer: nil, flush: backlog)
         case .idle, .awaiting, .closing, .closed, .modifying:
             return .none
         }
     }
 
-    /// The handler closes the connection on its own (a close frame received, a protocol error, a stream ended).
-    /// The socket's or stream's session stays attached until `closed()`.
-    mutating func closing() {
+    /// The handler writes the close frame or the end of the stream: on its own (a close frame received, a protocol
+    /// error) or because a `.close` asked. False when it went out already or the connection is gone: nothing more
+    /// is written. The socket's or stream's session stays attached until `closed()`.
+    mutating func sendingClose() -> Bool {
         switch state {
-        case .socket(let socket): state = .closing(attached: socket.clientId)
-        case .stream(let clientId, _): state = .closing(attached: clientId)
-        default: break
+        case .socket(let socket): state = .closing(attached: socket.clientId, closeSent: true)
+        case .stream(let clientId, _): state = .closing(attached: clientId, closeSent: true)
+        case .closing(let attached, let closeSent):
+            guard !closeSent else { return false }
+            state = .closing(attached: attached, closeSent: true)
+        case .closed: return false
+        case .idle, .awaiting, .parked, .modifying: break
+        }
+        return true
+    }
+
+    /// The close frame or the end of the stream went out (or the connection is gone): nothing more is written.
+    var closeSent: Bool {
+        switch state {
+        case .closing(_, let closeSent): closeSent
+        case .closed: true
+        default: false
         }
     }
 
@@ -586,11 +652,12 @@ struct ConnectionStateMachine {
     mutating func closed() -> Action {
         let previous = state
         state = .closed
+        keepAlive.stop()
         switch previous {
         case .parked(let parked): return .release(detach: parked.connect.clientId)
         case .socket(let socket): return .release(detach: socket.clientId)
         case .stream(let clientId, _): return .release(detach: clientId)
-        case .closing(let attached): return .release(detach: attached)
+        case .closing(let attached, _): return .release(detach: attached)
         case .closed: return .none
         case .idle, .awaiting, .modifying: return .release(detach: nil)
         }
@@ -600,5 +667,17 @@ struct ConnectionStateMachine {
         guard let connect = held?.connect else { return nil }
         held = nil
         return Answer(connect: connect, replies: [], events: .noEvents, failure: nil, takeEvents: false)
+    }
+}
+
+extension ConnectionStateMachine.Action {
+    /// What a delivery asks for, performed with every other action.
+    init(_ delivery: ConnectionStateMachine.DeliverAction) {
+        switch delivery {
+        case .none: self = .none
+        case .write(let events): self = .deliver(events)
+        case .answer(let answer): self = .answer(answer)
+        case .drop(let clientId): self = .drop(clientId: clientId)
+        }
     }
 }

@@ -26,6 +26,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
     private var remoteIP: String??
     /// The `X-RateLimit-*` headers of the publish request being answered.
     private var rateLimitHeaders: HTTPHeaders?
+    /// An upgrade refused (`acceptsUpgrade`): its request comes here next, and is served with this route.
+    private var refusedUpgrade: (uri: String, route: Route)?
 
     init(shared: ServerShared) {
         self.shared = shared
@@ -69,9 +71,30 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
         case .reading: break
         case .tooLarge: rejectTooLarge(context: context)
         case .request(let head, let body):
-            let path = Route(path: head.uri, mount: shared.mount)
-            route(RoutedRequest(head: head, body: body, route: path, peerAddress: peerAddress(context: context)), context: context)
+            route(RoutedRequest(head: head, body: body, route: route(of: head), peerAddress: peerAddress(context: context)), context: context)
         }
+    }
+
+    /// Whether a request that asks for a WebSocket upgrade gets one: the Bayeux mount, from an allowed origin.
+    /// Asked by the upgrader in front of this handler; a refused request comes here next (the upgrader hands it
+    /// on) and is served with the route parsed here: a 404, a 403 for an origin that is not allowed.
+    func acceptsUpgrade(_ head: HTTPRequestHead) -> Bool {
+        let route = Route(path: head.uri, mount: shared.mount)
+        switch route {
+        case .bayeux, .bayeuxWithSuffix:
+            if shared.configuration.origins.allows(head.headers) { return true }
+        default:
+            break
+        }
+        refusedUpgrade = (head.uri, route)
+        return false
+    }
+
+    /// The route of a request: parsed once, by `acceptsUpgrade` already for a refused upgrade.
+    private func route(of head: HTTPRequestHead) -> Route {
+        defer { refusedUpgrade = nil }
+        if let refusedUpgrade, refusedUpgrade.uri == head.uri { return refusedUpgrade.route }
+        return Route(path: head.uri, mount: shared.mount)
     }
 
     private func rejectTooLarge(context: ChannelHandlerContext) {
@@ -187,8 +210,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
 
     /// The end of a stream.
     func close(_ reason: ConnectionStateMachine.CloseReason) {
-        guard let context else { return }
-        driver.closing()
+        guard let context, driver.sendingClose() else { return }
         context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
     }
 

@@ -24,7 +24,6 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     private var context: ChannelHandlerContext?
     /// Performs what the connection's `ConnectionStateMachine` decides; set when this handler joins the pipeline.
     private(set) var driver: ConnectionDriver!
-    private var closing = false
     /// Inside `parseFrames` (a frame handled at once finishes within it: the loop goes on by itself).
     private var parsing = false
     private var parser: WebSocketFrameParser
@@ -57,7 +56,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         // and leaves.
         let sync = context.pipeline.syncOperations
         if let connectionGuard = try? sync.handler(type: ConnectionGuard.self) {
-            driver.keepAlive(connectionGuard.handOver(), isWritable: context.channel.isWritable)
+            driver.keepAlive(connectionGuard.handOver())
             sync.removeHandler(connectionGuard, promise: nil)
         }
     }
@@ -84,7 +83,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let bytes = unwrapInboundIn(data)
         driver.bytesReceived(bytes.readableBytes)
-        guard !closing else { return }
+        guard !driver.closeSent else { return }
         parser.append(bytes)
         parseFrames(context: context)
     }
@@ -96,7 +95,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         parsing = true
         defer { parsing = false }
         do {
-            while !closing, !driver.isHandlingFrame, let frame = try parser.next() { handleFrame(frame, context: context) }
+            while !driver.closeSent, !driver.isHandlingFrame, let frame = try parser.next() { handleFrame(frame, context: context) }
         } catch {
             frameError(error, context: context)
         }
@@ -212,7 +211,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
 
     /// Silent for the ping interval: a ping, answered by any live peer's pong.
     func sendHeartbeat() {
-        guard let context, !closing else { return }
+        guard let context, !driver.closeSent else { return }
         writeFrame(.ping, ByteBuffer(), context: context)
     }
 
@@ -245,7 +244,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     }
 
     private func write(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) {
-        guard !closing else { return }
+        guard !driver.closeSent else { return }
         if parser.compressed, writeCompressed(replies: replies, events: events, context: context) { return }
         if replies.isEmpty, events.count == 1, let only = events.first {
             // A lone event goes as the frame every recipient shares: no header of its own, one write.
@@ -270,10 +269,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         context.writeAndFlush(wrapOutboundOut(.byteBuffer(rest)), promise: promise)
     }
 
+    /// Sends the close frame, once (the machine keeps whether it went out), and closes once it is written.
     private func close(code: WebSocketErrorCode?, context: ChannelHandlerContext) {
-        guard !closing else { return }
-        closing = true
-        driver.closing()
+        guard driver.sendingClose() else { return }
         let closed = context.eventLoop.makePromise(of: Void.self)
         let data = WebSocketFrameHeader.closePayload(code, allocator: context.channel.allocator)
         writeFrame(.connectionClose, data, context: context, promise: closed)

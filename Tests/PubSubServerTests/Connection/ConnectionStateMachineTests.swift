@@ -65,7 +65,10 @@ import Testing
         case .rebind(let old, let answer): ["detach(\(old))"] + (answer.map { [describe($0)] } ?? [])
         case .close(let reason, let answer, let flush):
             (answer.map { [describe($0)] } ?? []) + (flush.isEmpty ? [] : [write([], flush)]) + ["close(\(reason))"]
+        case .deliver(let events): ["deliver(\(numbers(events)))"]
         case .heartbeat: ["heartbeat"]
+        case .abort(let reason): ["abort(\(reason.rawValue))"]
+        case .fail: ["fail"]
         case .release(let id): [id.map { "release(\($0))" } ?? "release"]
         }
     }
@@ -306,12 +309,116 @@ import Testing
         #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
     }
 
+    /// The handler closes on its own (a close frame received, a protocol error): its close frame goes out once,
+    /// and nothing after it; the session stays attached until the connection is gone.
     @Test func closingStopsWrites() {
         var m = Machine(transport: .webSocket, maxQueue: 10)
         _ = m.bind(clientId: "a")
-        m.closing()
+        #expect(!m.closeSent)
+        let sent = m.sendingClose()
+        #expect(sent)
+        #expect(m.closeSent)
+        #expect(!m.isOpen)
+        let sentAgain = m.sendingClose()
+        #expect(!sentAgain, "the close frame goes out once")
         #expect(Self.describe(m.eventsDelivered(Self.events(1...1))) == "none")
         #expect(Self.describe(m.messagesHandled(replies: [Self.reply("x")], events: [], pending: nil)) == [])
+        #expect(Self.describe(m.requestFailed(CancellationError())) == [], "a closing socket answers nothing")
+        #expect(Self.describe(m.closed()) == ["release(a)"])
+        #expect(m.closeSent)
+        let sentWhenGone = m.sendingClose()
+        #expect(!sentWhenGone, "nothing is written once the connection is gone")
+    }
+
+    /// A close the machine asks for (here: the server drains) is closing, but not yet sent: the answer and what
+    /// waited go out first, then the close frame, once.
+    @Test func aCloseAskedForIsSentAfterWhatItFlushes() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        _ = m.writabilityChanged(isWritable: false)
+        _ = m.eventsDelivered(Self.events(1...2))
+        #expect(Self.describe(m.quiesce()) == ["answer(c)", "write(|1,2)", "close(goingAway)"])
+        #expect(!m.isOpen)
+        #expect(!m.closeSent, "the answer and what waited still go out")
+        let sent = m.sendingClose()
+        #expect(sent)
+        #expect(m.closeSent)
+        let sentAgain = m.sendingClose()
+        #expect(!sentAgain)
+        #expect(Self.describe(m.closed()) == ["release(a)"])
+    }
+
+    @Test func aDropClosesAfterTheDrop() {
+        var m = Machine(transport: .webSocket, maxQueue: 2)
+        _ = m.bind(clientId: "a")
+        _ = m.writabilityChanged(isWritable: false)
+        #expect(Self.describe(m.eventsDelivered(Self.events(1...3))) == "drop(a)")
+        #expect(!m.closeSent)
+        let sent = m.sendingClose()
+        #expect(sent)
+        #expect(Self.describe(m.closed()) == ["release"])
+    }
+
+    // MARK: Keep-alive
+
+    static let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
+
+    static func at(_ seconds: Int64, ms: Int64 = 0) -> NIODeadline { t0 + .seconds(seconds) + .milliseconds(ms) }
+
+    static func guardState(send: TimeAmount = .seconds(30), ping: TimeAmount = .seconds(10)) -> ConnectionGuardState {
+        ConnectionGuardState(timeouts: ConnectionTimeouts(send: send), pingInterval: ping, now: t0)
+    }
+
+    @Test func webSocketKeepAlivePingsASilentPeerThenAbortsIt() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        #expect(m.keepAlive.deadline == nil)
+        #expect(!m.keepAlive.watchesUnsentBytes, "nothing is timed before the guard hands over")
+        m.keepAliveHandedOver(Self.guardState(), unsentBytes: 0, now: Self.at(0))
+        #expect(m.keepAlive.watchesUnsentBytes)
+        #expect(m.keepAlive.deadline == Self.at(10))
+        m.bytesReceived(5, now: Self.at(4))
+        #expect(m.keepAlive.deadline == Self.at(14), "any byte is a sign of life")
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(10))) == [], "an entry that comes early does nothing")
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(14))) == ["heartbeat"])
+        #expect(m.keepAlive.deadline == Self.at(24))
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(24))) == ["abort(no answer to pings)"])
+    }
+
+    @Test func webSocketKeepAliveDoesNotPingAClosingSocketAndStopsWhenClosed() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        m.keepAliveHandedOver(Self.guardState(), unsentBytes: 0, now: Self.at(0))
+        _ = m.sendingClose()
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(10))) == [])
+        _ = m.closed()
+        #expect(m.keepAlive.deadline == nil)
+        #expect(!m.keepAlive.watchesUnsentBytes)
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(30))) == [])
+    }
+
+    /// Writes that stay blocked, or bytes the socket does not take while the channel stays writable, end in the
+    /// send timeout; bytes that go out in the meantime give a slow reader another one.
+    @Test func webSocketKeepAliveAbortsAReaderThatStopped() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        m.keepAliveHandedOver(Self.guardState(send: .seconds(5), ping: .seconds(60)), unsentBytes: 0, now: Self.at(0))
+        let checked = m.unsentCheckDue(now: Self.at(1))
+        #expect(checked)
+        let checkedSoonAfter = m.unsentCheckDue(now: Self.at(1, ms: 10))
+        #expect(!checkedSoonAfter, "looked at no more often than every 50 ms")
+        m.unsentWritten(100, now: Self.at(1))
+        #expect(m.keepAlive.deadline == Self.at(6))
+        let checkedWhileBlocked = m.unsentCheckDue(now: Self.at(2))
+        #expect(!checkedWhileBlocked, "the send timeout runs already")
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(6), unsentBytes: 60)) == [], "some went out")
+        #expect(m.keepAlive.deadline == Self.at(11))
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(11), unsentBytes: 60)) == ["abort(send timeout)"])
+
+        var n = Machine(transport: .webSocket, maxQueue: 10)
+        n.keepAliveHandedOver(Self.guardState(send: .seconds(5), ping: .seconds(60)), unsentBytes: 0, now: Self.at(0))
+        _ = n.writabilityChanged(isWritable: false, unsentBytes: 500, now: Self.at(1))
+        #expect(n.keepAlive.deadline == Self.at(6))
+        _ = n.writabilityChanged(isWritable: true, unsentBytes: 0, now: Self.at(2))
+        #expect(n.keepAlive.deadline == Self.at(60), "writable again: only the ping is due")
     }
 
     // MARK: Polling
@@ -357,7 +464,7 @@ import Testing
     @Test func pollingAfterAFailedRequestTakesTheNextOne() {
         var m = Machine(transport: .polling, maxQueue: 10)
         _ = m.requestStarted()
-        m.requestFailed()
+        #expect(Self.describe(m.requestFailed(CancellationError())) == ["fail"])
         _ = m.requestStarted()
         #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
     }
@@ -417,15 +524,28 @@ import Testing
 
     @Test func eventSourceWritesHeartbeatsOnlyWhileStreamingAndWritable() {
         var m = Machine(transport: .polling, maxQueue: 10)
-        #expect(Self.describe(m.heartbeatDue()) == [])
-        m.streamOpened(clientId: "a")
-        #expect(Self.describe(m.heartbeatDue()) == ["heartbeat"])
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(0))) == [])
+        #expect(m.keepAlive.deadline == nil)
+        m.streamOpened(clientId: "a", heartbeat: .seconds(1), now: Self.at(0))
+        #expect(m.keepAlive.deadline == Self.at(1))
+        #expect(!m.keepAlive.watchesUnsentBytes)
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(0, ms: 500))) == [], "not due yet")
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(1))) == ["heartbeat"])
+        #expect(m.keepAlive.deadline == Self.at(2))
         _ = m.writabilityChanged(isWritable: false)
-        #expect(Self.describe(m.heartbeatDue()) == [])
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(2))) == [])
+        #expect(m.keepAlive.deadline == Self.at(3), "the next one is still due")
         _ = m.writabilityChanged(isWritable: true)
-        #expect(Self.describe(m.heartbeatDue()) == ["heartbeat"])
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(3))) == ["heartbeat"])
         _ = m.detached(.disconnected)
-        #expect(Self.describe(m.heartbeatDue()) == [])
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(4))) == [])
+        #expect(m.keepAlive.deadline == nil, "a stream that ended has no heartbeats")
+    }
+
+    @Test func eventSourceWithoutAnIntervalHasNoHeartbeats() {
+        var m = Machine(transport: .polling, maxQueue: 10)
+        m.streamOpened(clientId: "a", heartbeat: .zero, now: Self.at(0))
+        #expect(m.keepAlive.deadline == nil)
     }
 
     @Test func eventSourceBacklogsAndDropsLikeAWebSocket() {
@@ -437,7 +557,7 @@ import Testing
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["write(|2,3)"])
         _ = m.writabilityChanged(isWritable: false)
         #expect(Self.describe(m.eventsDelivered(Self.events(4...6))) == "drop(a)")
-        #expect(Self.describe(m.heartbeatDue()) == [])
+        #expect(Self.describe(m.keepAliveTimerFired(now: Self.at(100))) == [])
     }
 
     @Test func eventSourceEndsOnAnyDetach() {
