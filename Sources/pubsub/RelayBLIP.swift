@@ -27,8 +27,9 @@ struct RelayBLIP: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "The Sync Gateway database: ws[s]://[user:password@]host:4984/db.", transform: { try BLIPURL($0) })
-    var sgUrl: BLIPURL
+    // A string, parsed in validate(): a value the parser refuses is echoed, and this one may carry a password.
+    @Option(help: "The Sync Gateway database: ws[s]://[user:password@]host:4984/db.")
+    var sgUrl: String
 
     @Option(help: "The Sync Gateway user (Basic authentication; overrides the URL's).")
     var user: String?
@@ -52,6 +53,11 @@ struct RelayBLIP: AsyncParsableCommand {
     @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
+        do {
+            _ = try BLIPURL(sgUrl)
+        } catch let error as RelayError where error.code == .invalidURL {
+            throw ValidationError("--sg-url \(error.message)")
+        }
         guard batch > 0 else { throw ValidationError("--batch must be positive") }
         for name in channel where name.isEmpty || name.contains(",") {
             throw ValidationError("--channel must be a non-empty channel name without commas")
@@ -61,9 +67,7 @@ struct RelayBLIP: AsyncParsableCommand {
     func run() async throws {
         let tls = try feedTLS.make()
         let logger = try relay.makeLogger()
-        var url = sgUrl
-        if let user { url.username = user }
-        if let password { url.password = password }
+        let url = try BLIPURL(sgUrl, username: user, password: password)
         var configuration = BLIPChangeSource.Configuration(url: url, channels: channel, batch: batch,
                                                            activeOnly: activeOnly, includeDocuments: relay.needsDocuments)
         configuration.tls = tls

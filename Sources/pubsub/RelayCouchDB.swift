@@ -30,9 +30,9 @@ struct RelayCouchDB: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .customLong("db-url"), help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).",
-            transform: { try CouchDBURL($0) })
-    var dbURL: CouchDBURL
+    // A string, parsed in validate(): a value the parser refuses is echoed, and this one may carry a password.
+    @Option(name: .customLong("db-url"), help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).")
+    var dbURL: String
 
     @Option(help: "continuous, longpoll or eventsource (CouchDB only).")
     var feed: CouchDBChangeSource.Feed = .continuous
@@ -59,6 +59,11 @@ struct RelayCouchDB: AsyncParsableCommand {
     @OptionGroup var feedTLS: FeedTLSOptions
 
     func validate() throws {
+        do {
+            _ = try CouchDBURL(dbURL)
+        } catch let error as RelayError where error.code == .invalidURL {
+            throw ValidationError(error.message)
+        }
         guard heartbeat > 0 else { throw ValidationError("--heartbeat must be positive (milliseconds)") }
         guard since == "0" || since == "now" else { throw ValidationError("--since must be 0 or now") }
         guard maxBatch > 0 else { throw ValidationError("--max-batch must be positive") }
@@ -72,7 +77,7 @@ struct RelayCouchDB: AsyncParsableCommand {
         let tls = try feedTLS.make()
         let logger = try relay.makeLogger()
         var configuration = CouchDBChangeSource.Configuration(
-            url: dbURL, feed: feed,
+            url: try CouchDBURL(dbURL), feed: feed,
             heartbeat: .milliseconds(Int64(heartbeat)), filter: filter, channels: channel,
             includeDocs: relay.needsDocuments, initialSince: since, maxBatch: maxBatch)
         configuration.tls = tls

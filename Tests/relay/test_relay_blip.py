@@ -132,7 +132,11 @@ def test_bad_arguments(workdir):
     base = [pubsub_bin(), "relay", "blip", "--checkpoint", os.path.join(workdir, "c"), "--url",
             "http://127.0.0.1:9/faye"]
     for args, word in ((["--sg-url", "http://host/db"], "sg-url"), (["--sg-url", "ws://h/db", "--batch", "0"], "batch"),
-                       (["--sg-url", "ws://h/db", "--channel", "a,b"], "channel")):
+                       (["--sg-url", "ws://h/db", "--channel", "a,b"], "channel"),
+                       (["--sg-url", "http://u:s3cret@host/db"], "sg-url"),
+                       (["--sg-url", "ws://u:s3cret@host:99999/db"], "sg-url")):
         bad = subprocess.run(base + args, capture_output=True, text=True, timeout=30)
         assert bad.returncode == 64 and word in bad.stderr, bad.stderr
         assert_usage_error(bad.stderr, word)
+        # A URL may carry a password: the message never shows it.
+        assert "s3cret" not in bad.stderr, bad.stderr

@@ -156,10 +156,13 @@ def test_unknown_since_resyncs_loudly(broker, workdir):
 def test_bad_arguments_and_unreachable_database(workdir):
     base = [pubsub_bin(), "relay", "couchdb", "--checkpoint", os.path.join(workdir, "c"), "--url",
             "http://127.0.0.1:9/faye"]
-    for url in ["ftp://host/db", "http://host", "http://host:99999/db"]:
+    # A URL may carry a password: the message names the option and never shows the password.
+    for url in ["ftp://host/db", "http://host", "http://host:99999/db", "ftp://u:s3cret@host/db",
+                "http://u:s3cret@host", "http://u:s3cret@host:99999/db"]:
         bad = subprocess.run(base + ["--db-url", url], capture_output=True, text=True, timeout=30)
         assert bad.returncode == 64 and "--db-url" in bad.stderr, bad.stderr
-        assert_usage_error(bad.stderr, f"'{url}'", "--db-url")
+        assert_usage_error(bad.stderr, "--db-url")
+        assert "s3cret" not in bad.stderr, bad.stderr
     # A feed the relay does not follow: the parser names the value and the choices, on the message's one line.
     bad = subprocess.run(base + ["--db-url", "http://127.0.0.1/db", "--feed", "normal"],
                          capture_output=True, text=True, timeout=30)

@@ -21,7 +21,8 @@ public struct CouchDBURL: Sendable, Equatable {
         } else if text.hasPrefix("https://") {
             (scheme, rest) = ("https", text.dropFirst(8))
         } else {
-            throw RelayError(.invalidURL, "--db-url must start with http:// or https:// (got \(text))")
+            throw RelayError(
+                .invalidURL, "--db-url must start with http:// or https:// (got \(BLIPURL.redacted(text)))")
         }
         tls = scheme == "https"
         if rest.contains("?") || rest.contains("#") {
