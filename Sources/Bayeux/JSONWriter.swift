@@ -58,7 +58,9 @@ extension ByteBuffer {
         var i = 0
         let hex: [UInt8] = Array("0123456789abcdef".utf8)
         func flush(_ end: Int) {
-            if end > runStart { writeBytes(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[runStart..<end]))) }
+            if end > runStart {
+                writeBytes(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[runStart..<end])))
+            }
         }
         while i < bytes.count {
             let b = bytes[i]
@@ -72,7 +74,8 @@ extension ByteBuffer {
             case 0x09: escape = "\\t"
             case 0x08: escape = "\\b"
             case 0x0C: escape = "\\f"
-            case 0xE2 where escapeLineSeparators && i + 2 < bytes.count && bytes[i + 1] == 0x80
+            case 0xE2
+            where escapeLineSeparators && i + 2 < bytes.count && bytes[i + 1] == 0x80
                 && (bytes[i + 2] == 0xA8 || bytes[i + 2] == 0xA9):
                 escape = bytes[i + 2] == 0xA8 ? "\\u2028" : "\\u2029"
                 width = 3

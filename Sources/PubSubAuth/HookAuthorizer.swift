@@ -55,7 +55,9 @@ public final class HookAuthorizer: Authorizer {
     public var actions: Set<AuthorizationAction> { settings.actions }
     public var needsUser: Bool { true }
 
-    public init(settings: HookSettings, client: HTTPClient = .shared, logger: Logger = Logger(label: "pubsub.auth.hook")) {
+    public init(
+        settings: HookSettings, client: HTTPClient = .shared, logger: Logger = Logger(label: "pubsub.auth.hook")
+    ) {
         self.settings = settings
         self.client = client
         self.logger = logger
@@ -138,15 +140,17 @@ public final class HookAuthorizer: Authorizer {
             var headers = HTTPHeaders()
             headers.add(name: "Content-Type", value: "application/json")
             headers.add(name: "Accept", value: "application/json")
-            request = try HTTPClient.Request(url: settings.url, method: .POST, headers: headers, body: .byteBuffer(body))
+            request = try HTTPClient.Request(
+                url: settings.url, method: .POST, headers: headers, body: .byteBuffer(body))
         } catch {
             return loop.makeFailedFuture(Failure.unreachable)
         }
         // The client runs on its own loops (the server's loops are not its group); the answer hops back.
         return client.execute(request: request, eventLoop: .indifferent, deadline: deadline).hop(to: loop)
             .flatMapErrorThrowing { error in
-                if let error = error as? HTTPClientError, error == .deadlineExceeded || error == .readTimeout
-                    || error == .connectTimeout
+                if let error = error as? HTTPClientError,
+                    error == .deadlineExceeded || error == .readTimeout
+                        || error == .connectTimeout
                 {
                     throw Failure.timeout
                 }
@@ -166,10 +170,12 @@ public final class HookAuthorizer: Authorizer {
         else { return nil }
         var error = object["error"]?.stringValue.map(Self.clean)
         if error?.isEmpty == true { error = nil }
-        let user = object["user"]?.stringValue ?? object["user"].flatMap { value -> String? in
-            if case .number(let n) = value { return n }
-            return nil
-        }
+        let user =
+            object["user"]?.stringValue
+            ?? object["user"].flatMap { value -> String? in
+                if case .number(let n) = value { return n }
+                return nil
+            }
         return Answer(allow: allow, user: user.flatMap { $0.isEmpty ? nil : $0 }, error: error)
     }
 

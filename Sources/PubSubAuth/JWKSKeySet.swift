@@ -2,9 +2,9 @@ import JWTKit
 import NIOCore
 
 #if canImport(FoundationEssentials)
-import FoundationEssentials
+    import FoundationEssentials
 #else
-import Foundation
+    import Foundation
 #endif
 
 /// The verification keys of one JWKS answer, by algorithm and `kid`.

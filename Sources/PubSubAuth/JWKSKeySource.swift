@@ -168,7 +168,9 @@ public final class JWKSKeySource: Sendable {
             return (previous, waiters, locked.machine.consecutiveFailures)
         }
         for waiter in waiters { waiter.resume() }
-        var metadata: Logger.Metadata = ["pubsub.jwks.url": "\(settings.url)", "pubsub.jwks.reason": "\(reason.rawValue)"]
+        var metadata: Logger.Metadata = [
+            "pubsub.jwks.url": "\(settings.url)", "pubsub.jwks.reason": "\(reason.rawValue)",
+        ]
         switch result {
         case .success(let keys):
             metrics.keys.record(keys.count)

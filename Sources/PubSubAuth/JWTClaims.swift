@@ -24,7 +24,11 @@ public struct JWTClaims: JWTPayload, Equatable {
         public init(_ values: [String]) { self.values = values }
         public init(from decoder: any Decoder) throws {
             let container = try decoder.singleValueContainer()
-            if let one = try? container.decode(String.self) { values = [one] } else { values = try container.decode([String].self) }
+            if let one = try? container.decode(String.self) {
+                values = [one]
+            } else {
+                values = try container.decode([String].self)
+            }
         }
         public func encode(to encoder: any Encoder) throws {
             var container = encoder.singleValueContainer()
@@ -78,10 +82,13 @@ public struct JWTExpectations: Sendable, Equatable {
 /// The JWT decision tables, pure: claims (already verified) × channel × time.
 public enum JWTRules {
     /// The checks every token passes: `exp` (strictly in the future), `nbf`, and the configured `aud` and `iss`.
-    public static func checkTime(_ claims: JWTClaims, now: Double, expecting: JWTExpectations = .init()) -> JWTRefusal? {
+    public static func checkTime(_ claims: JWTClaims, now: Double, expecting: JWTExpectations = .init()) -> JWTRefusal?
+    {
         if let exp = claims.exp, now >= exp { return .expired }
         if let nbf = claims.nbf, now < nbf { return .notYetValid }
-        if let audience = expecting.audience, !(claims.aud?.values.contains(audience) ?? false) { return .otherAudience }
+        if let audience = expecting.audience, !(claims.aud?.values.contains(audience) ?? false) {
+            return .otherAudience
+        }
         if let issuer = expecting.issuer, claims.iss != issuer { return .otherIssuer }
         return nil
     }
@@ -93,7 +100,8 @@ public enum JWTRules {
         if let refusal = checkTime(claims, now: now, expecting: expecting) { return .failure(refusal) }
         guard let sub = claims.sub, !sub.isEmpty else { return .failure(.noSubject) }
         return .success(
-            SessionGrant(user: sub, expiresAt: claims.exp, channels: claims.channels ?? [], publish: claims.publish ?? []))
+            SessionGrant(
+                user: sub, expiresAt: claims.exp, channels: claims.channels ?? [], publish: claims.publish ?? []))
     }
 
     /// A subscription token: its `sub` must be the session's user and its `channel` the subscription.

@@ -214,7 +214,8 @@ final class BenchClient: @unchecked Sendable {
             clientId = id
             clientIdBytes = Array(id.utf8)
             connectPrefix = Array(
-                "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(id)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\"".utf8)
+                "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(id)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\""
+                    .utf8)
             if isSubscriber { sendSubscribe() } else { becomeReady() }
         case "/meta/subscribe":
             guard successful else {
@@ -441,7 +442,8 @@ final class BenchClient: @unchecked Sendable {
         guard let wire, !closed else { return }
         let p = publisherIndex
         let size = shared.options.payloadBytes
-        let expectedSize = shared.options.payload == .filler ? size : shared.options.payload == .jobProgress ? 1200 : 4600
+        let expectedSize =
+            shared.options.payload == .filler ? size : shared.options.payload == .jobProgress ? 1200 : 4600
         var buffer = ByteBufferAllocator().buffer(capacity: count * (expectedSize + 160) + 2)
         buffer.writeInteger(UInt8(ascii: "["))
         var expected = 0

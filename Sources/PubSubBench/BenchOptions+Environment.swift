@@ -33,7 +33,8 @@ public struct BenchEnvironment: Sendable {
         if let kind = BenchPayload(rawValue: name) {
             self.payload = kind
         } else {
-            problem = "PUBSUB_BENCH_PAYLOAD must be \(BenchPayload.allCases.map(\.rawValue).joined(separator: ", ")), not \(name)"
+            problem =
+                "PUBSUB_BENCH_PAYLOAD must be \(BenchPayload.allCases.map(\.rawValue).joined(separator: ", ")), not \(name)"
         }
     }
 }

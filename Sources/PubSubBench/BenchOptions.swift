@@ -1,4 +1,5 @@
 import Bayeux
+
 /// What `pubsub bench` runs: the shape of the load, how it is sent, and how long.
 public enum Scenario: String, CaseIterable, Sendable {
     /// N subscribers on one channel; publishers at a fixed rate or as fast as the window allows.
@@ -167,7 +168,9 @@ public struct BenchOptions: Sendable {
         if publishers < 1 && scenario != .idle { return "--publishers must be at least 1" }
         if scenario == .rooms {
             if rooms < 1 { return "--rooms must be at least 1" }
-            if roomsPerClient < 1 || roomsPerClient > rooms { return "--rooms-per-client must be between 1 and --rooms" }
+            if roomsPerClient < 1 || roomsPerClient > rooms {
+                return "--rooms-per-client must be between 1 and --rooms"
+            }
         }
         if scenario != .publish && subscribers < 1 { return "--subscribers must be at least 1" }
         if payloadBytes < 0 || payloadBytes > 1 << 20 { return "--size must be between 0 and 1048576" }
@@ -182,7 +185,8 @@ public struct BenchOptions: Sendable {
         if connectConcurrency < 1 { return "--connect-concurrency must be at least 1" }
         if perAddress < 1 { return "--per-address must be at least 1" }
         if !sourceAddresses.isEmpty, subscribers > perAddress * sourceAddresses.count {
-            return "\(sourceAddresses.count) source addresses at --per-address \(perAddress) hold fewer than \(subscribers) connections"
+            return
+                "\(sourceAddresses.count) source addresses at --per-address \(perAddress) hold fewer than \(subscribers) connections"
         }
         return nil
     }

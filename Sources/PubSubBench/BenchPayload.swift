@@ -163,7 +163,9 @@ private struct JSONWriter {
         buffer.writeInteger(UInt8(ascii: "}"))
     }
 
-    static let steps = ["fetch_source", "validate_input", "render_pages", "compress_output", "upload_artifact", "notify_owner"]
+    static let steps = [
+        "fetch_source", "validate_input", "render_pages", "compress_output", "upload_artifact", "notify_owner",
+    ]
 
     // MARK: change-doc
 
@@ -190,7 +192,10 @@ private struct JSONWriter {
         string("phone", "+1-555-\(100 + pick(900))-\(1000 + pick(9000))")
         string("mobile", "+1-555-\(100 + pick(900))-\(1000 + pick(9000))")
         string("company", company)
-        string("job_title", pick(["Engineering Manager", "Head of Operations", "Accountant", "Product Designer", "CTO", "Support Lead"]))
+        string(
+            "job_title",
+            pick(["Engineering Manager", "Head of Operations", "Accountant", "Product Designer", "CTO", "Support Lead"])
+        )
         string("department", pick(["engineering", "operations", "finance", "design", "support", "sales"]))
         string("status", pick(["active", "trialing", "past_due", "active", "active"]))
         string("plan", pick(["starter", "team", "business", "enterprise"]))
@@ -198,7 +203,9 @@ private struct JSONWriter {
         number("mrr_cents", 1900 + pick(500_000))
         string("currency", pick(["USD", "EUR", "GBP", "CAD"]))
         string("locale", pick(["en-US", "en-GB", "fr-FR", "de-DE", "es-ES"]))
-        string("timezone", pick(["America/New_York", "Europe/London", "Europe/Paris", "Asia/Tokyo", "America/Los_Angeles"]))
+        string(
+            "timezone",
+            pick(["America/New_York", "Europe/London", "Europe/Paris", "Asia/Tokyo", "America/Los_Angeles"]))
         string("created_at", Self.timestamp(pick(80_000_000)))
         string("updated_at", Self.timestamp(seq * 250))
         string("last_login_at", Self.timestamp(seq * 250 - pick(3_600_000) + 3_600_000))
@@ -291,23 +298,37 @@ private struct JSONWriter {
         buffer.writeStaticString("[\"status\",\"updated_at\",\"last_login_at\",\"tags\"]")
     }
 
-    static let firstNames = ["Ada", "Grace", "Alan", "Linus", "Margaret", "Dennis", "Barbara", "Ken", "Radia", "Edsger",
-        "Frances", "Donald", "Hedy", "Tim", "Katherine", "John"]
-    static let lastNames = ["Lovelace", "Hopper", "Turing", "Torvalds", "Hamilton", "Ritchie", "Liskov", "Thompson",
-        "Perlman", "Dijkstra", "Allen", "Knuth", "Lamarr", "Berners-Lee", "Johnson", "Backus"]
-    static let companies = ["Acme Corp", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries", "Wayne Enterprises",
-        "Soylent", "Tyrell", "Cyberdyne"]
-    static let streets = ["Market Street", "Mission Street", "Elm Avenue", "Oak Lane", "High Street", "Rue de Rivoli",
-        "King Street", "Baker Street"]
-    static let cities: [(String, String, String)] = [("San Francisco", "CA", "US"), ("New York", "NY", "US"),
+    static let firstNames = [
+        "Ada", "Grace", "Alan", "Linus", "Margaret", "Dennis", "Barbara", "Ken", "Radia", "Edsger",
+        "Frances", "Donald", "Hedy", "Tim", "Katherine", "John",
+    ]
+    static let lastNames = [
+        "Lovelace", "Hopper", "Turing", "Torvalds", "Hamilton", "Ritchie", "Liskov", "Thompson",
+        "Perlman", "Dijkstra", "Allen", "Knuth", "Lamarr", "Berners-Lee", "Johnson", "Backus",
+    ]
+    static let companies = [
+        "Acme Corp", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries", "Wayne Enterprises",
+        "Soylent", "Tyrell", "Cyberdyne",
+    ]
+    static let streets = [
+        "Market Street", "Mission Street", "Elm Avenue", "Oak Lane", "High Street", "Rue de Rivoli",
+        "King Street", "Baker Street",
+    ]
+    static let cities: [(String, String, String)] = [
+        ("San Francisco", "CA", "US"), ("New York", "NY", "US"),
         ("London", "England", "GB"), ("Paris", "Ile-de-France", "FR"), ("Berlin", "Berlin", "DE"),
-        ("Toronto", "ON", "CA"), ("Austin", "TX", "US"), ("Madrid", "Madrid", "ES")]
-    static let tags = ["vip", "beta", "churn-risk", "enterprise", "annual", "monthly", "partner", "edu", "nonprofit",
-        "migrated", "sso", "priority-support", "expansion", "renewal-q1"]
-    static let vocabulary = ["the", "customer", "asked", "about", "invoice", "renewal", "and", "wants", "to", "upgrade",
+        ("Toronto", "ON", "CA"), ("Austin", "TX", "US"), ("Madrid", "Madrid", "ES"),
+    ]
+    static let tags = [
+        "vip", "beta", "churn-risk", "enterprise", "annual", "monthly", "partner", "edu", "nonprofit",
+        "migrated", "sso", "priority-support", "expansion", "renewal-q1",
+    ]
+    static let vocabulary = [
+        "the", "customer", "asked", "about", "invoice", "renewal", "and", "wants", "to", "upgrade",
         "their", "plan", "before", "next", "quarter", "call", "scheduled", "with", "finance", "team", "regarding",
         "seats", "discount", "approved", "pending", "legal", "review", "of", "contract", "terms", "follow", "up",
         "on", "integration", "issue", "reported", "last", "week", "support", "ticket", "resolved", "migration",
         "from", "legacy", "system", "completed", "training", "session", "for", "new", "admins", "requested",
-        "export", "data", "warehouse", "sync", "delayed", "by", "two", "days", "sent", "summary", "email"]
+        "export", "data", "warehouse", "sync", "delayed", "by", "two", "days", "sent", "summary", "email",
+    ]
 }

@@ -129,7 +129,11 @@ public struct BenchReport: Sendable {
             config["rooms"] = JSONValue(o.rooms)
             config["rooms_per_client"] = JSONValue(o.roomsPerClient)
         }
-        if let m = o.messages { config["messages"] = JSONValue(m) } else { config["duration_seconds"] = number(o.duration) }
+        if let m = o.messages {
+            config["messages"] = JSONValue(m)
+        } else {
+            config["duration_seconds"] = number(o.duration)
+        }
         var out: JSONObject = [
             "config": .object(config),
             "connected": JSONValue(connected), "connect_failures": JSONValue(connectFailures),
@@ -191,7 +195,8 @@ public struct BenchReport: Sendable {
         rows.append(("run", shape))
         rows.append(("server", "\(o.url)\(serverName.map { " (\($0))" } ?? "")"))
         rows.append(
-            ("connections",
+            (
+                "connections",
                 "\(connected) ready\(workers > 0 ? " (\(workers) worker processes)" : ""), \(connectFailures) failed in \(format(setupSeconds, 1)) s; connect p50 \(format(connectTime.p50)) ms, p99 \(format(connectTime.p99)) ms, max \(format(connectTime.max)) ms"
             ))
         if o.scenario != .idle {
@@ -201,22 +206,31 @@ public struct BenchReport: Sendable {
         }
         if latency.count > 0 {
             rows.append(
-                ("latency ms",
+                (
+                    "latency ms",
                     "p50 \(format(latency.p50))  p90 \(format(latency.p90))  p99 \(format(latency.p99))  p99.9 \(format(latency.p999))  max \(format(latency.max))"
                 ))
         }
         if ackLatency.count > 0 {
             rows.append(
-                ("ack latency ms",
-                    "p50 \(format(ackLatency.p50))  p99 \(format(ackLatency.p99))  max \(format(ackLatency.max))"))
+                (
+                    "ack latency ms",
+                    "p50 \(format(ackLatency.p50))  p99 \(format(ackLatency.p99))  max \(format(ackLatency.max))"
+                ))
         }
         rows.append(
-            ("deliveries", "\(receivedDeliveries) of \(expectedDeliveries) expected: \(lost) lost, \(extra) extra, \(outOfOrder) out of order"))
+            (
+                "deliveries",
+                "\(receivedDeliveries) of \(expectedDeliveries) expected: \(lost) lost, \(extra) extra, \(outOfOrder) out of order"
+            ))
         if o.transport == .websocket {
-            var text = o.compression ? "offered, accepted on \(compressionNegotiated) of \(connected) WebSockets" : "not offered"
+            var text =
+                o.compression
+                ? "offered, accepted on \(compressionNegotiated) of \(connected) WebSockets" : "not offered"
             if let wire = wireBytesPerDelivery { text += "; \(format(wire, 1)) bytes on the wire per delivered event" }
             if let per = samplePerEvent {
-                text += " (sample: \(format(per.wire, 1)) on the wire, \(format(per.plain, 1)) plain, \(format(per.zlib, 1)) zlib alone)"
+                text +=
+                    " (sample: \(format(per.wire, 1)) on the wire, \(format(per.plain, 1)) plain, \(format(per.zlib, 1)) zlib alone)"
             }
             rows.append(("compression", text))
         }
@@ -231,8 +245,10 @@ public struct BenchReport: Sendable {
         }
         if let serverRSSPerConnection, let serverBaselineRSS {
             rows.append(
-                ("server memory",
-                    "\(formatBytes(Int(serverRSSPerConnection))) per connection (RSS \(formatBytes(serverBaselineRSS)) before connecting)"))
+                (
+                    "server memory",
+                    "\(formatBytes(Int(serverRSSPerConnection))) per connection (RSS \(formatBytes(serverBaselineRSS)) before connecting)"
+                ))
         }
         if let bench {
             var text = "\(format(bench.cpuSeconds)) CPU s (\(format(bench.cores * 100, 0))% of a core)"
@@ -286,4 +302,3 @@ func formatBytes(_ bytes: Int) -> String {
     if b >= Double(1 << 10) { return format(b / Double(1 << 10), 1) + " KiB" }
     return "\(bytes) B"
 }
-

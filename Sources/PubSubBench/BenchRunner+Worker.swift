@@ -43,11 +43,15 @@ public enum WorkerCommand: Sendable, Equatable {
 extension BenchRunner {
     /// Runs as one worker process of a `--workers` run: connects this worker's subscribers, says how many are
     /// ready, counts deliveries over the window it is told, and reports once told how many publishes to expect.
-    public func runWorker(readLine: @escaping @Sendable () async -> String?, writeLine: @escaping @Sendable (String) -> Void)
+    public func runWorker(
+        readLine: @escaping @Sendable () async -> String?, writeLine: @escaping @Sendable (String) -> Void
+    )
         async throws
     {
         let o = options
-        guard o.scenario == .fanout, let runId = o.runId else { throw BenchError("a worker runs the fanout scenario of a run id") }
+        guard o.scenario == .fanout, let runId = o.runId else {
+            throw BenchError("a worker runs the fanout scenario of a run id")
+        }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: o.threads)
         do {
             try await work(on: group, runId: runId, readLine: readLine, writeLine: writeLine)
@@ -74,8 +78,10 @@ extension BenchRunner {
         _ = await connectAll(clients, label: "subscribers")
         let connected = try await merged(loops, stats)
         writeLine(
-            WorkerReady(ready: connected.connected, failed: connected.connectFailures, limit: connected.limit,
-                errorSamples: connected.errorSamples).json.jsonString)
+            WorkerReady(
+                ready: connected.connected, failed: connected.connectFailures, limit: connected.limit,
+                errorSamples: connected.errorSamples
+            ).json.jsonString)
 
         var start: ProcessSample?
         var finish: (publishes: Int, deadline: UInt64)?

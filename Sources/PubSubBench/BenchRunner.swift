@@ -101,7 +101,8 @@ public final class BenchRunner: Sendable {
             while monotonicNanoseconds() < holdEnd {
                 try await sleep(until: min(holdEnd, monotonicNanoseconds() + 1_000_000_000))
                 let s = await snapshot(loops, stats)
-                var line = "[idle] holding \(s.connected) connections, \(format(Double(holdEnd &- min(holdEnd, monotonicNanoseconds())) / 1e9, 0)) s left, errors \(s.errors)"
+                var line =
+                    "[idle] holding \(s.connected) connections, \(format(Double(holdEnd &- min(holdEnd, monotonicNanoseconds())) / 1e9, 0)) s left, errors \(s.errors)"
                 if let pid = o.serverPID, let sample = ProcessSampler.sample(pid) {
                     line += ", server RSS \(formatBytes(sample.rssBytes))"
                     serverPeakRSS = max(serverPeakRSS, sample.rssBytes)
@@ -152,7 +153,9 @@ public final class BenchRunner: Sendable {
                 let target = o.messages == nil ? min(windowEnd, nowNs + 1_000_000_000) : nowNs + 250_000_000
                 try await sleep(until: target)
                 let current = monotonicNanoseconds()
-                if o.messages != nil, current - lastAt < 1_000_000_000, !finished.load(ordering: .acquiring) { continue }
+                if o.messages != nil, current - lastAt < 1_000_000_000, !finished.load(ordering: .acquiring) {
+                    continue
+                }
                 let s = await snapshot(loops, stats)
                 let seconds = Double(current - lastAt) / 1e9
                 var line =
@@ -191,7 +194,8 @@ public final class BenchRunner: Sendable {
             // The workers wait for every delivery of the publishes that succeeded, within what is left of the drain.
             let s = await snapshot(loops, stats)
             workerReports = try await remote.finish(
-                publishes: s.publishesSent - s.publishFailures, deadline: max(drainEnd, monotonicNanoseconds() + 1_000_000_000))
+                publishes: s.publishesSent - s.publishFailures,
+                deadline: max(drainEnd, monotonicNanoseconds() + 1_000_000_000))
         }
         let workers = WorkerReport.combine(workerReports)
         if o.messages != nil {
@@ -305,7 +309,9 @@ public final class BenchRunner: Sendable {
                 let now = monotonicNanoseconds()
                 if now - lastPrint >= 1_000_000_000 {
                     lastPrint = now
-                    progress("[\(options.scenario.rawValue)] connecting \(label): \(completed)/\(clients.count) ready, \(failed) failed")
+                    progress(
+                        "[\(options.scenario.rawValue)] connecting \(label): \(completed)/\(clients.count) ready, \(failed) failed"
+                    )
                 }
             }
         }

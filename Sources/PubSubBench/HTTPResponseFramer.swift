@@ -92,7 +92,9 @@ struct HTTPResponseFramer {
                 var part = buffer.readSlice(length: n)!
                 state = .failed  // drops the state's reference to `body` while appending
                 if body.readableBytes == 0 { body = part } else { body.writeBuffer(&part) }
-                state = n == remaining ? .chunkDataEnd(head, body: body) : .chunkData(head, body: body, remaining: remaining - n)
+                state =
+                    n == remaining
+                    ? .chunkDataEnd(head, body: body) : .chunkData(head, body: body, remaining: remaining - n)
             case .chunkDataEnd(let head, let body):
                 guard let line = try readLine() else { return nil }
                 guard line.readableBytes == 0 else { throw fail("chunk not followed by CRLF") }

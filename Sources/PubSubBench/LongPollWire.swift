@@ -33,7 +33,8 @@ final class LongPollWire: BenchWire {
         let url = client.target
         let host = url.host.contains(":") ? "[\(url.host)]" : url.host
         self.headPrefix = Array(
-            "POST \(url.path) HTTP/1.1\r\nHost: \(host):\(url.port)\r\nContent-Type: application/json\r\nContent-Length: ".utf8)
+            "POST \(url.path) HTTP/1.1\r\nHost: \(host):\(url.port)\r\nContent-Type: application/json\r\nContent-Length: "
+                .utf8)
     }
 
     static func connect(_ client: BenchClient) -> EventLoopFuture<any Channel> {
@@ -105,7 +106,7 @@ final class LongPollWire: BenchWire {
         guard handler === self.handler else { return }
         self.handler = nil
         guard !closed else { return }
-        if let _ = inFlight {
+        if inFlight != nil {
             if midResponse || resends >= 3 {
                 inFlight = nil
                 client.wireClosed()

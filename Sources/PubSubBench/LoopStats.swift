@@ -92,12 +92,14 @@ final class LoopStats: @unchecked Sendable {
                 deliveries: a.deliveries + b.deliveries,
                 deliveriesInWindow: a.deliveriesInWindow + b.deliveriesInWindow,
                 publishesSent: a.publishesSent + b.publishesSent, acks: a.acks + b.acks,
-                publishFailures: a.publishFailures + b.publishFailures, errors: a.errors + b.errors, connected: a.connected + b.connected,
+                publishFailures: a.publishFailures + b.publishFailures, errors: a.errors + b.errors,
+                connected: a.connected + b.connected,
                 latencyP99: max(a.latencyP99, b.latencyP99))
         }
 
         static let zero = Snapshot(
-            deliveries: 0, deliveriesInWindow: 0, publishesSent: 0, acks: 0, publishFailures: 0, errors: 0, connected: 0, latencyP99: 0)
+            deliveries: 0, deliveriesInWindow: 0, publishesSent: 0, acks: 0, publishFailures: 0, errors: 0,
+            connected: 0, latencyP99: 0)
     }
 
     /// What stopped connections from opening, read from the errors met.

@@ -18,7 +18,8 @@ public enum BenchLimit: String, Sendable, Equatable, CaseIterable {
     public var sentence: String {
         switch self {
         case .descriptors: "the load generator's descriptor limit (EMFILE): add --workers"
-        case .ephemeralPorts: "ephemeral ports of a source address ran out (EADDRNOTAVAIL): lower --per-address or add addresses"
+        case .ephemeralPorts:
+            "ephemeral ports of a source address ran out (EADDRNOTAVAIL): lower --per-address or add addresses"
         case .server503: "the server refused connections with HTTP 503 (its connection or descriptor limit)"
         case .memory: "memory (ENOMEM/ENOBUFS)"
         case .refused: "the server refused or did not accept connections (ECONNREFUSED or connect timeout)"
@@ -147,7 +148,9 @@ public struct WorkerReport: Sendable {
             "wire_bytes_in_window": JSONValue(subscriberWireBytesInWindow),
             "compression_negotiated": JSONValue(compressionNegotiated),
             "sample": .array(
-                [sample.frames, sample.events, sample.wireBytes, sample.plainBytes, sample.zlibBytes].map { JSONValue($0) }),
+                [sample.frames, sample.events, sample.wireBytes, sample.plainBytes, sample.zlibBytes].map {
+                    JSONValue($0)
+                }),
         ]
         if let limit { o["limit"] = .string(limit.rawValue) }
         return .object(o)
@@ -184,7 +187,8 @@ public struct WorkerReport: Sendable {
                 let one: UInt64 = 1
                 buckets =
                     first.count >= 2
-                    ? [(histogram.min, one), (histogram.maxRecorded, first.count - one)] : [(histogram.maxRecorded, one)]
+                    ? [(histogram.min, one), (histogram.maxRecorded, first.count - one)]
+                    : [(histogram.maxRecorded, one)]
             } else {
                 buckets[0].value = histogram.min
                 buckets[buckets.count - 1].value = histogram.maxRecorded

@@ -119,7 +119,7 @@ public actor BayeuxClient {
         /// positions).
         init?(reply: Message) {
             guard reply["successful"] == .bool(true), let answer = reply.ext?["resume"]?.objectValue,
-                  case .bool(let recovered)? = answer["recovered"]
+                case .bool(let recovered)? = answer["recovered"]
             else { return nil }
             self.init(recovered: recovered, missed: Int(answer["missed"]?.integerValue ?? 0))
         }
@@ -197,7 +197,8 @@ public actor BayeuxClient {
             transport = WebSocketTransport(
                 url: parsed, group: group, configuration: configuration, tls: tls, onEvents: onEvents)
         } else {
-            transport = HTTPTransport(url: parsed, group: group, configuration: configuration, tls: tls, onEvents: onEvents)
+            transport = HTTPTransport(
+                url: parsed, group: group, configuration: configuration, tls: tls, onEvents: onEvents)
         }
     }
 
@@ -278,7 +279,8 @@ public actor BayeuxClient {
                 message.clientId = clientId
                 message["connectionType"] = .string(transport.connectionType.rawValue)
                 message["id"] = makeId()
-                let reply = try await reconnecting
+                let reply =
+                    try await reconnecting
                     ? resumeThenConnect(message, clientId: clientId)
                     : roundTrip(message, timeout: adviceTimeout + configuration.requestTimeout)
                 failures = 0
@@ -456,7 +458,8 @@ public actor BayeuxClient {
         async throws -> ResumeOutcome?
     {
         let reply = try await roundTrip(
-            subscribeMessage(channel, clientId: clientId, ext: ext, resume: resume), timeout: configuration.requestTimeout)
+            subscribeMessage(channel, clientId: clientId, ext: ext, resume: resume),
+            timeout: configuration.requestTimeout)
         guard reply["successful"] == .bool(true) else {
             throw BayeuxClientError(.refused, reply.error ?? "subscription to \(channel) refused")
         }
@@ -498,8 +501,9 @@ public actor BayeuxClient {
     /// Publishes one message and returns once the server acknowledged it; a refusal throws `.refused` with the
     /// server's error string.
     public func publish(_ channel: String, data: JSONValue, ext: JSONObject? = nil) async throws {
-        let reply = try await roundTrip(publication(Publication(channel: channel, data: data, ext: ext)),
-                                        timeout: configuration.requestTimeout)
+        let reply = try await roundTrip(
+            publication(Publication(channel: channel, data: data, ext: ext)),
+            timeout: configuration.requestTimeout)
         guard reply["successful"] == .bool(true) else {
             throw BayeuxClientError(.refused, reply.error ?? "publish to \(channel) refused")
         }

@@ -55,7 +55,8 @@ public struct BayeuxURL: Sendable, Hashable, CustomStringConvertible {
     /// The name sent in TLS's SNI and checked against the certificate; nil for an IP address (the certificate is
     /// then checked against the address).
     var tlsServerName: String? {
-        let isIPv4 = host.split(separator: ".", omittingEmptySubsequences: false).count == 4
+        let isIPv4 =
+            host.split(separator: ".", omittingEmptySubsequences: false).count == 4
             && host.allSatisfy { $0 == "." || $0.isNumber }
         return host.contains(":") || isIPv4 ? nil : host
     }

@@ -90,13 +90,15 @@ final class HTTPConnection: Sendable {
         let channel = self.channel
         let promise = channel.eventLoop.makePromise(of: HTTPResponse.self)
         let timer = channel.eventLoop.scheduleTask(in: timeout) {
-            promise.fail(BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
+            promise.fail(
+                BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
             channel.close(promise: nil)
         }
         promise.futureResult.whenComplete { _ in timer.cancel() }
         channel.writeAndFlush(HTTPRequest(head: head, body: body ?? ByteBuffer(), promise: promise)).whenFailure {
             error in
-            promise.fail(BayeuxClientError(.connectionClosed, "connection to \(self.url.hostHeader) lost: \(describe(error))"))
+            promise.fail(
+                BayeuxClientError(.connectionClosed, "connection to \(self.url.hostHeader) lost: \(describe(error))"))
         }
         return promise.futureResult
     }
@@ -150,7 +152,11 @@ final class HTTPResponseCollector: ChannelDuplexHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if error is NIOSSLError || error is NIOSSLExtraError || error is BoringSSLError {
             // The server is there but cannot be trusted (or speaks no TLS): as good as unreachable.
-            failAll(BayeuxClientError(.unreachable, "TLS with \(context.channel.remoteAddress?.description ?? "the server") failed: \(describe(error))"))
+            failAll(
+                BayeuxClientError(
+                    .unreachable,
+                    "TLS with \(context.channel.remoteAddress?.description ?? "the server") failed: \(describe(error))")
+            )
         } else {
             failAll(BayeuxClientError(.connectionClosed, "connection failed: \(describe(error))"))
         }

@@ -18,9 +18,10 @@ actor HTTPTransport: BayeuxTransport {
     private var opening: [Bool: Task<HTTPConnection, any Error>] = [:]
     private var closed = false
 
-    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
-         onEvents: @escaping @Sendable ([Message]) -> Void)
-    {
+    init(
+        url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
+        onEvents: @escaping @Sendable ([Message]) -> Void
+    ) {
         self.url = url
         self.group = group
         self.configuration = configuration
@@ -109,8 +110,9 @@ actor HTTPTransport: BayeuxTransport {
         let loop = group.next()
         return groups.map { sent in
             let ids = Set(sent.compactMap(\.id))
-            return PendingReplies(future: loop.makeSucceededFuture(replies.filter { $0.id.map(ids.contains) ?? false }),
-                                  cancel: {})
+            return PendingReplies(
+                future: loop.makeSucceededFuture(replies.filter { $0.id.map(ids.contains) ?? false }),
+                cancel: {})
         }
     }
 

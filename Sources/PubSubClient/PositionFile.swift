@@ -110,4 +110,6 @@ public struct PositionFile: Sendable {
 }
 
 // `read` of the C library, under a name the method above does not shadow.
-private func systemRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int { read(fd, buffer, count) }
+private func systemRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int {
+    read(fd, buffer, count)
+}

@@ -72,7 +72,8 @@ public struct ServerAPIClient: Sendable {
                 UInt8(ascii: "/"), UInt8(ascii: "*"):
                 out.append(Character(UnicodeScalar(byte)))
             default:
-                out += "%" + String(byte >> 4, radix: 16, uppercase: true) + String(byte & 15, radix: 16, uppercase: true)
+                out +=
+                    "%" + String(byte >> 4, radix: 16, uppercase: true) + String(byte & 15, radix: 16, uppercase: true)
             }
         }
         return out

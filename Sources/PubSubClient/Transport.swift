@@ -65,7 +65,8 @@ enum ReplySorter {
             throw BayeuxClientError(.protocolError, "the server's answer is not JSON: \(preview(body))")
         }
         guard let elements = MessageBatch.elements(of: value) else {
-            throw BayeuxClientError(.protocolError, "the server's answer is not a Bayeux message list: \(preview(body))")
+            throw BayeuxClientError(
+                .protocolError, "the server's answer is not a Bayeux message list: \(preview(body))")
         }
         return elements.compactMap {
             if case .message(let m) = $0 { return m }

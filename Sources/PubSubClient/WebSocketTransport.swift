@@ -38,9 +38,10 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
 
     private let state = NIOLockedValueBox(State())
 
-    init(url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
-         onEvents: @escaping @Sendable ([Message]) -> Void)
-    {
+    init(
+        url: BayeuxURL, group: any EventLoopGroup, configuration: BayeuxClient.Configuration, tls: NIOSSLContext?,
+        onEvents: @escaping @Sendable ([Message]) -> Void
+    ) {
         self.url = url
         self.group = group
         self.configuration = configuration
@@ -126,8 +127,9 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
         let promise = upgraded.eventLoop.makePromise(of: (any NIOCore.Channel)?.self)
         upgraded.cascade(to: promise)
         let timer = upgraded.eventLoop.scheduleTask(in: timeout) {
-            promise.fail(BayeuxClientError(
-                .timeout, "no WebSocket upgrade from \(url.hostHeader) within \(seconds(timeout))"))
+            promise.fail(
+                BayeuxClientError(
+                    .timeout, "no WebSocket upgrade from \(url.hostHeader) within \(seconds(timeout))"))
         }
         promise.futureResult.whenComplete { _ in timer.cancel() }
         let result: (any NIOCore.Channel)?
@@ -217,7 +219,8 @@ final class WebSocketTransport: BayeuxTransport, Sendable {
             }
             let timer = channel.eventLoop.scheduleTask(in: timeout) {
                 self.forget(key)
-                promise.fail(BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
+                promise.fail(
+                    BayeuxClientError(.timeout, "no answer from \(self.url.hostHeader) within \(seconds(timeout))"))
             }
             promise.futureResult.whenComplete { _ in timer.cancel() }
             started.append((key, promise))

@@ -145,7 +145,8 @@ extension Broker {
         if authorization.usesGrants, let ids = authorization.grants.insert(grant, for: clientId) {
             pruneGrants(ids, on: loop)
         }
-        let stored = grant.map { engine.setGrant(clientId, grant: $0.encoded, on: loop) } ?? loop.makeSucceededVoidFuture()
+        let stored =
+            grant.map { engine.setGrant(clientId, grant: $0.encoded, on: loop) } ?? loop.makeSucceededVoidFuture()
         return stored.map { outcome }.recover { _ in outcome }
     }
 

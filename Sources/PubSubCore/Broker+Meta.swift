@@ -89,7 +89,9 @@ extension Broker {
                 // is seen here first; a client dropped by its connection was logged then ("slow consumer dropped").
                 self.logger.info(
                     "dropped client told to handshake again",
-                    metadata: ["pubsub.client.id": "\(clientId)", "pubsub.transport": "\(context.connectionType.rawValue)"])
+                    metadata: [
+                        "pubsub.client.id": "\(clientId)", "pubsub.transport": "\(context.connectionType.rawValue)",
+                    ])
                 reply.mustHandshake(BayeuxError(.queueOverflow, clientId))
                 return .reply(reply)
             case .ok:
@@ -149,7 +151,9 @@ extension Broker {
         return future.map { [reply, channelError] result, resumed in
             var reply = reply
             if let resumed {
-                reply.ext = ["resume": .object(["recovered": .bool(resumed.recovered), "missed": JSONValue(resumed.missed)])]
+                reply.ext = [
+                    "resume": .object(["recovered": .bool(resumed.recovered), "missed": JSONValue(resumed.missed)])
+                ]
             }
             switch result {
             case .unknownClient: reply.fail(.clientUnknown(clientId))

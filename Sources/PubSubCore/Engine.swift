@@ -48,8 +48,9 @@ public struct ConnectResult: Sendable {
     /// string rather than the one parsed from each connect (a held connect lasts as long as the connection idles).
     public var clientId: String?
 
-    public init(status: Status, events: CircularBuffer<WireEvent> = .noEvents, attached: Bool = false, answerNow: Bool = true)
-    {
+    public init(
+        status: Status, events: CircularBuffer<WireEvent> = .noEvents, attached: Bool = false, answerNow: Bool = true
+    ) {
         self.status = status
         self.events = events
         self.attached = attached

@@ -22,7 +22,8 @@ public struct EventCompression: Sendable, Equatable {
     /// The final, compressed text frame (FIN, RSV1, text) carrying `json`'s readable bytes deflated; nil when they
     /// are too short or do not shrink.
     public func compressedFrame(of json: ByteBuffer) -> ByteBuffer? {
-        guard json.readableBytes >= minimumBytes, let deflated = Self.deflaters.deflate(json, headroom: WireEvent.headroom),
+        guard json.readableBytes >= minimumBytes,
+            let deflated = Self.deflaters.deflate(json, headroom: WireEvent.headroom),
             deflated.readableBytes < json.readableBytes
         else { return nil }
         // The output buffer was sized for the worst case (about the input): kept as it is, a 1 MiB event that

@@ -76,7 +76,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         configuration: BrokerConfiguration, events observer: (any SessionEventObserver)? = nil, logger: Logger? = nil
     ) {
         self.init(
-            configuration: configuration, epoch: .random(in: 1 ... (1 << 52)), positionKey: .random(), events: observer,
+            configuration: configuration, epoch: .random(in: 1...(1 << 52)), positionKey: .random(), events: observer,
             logger: logger)
     }
 
@@ -149,7 +149,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var notifications: [(any DeliverySink, DetachReason)] = []
         var result = lock.withLock { () -> ConnectResult in
             guard let session = sessions[clientId] else {
-                return ConnectResult(status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
+                return ConnectResult(
+                    status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
             }
             canonical = session.id
             session.expiresAt = now + lifetime

@@ -22,7 +22,8 @@ package struct Position: Sendable, Hashable {
 
     /// `2.<epoch base 36>.<permuted sequence base 36>`; clients store and return it, never parse it.
     package func token(key: PositionKey) -> String {
-        Self.version + "." + String(epoch, radix: 36) + "." + String(PositionCipher.permute(sequence, key: key), radix: 36)
+        Self.version + "." + String(epoch, radix: 36) + "."
+            + String(PositionCipher.permute(sequence, key: key), radix: 36)
     }
 
     /// Reads a token made with `key`; anything malformed or of another format version is nil. A well-formed

@@ -93,7 +93,9 @@ public struct PrivatePubAuth: BayeuxExtension {
     }
 
     func checkPrivatePubSignature(_ message: Message) -> String? {
-        guard let signed = SignedSubscription(message, signature: "private_pub_signature", timestamp: "private_pub_timestamp")
+        guard
+            let signed = SignedSubscription(
+                message, signature: "private_pub_signature", timestamp: "private_pub_timestamp")
         else { return Self.incorrectSignature }
         let expected = Self.signature(secret: secret, channel: signed.channel, timestamp: signed.timestampText)
         guard constantTimeEqual(signed.signature, expected) else { return Self.incorrectSignature }

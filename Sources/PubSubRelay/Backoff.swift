@@ -17,7 +17,8 @@ public struct Backoff: Sendable, Equatable {
     }
 
     public init(initial: TimeAmount, maximum: TimeAmount) {
-        self.init(initial: Duration.nanoseconds(initial.nanoseconds), maximum: Duration.nanoseconds(maximum.nanoseconds))
+        self.init(
+            initial: Duration.nanoseconds(initial.nanoseconds), maximum: Duration.nanoseconds(maximum.nanoseconds))
     }
 
     /// The pause for this failure; the one after it is twice as long (at most `maximum`).

@@ -30,8 +30,10 @@ public struct Change: Sendable, Hashable {
     /// Values of the source that routes may name as `{name}` (Simperium: `user`, the token's user).
     public var variables: [String: String]
 
-    public init(collection: [String], id: String?, operation: Operation, seq: String, document: JSONObject? = nil,
-                extra: JSONObject = [:], previous: JSONObject? = nil, variables: [String: String] = [:]) {
+    public init(
+        collection: [String], id: String?, operation: Operation, seq: String, document: JSONObject? = nil,
+        extra: JSONObject = [:], previous: JSONObject? = nil, variables: [String: String] = [:]
+    ) {
         self.collection = collection
         self.id = id
         self.operation = operation

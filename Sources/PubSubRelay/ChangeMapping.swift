@@ -31,8 +31,10 @@ public struct ChangeMapping: Sendable {
     /// for that change, counted and logged as `fan_out`.
     public var maxChannelsPerRoute: Int
 
-    public init(prefix: String = "/changes", includeDocument: Bool = false, routes: [Route] = [],
-                maxChannelsPerRoute: Int = 1000) {
+    public init(
+        prefix: String = "/changes", includeDocument: Bool = false, routes: [Route] = [],
+        maxChannelsPerRoute: Int = 1000
+    ) {
         var prefix = prefix
         while prefix.count > 1 && prefix.hasSuffix("/") { prefix.removeLast() }
         self.prefix = prefix
@@ -64,8 +66,9 @@ public struct ChangeMapping: Sendable {
 
     public func message(for change: Change, sourceID: String) -> RelayMessage {
         let key = Self.key(sourceID: sourceID, change: change)
-        return RelayMessage(channel: channel(for: change), data: .object(data(for: change, sourceID: sourceID, key: key)),
-                            key: key)
+        return RelayMessage(
+            channel: channel(for: change), data: .object(data(for: change, sourceID: sourceID, key: key)),
+            key: key)
     }
 
     func data(for change: Change, sourceID: String, key: String) -> JSONObject {
@@ -87,8 +90,10 @@ public struct ChangeMapping: Sendable {
     /// the channel (`| channel`), so that the messages of one change on several channels have keys of their own.
     public static func key(sourceID: String, change: Change, channel: String? = nil) -> String {
         var hasher = SHA256()
-        var parts = [sourceID, change.collection.joined(separator: "."), change.id ?? "", change.seq,
-                     change.operation.rawValue]
+        var parts = [
+            sourceID, change.collection.joined(separator: "."), change.id ?? "", change.seq,
+            change.operation.rawValue,
+        ]
         if let channel { parts.append(channel) }
         for part in parts {
             hasher.update(data: Array(part.utf8))

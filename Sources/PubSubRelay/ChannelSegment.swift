@@ -35,7 +35,7 @@ public enum ChannelSegment {
             let byte = bytes[i]
             if byte == UInt8(ascii: "$") {
                 guard i + 2 < bytes.count,
-                      let high = hexValue(bytes[i + 1]), let low = hexValue(bytes[i + 2])
+                    let high = hexValue(bytes[i + 1]), let low = hexValue(bytes[i + 2])
                 else { return nil }
                 let decoded = high << 4 | low
                 // Canonical form only: a kept byte is never escaped.
@@ -55,10 +55,10 @@ public enum ChannelSegment {
     static func isKept(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-             UInt8(ascii: "0")...UInt8(ascii: "9"):
+            UInt8(ascii: "0")...UInt8(ascii: "9"):
             return true
         case UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "!"), UInt8(ascii: "~"), UInt8(ascii: "("),
-             UInt8(ascii: ")"), UInt8(ascii: "@"):
+            UInt8(ascii: ")"), UInt8(ascii: "@"):
             return true
         default:
             return false

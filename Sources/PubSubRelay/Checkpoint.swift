@@ -59,7 +59,7 @@ public struct FileCheckpointStore: CheckpointStore {
             if bytes.count > 1 << 20 { throw RelayError(.checkpoint, "checkpoint \(path) is too large") }
         }
         guard let value = try? JSONParser().parse(bytes), let object = value.objectValue,
-              let source = object["source"]?.stringValue, let position = object["position"]?.stringValue
+            let source = object["source"]?.stringValue, let position = object["position"]?.stringValue
         else {
             throw RelayError(
                 .checkpoint, "checkpoint \(path) is not a relay checkpoint (expected {\"source\", \"position\"})")
@@ -70,8 +70,9 @@ public struct FileCheckpointStore: CheckpointStore {
     public func save(_ checkpoint: Checkpoint) throws {
         let object: JSONObject = ["source": .string(checkpoint.sourceID), "position": .string(checkpoint.position)]
         do {
-            try DurableFile.replace(path, with: Array((object.jsonString + "\n").utf8), durable: true,
-                                    beforeStep: beforeStep)
+            try DurableFile.replace(
+                path, with: Array((object.jsonString + "\n").utf8), durable: true,
+                beforeStep: beforeStep)
         } catch let error as DurableFile.Error {
             let reason = error.reason
             switch error.operation {

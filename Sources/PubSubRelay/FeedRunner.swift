@@ -44,8 +44,10 @@ public struct MessagePublisher: Publisher {
             }
             let refused = replies.indices.filter { replies[$0].fields["successful"] != .bool(true) }
             if let first = refused.first {
-                throw RelayError(.publish,
-                    "the broker refused \(refused.count) of \(replies.count) messages (first on \(chunk[chunk.startIndex + first].channel): \(replies[first].error ?? "refused"))")
+                throw RelayError(
+                    .publish,
+                    "the broker refused \(refused.count) of \(replies.count) messages (first on \(chunk[chunk.startIndex + first].channel): \(replies[first].error ?? "refused"))"
+                )
             }
         }
     }
@@ -91,17 +93,20 @@ public struct FeedRunner: Sendable {
             } catch let error as RelayError where error.code == .configuration {
                 // The database refuses the feed as configured (a routed table's replica identity): no restart
                 // can mend that.
-                logger.critical("relay feed stopped: \(error.message)", metadata: ["pubsub.relay.source": "\(source.sourceID)"])
+                logger.critical(
+                    "relay feed stopped: \(error.message)", metadata: ["pubsub.relay.source": "\(source.sourceID)"])
                 await source.close()
                 return
             } catch {
                 if ContinuousClock.now - began > .seconds(60) { backoff.reset() }
                 if !Task.isCancelled {
                     Counter(label: "pubsub_relay_restarts_total", dimensions: [("source", source.sourceID)]).increment()
-                    logger.error("relay feed stopped on an error; restarting it", metadata: [
-                        "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
-                        "pubsub.relay.retry_in": "\(backoff.current)",
-                    ])
+                    logger.error(
+                        "relay feed stopped on an error; restarting it",
+                        metadata: [
+                            "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
+                            "pubsub.relay.retry_in": "\(backoff.current)",
+                        ])
                 }
             }
             await source.close()

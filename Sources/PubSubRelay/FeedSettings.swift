@@ -136,8 +136,9 @@ extension PostgresChangeSource.Configuration {
         guard maxChanges > 0 else { throw settings.error("max_changes", "must be positive") }
         let poll = try settings.double("poll_interval", default: 0.1)
         guard poll > 0 && poll <= 3600 else { throw settings.error("poll_interval", "must be above 0 seconds") }
-        self.init(dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges,
-                  pollInterval: .nanoseconds(Int64(poll * 1e9)))
+        self.init(
+            dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges,
+            pollInterval: .nanoseconds(Int64(poll * 1e9)))
     }
 }
 
@@ -146,7 +147,8 @@ extension PostgresChangeSource.Configuration {
     public mutating func route(_ routes: [Route]) throws(RelayError) {
         for route in routes {
             guard tables.contains(route.collection) else {
-                throw RelayError(.configuration,
+                throw RelayError(
+                    .configuration,
                     "\(route): \(route.collection) is not a relayed table (\(tables.joined(separator: ", ")))")
             }
             routedColumns[route.collection, default: []].formUnion(route.fields.map { $0.path[0] })

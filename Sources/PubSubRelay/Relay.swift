@@ -20,9 +20,11 @@ public struct Relay: Sendable {
         public var audiencePath: String?
         public var rememberedDocuments: Int
 
-        public init(mapping: ChangeMapping = ChangeMapping(), retryDelay: TimeAmount = .milliseconds(200),
-                    maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2),
-                    audiencePath: String? = nil, rememberedDocuments: Int = 100_000) {
+        public init(
+            mapping: ChangeMapping = ChangeMapping(), retryDelay: TimeAmount = .milliseconds(200),
+            maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2),
+            audiencePath: String? = nil, rememberedDocuments: Int = 100_000
+        ) {
             self.audiencePath = audiencePath
             self.rememberedDocuments = rememberedDocuments
             self.mapping = mapping
@@ -41,8 +43,10 @@ public struct Relay: Sendable {
     /// The routed values of documents last seen, for a source whose changes lack their old values.
     let memory: AudienceMemory?
 
-    public init(source: any ChangeSource, publisher: any Publisher, store: any CheckpointStore,
-                configuration: Configuration = Configuration(), logger: Logger) {
+    public init(
+        source: any ChangeSource, publisher: any Publisher, store: any CheckpointStore,
+        configuration: Configuration = Configuration(), logger: Logger
+    ) {
         self.source = source
         self.publisher = publisher
         self.store = store
@@ -50,7 +54,8 @@ public struct Relay: Sendable {
         self.logger = logger
         self.metrics = RelayMetrics(sourceID: source.sourceID)
         let needsMemory = !configuration.mapping.routeList.isEmpty && !source.givesPreviousValues
-        self.memory = needsMemory
+        self.memory =
+            needsMemory
             ? AudienceMemory(limit: configuration.rememberedDocuments, path: configuration.audiencePath) : nil
     }
 
@@ -58,17 +63,24 @@ public struct Relay: Sendable {
     public func start() async throws {
         let checkpoint = try store.load()
         if let checkpoint, checkpoint.sourceID != source.sourceID {
-            throw RelayError(.checkpoint,
-                "the checkpoint belongs to \(checkpoint.sourceID), not \(source.sourceID): use another --checkpoint file")
+            throw RelayError(
+                .checkpoint,
+                "the checkpoint belongs to \(checkpoint.sourceID), not \(source.sourceID): use another --checkpoint file"
+            )
         }
-        logger.info("relay starting", metadata: [
-            "pubsub.relay.source": "\(source.sourceID)",
-            "pubsub.relay.checkpoint": "\(checkpoint?.position ?? "none")",
-        ])
+        logger.info(
+            "relay starting",
+            metadata: [
+                "pubsub.relay.source": "\(source.sourceID)",
+                "pubsub.relay.checkpoint": "\(checkpoint?.position ?? "none")",
+            ])
         if let memory {
             try memory.load()
-            logger.info("relay remembers the routed values of \(memory.count) documents", metadata: [
-                "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.limit": "\(memory.limit)"])
+            logger.info(
+                "relay remembers the routed values of \(memory.count) documents",
+                metadata: [
+                    "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.limit": "\(memory.limit)",
+                ])
         }
         try await source.start(after: checkpoint?.position)
     }
@@ -86,9 +98,11 @@ public struct Relay: Sendable {
     public func relay(_ batch: ChangeBatch) async throws -> Int {
         if let resync = batch.resync {
             metrics.resyncs.increment()
-            logger.error("relay: the source could not resume from the checkpoint; FULL RESYNC from a snapshot", metadata: [
-                "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.reason": "\(resync.reason)",
-            ])
+            logger.error(
+                "relay: the source could not resume from the checkpoint; FULL RESYNC from a snapshot",
+                metadata: [
+                    "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.reason": "\(resync.reason)",
+                ])
         }
         var messages: [RelayMessage] = []
         messages.reserveCapacity(batch.changes.count)
@@ -117,10 +131,12 @@ public struct Relay: Sendable {
                     throw CancellationError()
                 } catch {
                     metrics.publishFailures.increment()
-                    logger.warning("publish failed, retrying the batch", metadata: [
-                        "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
-                        "pubsub.relay.batch": "\(messages.count)",
-                    ])
+                    logger.warning(
+                        "publish failed, retrying the batch",
+                        metadata: [
+                            "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.error": "\(error)",
+                            "pubsub.relay.batch": "\(messages.count)",
+                        ])
                     try await backoff.wait()
                 }
             }
@@ -142,13 +158,16 @@ public struct Relay: Sendable {
             case .null: "a routed field is NULL or missing: the change goes to no channel of this route"
             case .type: "a routed field is an object or an array (write {field[]} to fan out over an array)"
             case .empty: "a routed array field is empty: the change has no audience on this route"
-            case .fanOut: "a routed array names more than \(configuration.mapping.maxChannelsPerRoute) channels: none is sent"
+            case .fanOut:
+                "a routed array names more than \(configuration.mapping.maxChannelsPerRoute) channels: none is sent"
             case .noPrevious: "the previous values of an update or delete are unknown: its old audience is not told"
             }
-        logger.warning("relay: \(what) (logged once per route and reason; counted in pubsub_relay_unrouted_total)", metadata: [
-            "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.route": "\(unrouted.route)",
-            "pubsub.relay.reason": "\(unrouted.reason.rawValue)", "pubsub.relay.id": "\(change.id ?? "")",
-        ])
+        logger.warning(
+            "relay: \(what) (logged once per route and reason; counted in pubsub_relay_unrouted_total)",
+            metadata: [
+                "pubsub.relay.source": "\(source.sourceID)", "pubsub.relay.route": "\(unrouted.route)",
+                "pubsub.relay.reason": "\(unrouted.reason.rawValue)", "pubsub.relay.id": "\(change.id ?? "")",
+            ])
     }
 
     /// Runs until cancelled or a non-retryable error; logs progress while catching up. Each batch is relayed as the
@@ -186,11 +205,13 @@ public struct Relay: Sendable {
             let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
             let lag = await source.lag()
             if let lag { metrics.lag(unit: lag.unit).record(lag.amount) }
-            logger.info("relay progress", metadata: [
-                "pubsub.relay.source": "\(source.sourceID)",
-                "pubsub.relay.changes_per_second": "\(Int((Double(progress.published) / seconds).rounded()))",
-                "pubsub.relay.lag": "\(lag.map { "\($0.amount) \($0.unit)" } ?? "unknown")",
-            ])
+            logger.info(
+                "relay progress",
+                metadata: [
+                    "pubsub.relay.source": "\(source.sourceID)",
+                    "pubsub.relay.changes_per_second": "\(Int((Double(progress.published) / seconds).rounded()))",
+                    "pubsub.relay.lag": "\(lag.map { "\($0.amount) \($0.unit)" } ?? "unknown")",
+                ])
         }
         progress = Progress()
     }
@@ -222,10 +243,12 @@ struct RelayMetrics: Sendable {
 
     /// Changes a route gave no channel, by collection, route and reason.
     func unrouted(_ unrouted: ChangeMapping.Unrouted) -> Counter {
-        Counter(label: "pubsub_relay_unrouted_total", dimensions: [
-            ("source", sourceID), ("collection", unrouted.route.collection), ("route", unrouted.route.template),
-            ("reason", unrouted.reason.rawValue),
-        ])
+        Counter(
+            label: "pubsub_relay_unrouted_total",
+            dimensions: [
+                ("source", sourceID), ("collection", unrouted.route.collection), ("route", unrouted.route.template),
+                ("reason", unrouted.reason.rawValue),
+            ])
     }
 
     /// Whether `unrouted` is seen for the first time (then it is logged).

@@ -12,9 +12,10 @@
 public struct LibSystemd: @unchecked Sendable {
     typealias Notify = @convention(c) (CInt, UnsafePointer<CChar>?) -> CInt
     typealias WatchdogEnabled = @convention(c) (CInt, UnsafeMutablePointer<UInt64>?) -> CInt
-    typealias ListenFDsWithNames = @convention(c) (
-        CInt, UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>?
-    ) -> CInt
+    typealias ListenFDsWithNames =
+        @convention(c) (
+            CInt, UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>?
+        ) -> CInt
     typealias IsSocket = @convention(c) (CInt, CInt, CInt, CInt) -> CInt
 
     /// The soname every systemd since 209 ships (Debian's `libsystemd0`, present wherever systemd is).

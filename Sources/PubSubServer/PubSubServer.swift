@@ -1,8 +1,3 @@
-#if canImport(Glibc)
-    import Glibc
-#elseif canImport(Darwin)
-    import Darwin
-#endif
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -10,6 +5,12 @@ import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
 import PubSubCore
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// What every connection handler of one server shares.
 final class ServerShared: Sendable {
@@ -71,7 +72,8 @@ public final class PubSubServer: Sendable {
             timeouts: configuration.timeouts, logger: logger)
         var extensions = configuration.extensions
         extensions.extensions.append(MetricsExtension(backend: metrics))
-        self.broker = Broker(configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
+        self.broker = Broker(
+            configuration: configuration.broker, engine: engine, extensions: extensions, logger: logger)
         self.shared = ServerShared(
             configuration: configuration, broker: broker, logger: logger, operations: operations,
             loops: group.makeIterator().map { $0 })
@@ -99,7 +101,8 @@ public final class PubSubServer: Sendable {
         try shared.operations.loadTLS()
         let (channel, extraListeners) = try await bindListeners(bootstrap)
         let engine = broker.engine
-        let period = TimeAmount.nanoseconds(min(1_000_000_000, max(50_000_000, configuration.broker.timeout.nanoseconds / 4)))
+        let period = TimeAmount.nanoseconds(
+            min(1_000_000_000, max(50_000_000, configuration.broker.timeout.nanoseconds / 4)))
         let sweeper = group.next().scheduleRepeatedTask(initialDelay: period, delay: period) { _ in
             engine.sweep(now: .now())
         }
@@ -148,8 +151,10 @@ public final class PubSubServer: Sendable {
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .serverChannelOption(
-                ChannelOptions.Types.SocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_REUSEPORT)),
-                value: configuration.operations.reusePort ? 1 : 0)
+                ChannelOptions.Types.SocketOption(
+                    level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_REUSEPORT)),
+                value: configuration.operations.reusePort ? 1 : 0
+            )
             // At the descriptor ceiling: back off and shed instead of spinning on a failing accept.
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -162,14 +167,17 @@ public final class PubSubServer: Sendable {
             // in its backlog (`ConnectionStateMachine`).
             .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
             // Idle connections keep their receive buffer: start it small (it doubles on a full read).
-            .childChannelOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+            .childChannelOption(
+                .recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536)
+            )
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
                     // What the kernel may hold of a reader that stopped: bounded, so the send timeout sees the stall.
                     let sendBuffer = shared.configuration.socketSendBuffer
                     if sendBuffer > 0 {
-                        try channel.syncOptions?.setOption(.socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
+                        try channel.syncOptions?.setOption(
+                            .socketOption(.so_sndbuf), value: SocketOptionValue(sendBuffer))
                     }
                     try Self.configureHTTP(channel: channel, shared: shared, upgrader: upgrader)
                 }
@@ -181,7 +189,9 @@ public final class PubSubServer: Sendable {
     private func followMembership(upgrader: WebSocketUpgrader, port: Int) {
         let operations = shared.operations
         let host = configuration.host
-        guard ListenerMembership(limit: configuration.operations.maxConnections, sharedPort: configuration.operations.reusePort) != nil
+        guard
+            ListenerMembership(
+                limit: configuration.operations.maxConnections, sharedPort: configuration.operations.reusePort) != nil
         else { return }
         if ListenerMembership.kernelMigratesQueuedConnections() == false {
             shared.logger.notice(
@@ -203,11 +213,13 @@ public final class PubSubServer: Sendable {
                 self.makeBootstrap(upgrader: upgrader).bind(host: host, port: port).whenComplete { result in
                     switch result {
                     case .success(let channel):
-                        let kept = operations.phase == .serving && self.state.withLockedValue { s -> Bool in
-                            guard s.channel == nil else { return false }
-                            s.channel = channel
-                            return true
-                        }
+                        let kept =
+                            operations.phase == .serving
+                            && self.state.withLockedValue { s -> Bool in
+                                guard s.channel == nil else { return false }
+                                s.channel = channel
+                                return true
+                            }
                         if !kept { channel.close(promise: nil) }
                         operations.listenerJoined(bound: kept)
                     case .failure(let error):

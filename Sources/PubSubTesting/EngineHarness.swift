@@ -109,7 +109,8 @@ public final class Node: @unchecked Sendable {
 
     public func subscribe(_ clientId: String, _ channel: String, ext: String = "") async throws -> JSONObject {
         let e = ext.isEmpty ? "" : #","ext":\#(ext)"#
-        return try await reply(#"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(e)}"#)
+        return try await reply(
+            #"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(e)}"#)
     }
 
     public func publish(_ channel: String, _ data: String = "1") async throws -> JSONObject {
@@ -179,7 +180,8 @@ public final class Cluster: @unchecked Sendable {
     }
 
     @discardableResult
-    public func addNode(handoffTimeout: TimeAmount = .seconds(1), sweepPeriod: TimeAmount = .zero) async throws -> Node {
+    public func addNode(handoffTimeout: TimeAmount = .seconds(1), sweepPeriod: TimeAmount = .zero) async throws -> Node
+    {
         let loop = group.next()
         switch kind {
         case .memory:
@@ -198,7 +200,8 @@ public final class Cluster: @unchecked Sendable {
             if let sentinel {
                 // The master's address comes from the sentinel only: the URL's host and port are not used.
                 settings.redis.port = 1
-                settings.sentinel = RedisSentinelConfiguration(sentinels: [sentinel.endpoint], masterName: sentinel.masterName)
+                settings.sentinel = RedisSentinelConfiguration(
+                    sentinels: [sentinel.endpoint], masterName: sentinel.masterName)
             }
             if kind == .redisShards {
                 let engine = RedisShardedEngine(
@@ -245,4 +248,3 @@ public func withCluster(
     }
     await cluster.close()
 }
-

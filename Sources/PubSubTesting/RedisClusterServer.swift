@@ -17,10 +17,12 @@ public final class RedisClusterServer: @unchecked Sendable {
         do {
             for _ in 0..<(masters * (1 + replicas)) {
                 let bus = try RedisServer.freePort()
-                nodes.append(try await RedisServer.start(arguments: [
-                    "--cluster-enabled", "yes", "--cluster-port", String(bus), "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "1000",
-                ]))
+                nodes.append(
+                    try await RedisServer.start(arguments: [
+                        "--cluster-enabled", "yes", "--cluster-port", String(bus), "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout", "1000",
+                    ]))
             }
             let cluster = RedisClusterServer(nodes: nodes)
             try cluster.create(replicas: replicas)
@@ -45,11 +47,13 @@ public final class RedisClusterServer: @unchecked Sendable {
     private func create(replicas: Int) throws {
         let candidates = ["/usr/bin/redis-cli", "/usr/local/bin/redis-cli"]
         guard let cli = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
-            throw RedisServer.StartError(description: "redis-cli not found (scripts/install-test-deps installs redis-tools)")
+            throw RedisServer.StartError(
+                description: "redis-cli not found (scripts/install-test-deps installs redis-tools)")
         }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
-        process.arguments = ["--signal=KILL", "60", cli, "--cluster", "create"] + nodes.map { "127.0.0.1:\($0.port)" }
+        process.arguments =
+            ["--signal=KILL", "60", cli, "--cluster", "create"] + nodes.map { "127.0.0.1:\($0.port)" }
             + ["--cluster-replicas", String(replicas), "--cluster-yes"]
         let output = Pipe()
         process.standardInput = FileHandle.nullDevice
@@ -71,16 +75,21 @@ public final class RedisClusterServer: @unchecked Sendable {
         while !waiting.isEmpty, NIODeadline.now() < deadline {
             let node = waiting[0]
             let replies = try? await RedisClient.request(
-                [RESPCommand("CLUSTER", "INFO")], configuration: RedisConfiguration(), to: RedisEndpoint(host: "127.0.0.1", port: node.port),
+                [RESPCommand("CLUSTER", "INFO")], configuration: RedisConfiguration(),
+                to: RedisEndpoint(host: "127.0.0.1", port: node.port),
                 on: loop
             ).get()
-            if let info = replies?.first?.string, info.contains("cluster_state:ok"), info.contains("cluster_slots_assigned:16384") {
+            if let info = replies?.first?.string, info.contains("cluster_state:ok"),
+                info.contains("cluster_slots_assigned:16384")
+            {
                 waiting.removeFirst()
             } else {
                 try await Task.sleep(nanoseconds: 50_000_000)
             }
         }
-        guard waiting.isEmpty else { throw RedisServer.StartError(description: "the Redis Cluster did not become ready") }
+        guard waiting.isEmpty else {
+            throw RedisServer.StartError(description: "the Redis Cluster did not become ready")
+        }
     }
 
     public func stop() {

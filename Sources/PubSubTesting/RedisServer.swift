@@ -16,10 +16,12 @@ public final class RedisServer: @unchecked Sendable {
     }
 
     public static func start(arguments extra: [String] = []) async throws -> RedisServer {
-        if extra.isEmpty, let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text) {
+        if extra.isEmpty, let text = ProcessInfo.processInfo.environment["PUBSUB_TEST_REDIS_PORT"], let port = Int(text)
+        {
             // A server the developer runs (e.g. to watch it with MONITOR); emptied first, never stopped.
             let server = RedisServer(existing: port)
-            let client = RedisClient(configuration: RedisConfiguration(port: port), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
+            let client = RedisClient(
+                configuration: RedisConfiguration(port: port), eventLoop: MultiThreadedEventLoopGroup.singleton.next())
             client.start()
             for _ in 0..<100 where !client.isConnected { try await Task.sleep(nanoseconds: 10_000_000) }
             _ = try await client.send(RESPCommand("FLUSHALL")).get()
@@ -28,13 +30,16 @@ public final class RedisServer: @unchecked Sendable {
         }
         let candidates = ["/usr/bin/redis-server", "/usr/local/bin/redis-server", "/usr/sbin/redis-server"]
         guard let binary = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
-            throw StartError(description: "redis-server not found (apt-get install redis-server; scripts/install-test-deps does)")
+            throw StartError(
+                description: "redis-server not found (apt-get install redis-server; scripts/install-test-deps does)")
         }
         var lastError = ""
         for _ in 0..<3 {
             let port = try freePort()
             let server = try RedisServer(binary: binary, port: port, extra: extra)
-            if await server.waitUntilReady(within: .seconds(10), password: extra.firstIndex(of: "--requirepass").map { extra[$0 + 1] }) {
+            if await server.waitUntilReady(
+                within: .seconds(10), password: extra.firstIndex(of: "--requirepass").map { extra[$0 + 1] })
+            {
                 return server
             }
             lastError = server.log
@@ -51,16 +56,18 @@ public final class RedisServer: @unchecked Sendable {
 
     private init(binary: String, port: Int, extra: [String]) throws {
         self.port = port
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-redis-\(port)-\(UUID().uuidString)")
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "pubsub-redis-\(port)-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         process = Process()
         // Bounded life: should this test process crash, the server does not outlive it by more than that.
         process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
-        process.arguments = [
-            "--signal=KILL", "900", binary,
-            "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--daemonize", "no", "--dir", directory.path, "--logfile", directory.appendingPathComponent("log").path,
-        ] + extra
+        process.arguments =
+            [
+                "--signal=KILL", "900", binary,
+                "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--daemonize", "no", "--dir", directory.path, "--logfile", directory.appendingPathComponent("log").path,
+            ] + extra
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
@@ -130,7 +137,8 @@ public final class RedisSentinelServer: @unchecked Sendable {
         guard let binary = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
             throw RedisServer.StartError(description: "redis-server not found (scripts/install-test-deps installs it)")
         }
-        let sentinel = try RedisSentinelServer(binary: binary, port: try RedisServer.freePort(), masterPort: master.port)
+        let sentinel = try RedisSentinelServer(
+            binary: binary, port: try RedisServer.freePort(), masterPort: master.port)
         let deadline = NIODeadline.now() + .seconds(10)
         while NIODeadline.now() < deadline, sentinel.process.isRunning {
             let client = RedisClient(
@@ -150,20 +158,21 @@ public final class RedisSentinelServer: @unchecked Sendable {
 
     private init(binary: String, port: Int, masterPort: Int) throws {
         self.port = port
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("pubsub-sentinel-\(port)-\(UUID().uuidString)")
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "pubsub-sentinel-\(port)-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let config = directory.appendingPathComponent("sentinel.conf")
         try """
-            port \(port)
-            bind 127.0.0.1
-            daemonize no
-            dir \(directory.path)
-            logfile \(directory.appendingPathComponent("log").path)
-            sentinel monitor mymaster 127.0.0.1 \(masterPort) 1
-            sentinel down-after-milliseconds mymaster 1000
-            sentinel failover-timeout mymaster 5000
+        port \(port)
+        bind 127.0.0.1
+        daemonize no
+        dir \(directory.path)
+        logfile \(directory.appendingPathComponent("log").path)
+        sentinel monitor mymaster 127.0.0.1 \(masterPort) 1
+        sentinel down-after-milliseconds mymaster 1000
+        sentinel failover-timeout mymaster 5000
 
-            """.write(to: config, atomically: true, encoding: .utf8)
+        """.write(to: config, atomically: true, encoding: .utf8)
         process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
         process.arguments = ["--signal=KILL", "900", binary, config.path, "--sentinel"]

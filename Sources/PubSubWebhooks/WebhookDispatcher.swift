@@ -19,8 +19,10 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
     private let endpoints: [Endpoint]
     private let drainDeadline = NIOLockedValueBox<NIODeadline?>(nil)
 
-    private let droppedFull = Counter(label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "queue_full")])
-    private let droppedFailed = Counter(label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "failed")])
+    private let droppedFull = Counter(
+        label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "queue_full")])
+    private let droppedFailed = Counter(
+        label: "pubsub_webhook_events_dropped_total", dimensions: [("reason", "failed")])
     private let postsOK = Counter(label: "pubsub_webhook_posts_total", dimensions: [("result", "ok")])
     private let postsFailed = Counter(label: "pubsub_webhook_posts_total", dimensions: [("result", "failed")])
     private let eventsSent = Counter(label: "pubsub_webhook_events_sent_total")
@@ -232,7 +234,9 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         }
     }
 
-    private func post(_ batch: [ByteBuffer], to endpoint: Endpoint, attempt: Int, timeout: TimeAmount, client: HTTPClient)
+    private func post(
+        _ batch: [ByteBuffer], to endpoint: Endpoint, attempt: Int, timeout: TimeAmount, client: HTTPClient
+    )
         async -> Bool
     {
         let body = WebhookPayload.body(batch)
@@ -248,7 +252,7 @@ public final class WebhookDispatcher: SessionEventObserver, Service {
         do {
             let response = try await client.execute(request, timeout: timeout, logger: logger)
             _ = try? await response.body.collect(upTo: 64 * 1024)
-            if (200 ..< 300).contains(response.status.code) { return true }
+            if (200..<300).contains(response.status.code) { return true }
             logger.debug(
                 "webhook post refused",
                 metadata: [

@@ -73,7 +73,7 @@ struct WebhookQueue<Element> {
         let size = min(settings.maxBatch, pending.count)
         var batch: [Element] = []
         batch.reserveCapacity(size)
-        for _ in 0 ..< size { batch.append(pending.removeFirst().element) }
+        for _ in 0..<size { batch.append(pending.removeFirst().element) }
         inFlight = batch
         attempt = 1
         return .send(batch, attempt: 1)

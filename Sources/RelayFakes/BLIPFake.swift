@@ -30,8 +30,10 @@ public final class BLIPFake: Sendable {
         /// Most `changes` messages sent and not yet answered.
         public var maxUnanswered: Int
 
-        public init(database: String = "db", framePayload: Int = 16384, compress: Bool = false,
-                    maxUnanswered: Int = 4) {
+        public init(
+            database: String = "db", framePayload: Int = 16384, compress: Bool = false,
+            maxUnanswered: Int = 4
+        ) {
             self.database = database
             self.framePayload = framePayload
             self.compress = compress
@@ -91,13 +93,16 @@ public final class BLIPFake: Sendable {
     /// deleted with a body does); returns its sequence. `body` is what its `rev` message carries; with `bodyLost`
     /// it is answered with `norev` instead, as Sync Gateway answers a revision it no longer has.
     @discardableResult
-    public func put(_ id: String, deleted: Bool = false, channels: [String] = [], body: JSONObject? = nil,
-                    bodyLost: Bool = false) -> Int {
+    public func put(
+        _ id: String, deleted: Bool = false, channels: [String] = [], body: JSONObject? = nil,
+        bodyLost: Bool = false
+    ) -> Int {
         state.withLockedValue { state in
             state.sequence += 1
             let generation = (state.documents[id].flatMap { Int($0.rev.prefix { $0 != "-" }) } ?? 0) + 1
-            state.documents[id] = Revision(seq: state.sequence, id: id, rev: "\(generation)-\(fakeDigest(id, generation))",
-                                           deleted: deleted, channels: channels, body: body, bodyLost: bodyLost)
+            state.documents[id] = Revision(
+                seq: state.sequence, id: id, rev: "\(generation)-\(fakeDigest(id, generation))",
+                deleted: deleted, channels: channels, body: body, bodyLost: bodyLost)
             return state.sequence
         }
     }
@@ -115,7 +120,9 @@ public final class BLIPFake: Sendable {
     /// Makes every open connection go silent without closing it: no more frames, no pong to the client's pings
     /// (a peer that died without a FIN). Such a connection is closed after `timeout`.
     public func stallConnections(closingAfter timeout: Duration = .seconds(10)) {
-        for connection in state.withLockedValue({ Array($0.connections.values) }) { connection.stall(closingAfter: timeout) }
+        for connection in state.withLockedValue({ Array($0.connections.values) }) {
+            connection.stall(closingAfter: timeout)
+        }
     }
 
     /// Sends every open connection a frame whose checksum is wrong (bad input: the client must close and reconnect).
@@ -128,8 +135,10 @@ public final class BLIPFake: Sendable {
     /// Sends every open connection a well-framed `changes` message whose body is not JSON.
     public func sendMalformedChanges() {
         for connection in state.withLockedValue({ Array($0.connections.values) }) {
-            _ = try? connection.send(FakeBLIP.Message(type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
-                                                      body: Array("[[1,\"x\"".utf8)))
+            _ = try? connection.send(
+                FakeBLIP.Message(
+                    type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
+                    body: Array("[[1,\"x\"".utf8)))
         }
     }
 
@@ -155,13 +164,20 @@ public final class BLIPFake: Sendable {
 
     /// Listens on 127.0.0.1:`port` (0: any free port) until the task is cancelled; `onListening` gets the port.
     /// With `handleSignals`, SIGTERM and SIGINT stop it gracefully.
-    public func run(port: Int = 0, handleSignals: Bool = false, tls: FakeTLS? = nil,
-                    onListening: @escaping @Sendable (Int) async -> Void) async throws {
+    public func run(
+        port: Int = 0, handleSignals: Bool = false, tls: FakeTLS? = nil,
+        onListening: @escaping @Sendable (Int) async -> Void
+    ) async throws {
         let router = Router()
         let fake = self
         router.get("/\(options.database)/_blipsync") { _, _ -> Response in
-            Response(status: .badRequest, body: .init(byteBuffer: ByteBuffer(
-                string: "{\"error\":\"Bad Request\",\"reason\":\"expected a WebSocket upgrade with subprotocol BLIP_3+CBMobile_3\"}")))
+            Response(
+                status: .badRequest,
+                body: .init(
+                    byteBuffer: ByteBuffer(
+                        string:
+                            "{\"error\":\"Bad Request\",\"reason\":\"expected a WebSocket upgrade with subprotocol BLIP_3+CBMobile_3\"}"
+                    )))
         }
         router.post("/_fake/docs") { request, _ -> String in
             var request = request
@@ -176,8 +192,9 @@ public final class BLIPFake: Sendable {
                 }
                 body = object
             }
-            let seq = fake.put(String(id), deleted: query["deleted"] == "1", channels: channels, body: body,
-                               bodyLost: query["norev"] == "1")
+            let seq = fake.put(
+                String(id), deleted: query["deleted"] == "1", channels: channels, body: body,
+                bodyLost: query["norev"] == "1")
             return "{\"seq\":\(seq)}"
         }
         router.post("/_fake/bulk") { request, _ -> String in
@@ -202,22 +219,28 @@ public final class BLIPFake: Sendable {
         let path = "/\(options.database)/_blipsync"
         let app = Application(
             router: router,
-            server: try FakeTLS.server(tls, .http1WebSocketUpgrade(configuration: .init(ws: .init(maxFrameSize: 1 << 22, autoPing: .disabled))) {
-                request, _, _ in
-                guard request.path?.split(separator: "?").first.map(String.init) == path else { return .dontUpgrade }
-                let offered = (request.headerFields[.secWebSocketProtocol] ?? "")
-                    .split(separator: ",").map { String($0.drop { $0 == " " }.reversed().drop { $0 == " " }.reversed()) }
-                guard let chosen = ["BLIP_3+CBMobile_3", "BLIP_3+CBMobile_2"].first(where: offered.contains) else {
-                    return .dontUpgrade
-                }
-                fake.state.withLockedValue {
-                    $0.subprotocols.append(chosen)
-                    $0.authorizations.append(request.headerFields[.authorization])
-                }
-                return .upgrade([.secWebSocketProtocol: chosen]) { inbound, outbound, _ in
-                    await fake.serve(inbound: inbound, outbound: outbound)
-                }
-            }),
+            server: try FakeTLS.server(
+                tls,
+                .http1WebSocketUpgrade(configuration: .init(ws: .init(maxFrameSize: 1 << 22, autoPing: .disabled))) {
+                    request, _, _ in
+                    guard request.path?.split(separator: "?").first.map(String.init) == path else {
+                        return .dontUpgrade
+                    }
+                    let offered = (request.headerFields[.secWebSocketProtocol] ?? "")
+                        .split(separator: ",").map {
+                            String($0.drop { $0 == " " }.reversed().drop { $0 == " " }.reversed())
+                        }
+                    guard let chosen = ["BLIP_3+CBMobile_3", "BLIP_3+CBMobile_2"].first(where: offered.contains) else {
+                        return .dontUpgrade
+                    }
+                    fake.state.withLockedValue {
+                        $0.subprotocols.append(chosen)
+                        $0.authorizations.append(request.headerFields[.authorization])
+                    }
+                    return .upgrade([.secWebSocketProtocol: chosen]) { inbound, outbound, _ in
+                        await fake.serve(inbound: inbound, outbound: outbound)
+                    }
+                }),
             configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "relay-fake-blip"),
             onServerRunning: { channel in await onListening(channel.localAddress?.port ?? 0) },
             logger: logger
@@ -269,12 +292,14 @@ public final class BLIPFake: Sendable {
     /// Entries after `since` (latest revision of each document, by sequence), filtered by channel.
     func changes(after since: Int, channels: Set<String>?, limit: Int) -> [Revision] {
         state.withLockedValue { state in
-            Array(state.documents.values
-                .filter { revision in
-                    revision.seq > since && (channels.map { revision.channels.contains(where: $0.contains) } ?? true)
-                }
-                .sorted { $0.seq < $1.seq }
-                .prefix(limit))
+            Array(
+                state.documents.values
+                    .filter { revision in
+                        revision.seq > since
+                            && (channels.map { revision.channels.contains(where: $0.contains) } ?? true)
+                    }
+                    .sorted { $0.seq < $1.seq }
+                    .prefix(limit))
         }
     }
 }
@@ -307,7 +332,8 @@ final class FakeBLIPConnection: Sendable {
         self.fake = fake
         self.id = id
         self.outgoing = outgoing
-        self.sending = NIOLockedValueBox(UnsafeSending(value: Sending(writer: FakeBLIPWriter(frameSize: fake.options.framePayload))))
+        self.sending = NIOLockedValueBox(
+            UnsafeSending(value: Sending(writer: FakeBLIPWriter(frameSize: fake.options.framePayload))))
     }
 
     func drop() {
@@ -375,15 +401,19 @@ final class FakeBLIPConnection: Sendable {
         }
     }
 
-    private func reply(to request: FakeBLIP.Message, properties: KeyValuePairs<String, String> = [:], body: [UInt8] = []) throws {
+    private func reply(
+        to request: FakeBLIP.Message, properties: KeyValuePairs<String, String> = [:], body: [UInt8] = []
+    ) throws {
         guard request.flags & FakeBLIP.noReply == 0 else { return }
         try send(FakeBLIP.Message(type: FakeBLIP.rpy, number: request.number, properties: properties, body: body))
     }
 
     private func error(to request: FakeBLIP.Message, domain: String, code: Int, _ text: String) throws {
         guard request.flags & FakeBLIP.noReply == 0 else { return }
-        try send(FakeBLIP.Message(type: FakeBLIP.err, number: request.number,
-                                  properties: ["Error-Domain": domain, "Error-Code": String(code)], body: Array(text.utf8)))
+        try send(
+            FakeBLIP.Message(
+                type: FakeBLIP.err, number: request.number,
+                properties: ["Error-Domain": domain, "Error-Code": String(code)], body: Array(text.utf8)))
     }
 
     private func handle(_ message: FakeBLIP.Message) throws {
@@ -399,22 +429,34 @@ final class FakeBLIPConnection: Sendable {
             for (index, entry) in entries.enumerated() where index < wanted.count && wanted[index].arrayValue != nil {
                 if entry.bodyLost {
                     fake.state.withLockedValue { $0.norevsSent += 1 }
-                    try send(FakeBLIP.Message(
-                        type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
-                        properties: ["Profile": "norev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq),
-                                     "error": "404", "reason": "missing"]))
+                    try send(
+                        FakeBLIP.Message(
+                            type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
+                            properties: [
+                                "Profile": "norev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq),
+                                "error": "404", "reason": "missing",
+                            ]))
                     continue
                 }
-                let body: JSONValue = entry.body.map(JSONValue.object) ?? (entry.deleted ? .object(["_deleted": .bool(true)])
-                    : .object(["_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq))]))
+                let body: JSONValue =
+                    entry.body.map(JSONValue.object)
+                    ?? (entry.deleted
+                        ? .object(["_deleted": .bool(true)])
+                        : .object([
+                            "_id": .string(entry.id), "_rev": .string(entry.rev), "seq": .number(String(entry.seq)),
+                        ]))
                 // Counted before it is sent: a client may have it, and a test read the count, before `send` returns.
                 fake.state.withLockedValue { $0.revsSent += 1 }
-                try send(FakeBLIP.Message(
-                    type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
-                    properties: entry.deleted
-                        ? ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq), "deleted": "1"]
-                        : ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq)],
-                    body: Array(body.jsonString.utf8)))
+                try send(
+                    FakeBLIP.Message(
+                        type: FakeBLIP.msg, number: 0, flags: FakeBLIP.noReply,
+                        properties: entry.deleted
+                            ? [
+                                "Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq),
+                                "deleted": "1",
+                            ]
+                            : ["Profile": "rev", "id": entry.id, "rev": entry.rev, "sequence": String(entry.seq)],
+                        body: Array(body.jsonString.utf8)))
             }
             return
         }
@@ -436,7 +478,9 @@ final class FakeBLIPConnection: Sendable {
                 state.checkpoints[client] = (next, message.body)
                 return next
             }
-            if let rev { try reply(to: message, properties: ["rev": "0-\(rev)"]) } else {
+            if let rev {
+                try reply(to: message, properties: ["rev": "0-\(rev)"])
+            } else {
                 try error(to: message, domain: "HTTP", code: 409, "Document update conflict")
             }
         case "subChanges":
@@ -493,8 +537,10 @@ final class FakeBLIPConnection: Sendable {
                 if entries.isEmpty {
                     if !caughtUp {
                         caughtUp = true
-                        _ = try? send(FakeBLIP.Message(type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
-                                                       body: Array("[]".utf8)))
+                        _ = try? send(
+                            FakeBLIP.Message(
+                                type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
+                                body: Array("[]".utf8)))
                         if !continuous { return }
                     }
                     try? await Task.sleep(for: .milliseconds(20))
@@ -508,8 +554,10 @@ final class FakeBLIPConnection: Sendable {
                 }
                 if rows.isEmpty { continue }
                 do {
-                    let number = try send(FakeBLIP.Message(type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
-                                                           body: Array(JSONValue.array(rows).jsonString.utf8)))
+                    let number = try send(
+                        FakeBLIP.Message(
+                            type: FakeBLIP.msg, number: 0, properties: ["Profile": "changes"],
+                            body: Array(JSONValue.array(rows).jsonString.utf8)))
                     let sent = entries.filter { !(activeOnly && $0.deleted) }
                     sending.withLockedValue {
                         _ = $0.value.unanswered.insert(number)

@@ -20,8 +20,10 @@ enum FakeBLIP {
         var propertyOrder: [String] = []
         var body: [UInt8] = []
 
-        init(type: UInt8, number: UInt64, flags: UInt8 = 0, properties: KeyValuePairs<String, String> = [:],
-             body: [UInt8] = []) {
+        init(
+            type: UInt8, number: UInt64, flags: UInt8 = 0, properties: KeyValuePairs<String, String> = [:],
+            body: [UInt8] = []
+        ) {
             self.type = type
             self.number = number
             self.flags = flags
@@ -159,8 +161,9 @@ final class FakeBLIPReader {
         }
         let strings = entry.payload[offset..<(offset + length)].split(separator: 0, omittingEmptySubsequences: false)
             .dropLast().map { String(decoding: $0, as: UTF8.self) }
-        var message = FakeBLIP.Message(type: type, number: number, flags: entry.flags,
-                                       body: Array(entry.payload[(offset + length)...]))
+        var message = FakeBLIP.Message(
+            type: type, number: number, flags: entry.flags,
+            body: Array(entry.payload[(offset + length)...]))
         var index = 0
         while index + 1 < strings.count {
             message.properties[strings[index]] = strings[index + 1]

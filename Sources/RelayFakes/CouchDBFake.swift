@@ -55,9 +55,10 @@ public final class CouchDBFake: Sendable {
         _ = await task.result
     }
 
-    static func makeApplication(store: CouchDBFakeStore, port: Int, tls: FakeTLS? = nil,
-                                onListening: @escaping @Sendable (Int) -> Void) throws -> some ApplicationProtocol
-    {
+    static func makeApplication(
+        store: CouchDBFakeStore, port: Int, tls: FakeTLS? = nil,
+        onListening: @escaping @Sendable (Int) -> Void
+    ) throws -> some ApplicationProtocol {
         let router = Router()
         let handler = CouchDBFakeHandler(store: store)
         router.get("/_fake/requests") { _, _ in
@@ -141,8 +142,9 @@ struct CouchDBFakeHandler: Sendable {
     let store: CouchDBFakeStore
 
     func json(_ status: HTTPResponse.Status, _ object: JSONObject) -> Response {
-        Response(status: status, headers: [.contentType: "application/json"],
-                 body: .init(byteBuffer: ByteBuffer(string: object.jsonString + "\n")))
+        Response(
+            status: status, headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(string: object.jsonString + "\n")))
     }
 
     func error(_ status: HTTPResponse.Status, _ error: String, _ reason: String) -> Response {
@@ -152,7 +154,7 @@ struct CouchDBFakeHandler: Sendable {
     /// 401 unless the request carries the store's credentials (when it has some), else 404 for another database.
     func checkDatabase(_ request: Request, _ context: BasicRequestContext) -> Response? {
         if let credentials = store.credentials,
-           request.headers[.authorization] != "Basic " + base64(Array(credentials.utf8))
+            request.headers[.authorization] != "Basic " + base64(Array(credentials.utf8))
         {
             return error(.unauthorized, "unauthorized", "Name or password is incorrect.")
         }
@@ -226,9 +228,10 @@ struct CouchDBFakeHandler: Sendable {
         let parameters = request.uri.queryParameters
         let feedName = parameters.get("feed") ?? "normal"
         guard let feed = feedName == "live" ? .continuous : Feed(rawValue: feedName),
-              !(feed == .eventsource && store.flavour == .syncGateway)
+            !(feed == .eventsource && store.flavour == .syncGateway)
         else {
-            return error(.badRequest, "bad_request", "Supported `feed` types: normal, continuous, live, longpoll, eventsource")
+            return error(
+                .badRequest, "bad_request", "Supported `feed` types: normal, continuous, live, longpoll, eventsource")
         }
         var query = CouchDBFakeStore.Query()
         query.includeDocs = parameters.get("include_docs") == "true"
@@ -238,8 +241,8 @@ struct CouchDBFakeHandler: Sendable {
             query.docIDs = array.compactMap(\.stringValue)
         }
         if let filter = query.filter,
-           !["_doc_ids", "_design", "app/important"].contains(filter)
-            && !(filter == "sync_gateway/bychannel" && store.flavour == .syncGateway)
+            !["_doc_ids", "_design", "app/important"].contains(filter)
+                && !(filter == "sync_gateway/bychannel" && store.flavour == .syncGateway)
         {
             return error(.notFound, "not_found", "missing json key: filters")
         }
@@ -259,7 +262,8 @@ struct CouchDBFakeHandler: Sendable {
         if feed == .eventsource, let lastEventID = request.headers[.init("Last-Event-ID")!] { sinceText = lastEventID }
 
         let store = store
-        let opened = store.state.withLock { state -> (id: Int, since: CouchDBFakeStore.Since, faults: CouchDBFakeStore.Faults) in
+        let opened = store.state.withLock {
+            state -> (id: Int, since: CouchDBFakeStore.Since, faults: CouchDBFakeStore.Faults) in
             let id = state.feedRequests.count
             state.feedRequests.append(sinceText ?? "")
             state.feedQueries.append(request.uri.query ?? "")
@@ -278,76 +282,80 @@ struct CouchDBFakeHandler: Sendable {
         }
         if opened.faults.replayRows > 0 {
             let earlier = store.state.withLock { $0.entries.map(\.seq).filter { $0 <= cursor } }
-            cursor = earlier.count > opened.faults.replayRows ? earlier[earlier.count - opened.faults.replayRows - 1] : 0
+            cursor =
+                earlier.count > opened.faults.replayRows ? earlier[earlier.count - opened.faults.replayRows - 1] : 0
         }
         let contentType = feed == .eventsource ? "text/event-stream" : "application/json"
         let feedID = opened.id
         let faults = opened.faults
         let (start, fixedQuery, fixedHeartbeat) = (cursor, query, heartbeat)
-        return Response(status: .ok, headers: [.contentType: contentType], body: ResponseBody { writer in
-            var cursor = start
-            let query = fixedQuery
-            let heartbeat = fixedHeartbeat
-            var written = 0
-            var lastWrite = ContinuousClock.now
-            let deadline = ContinuousClock.now + .milliseconds(timeout)
-            var first = true
-            let listFeed = feed == .normal || feed == .longpoll
-            func send(_ text: String) async throws {
-                try await writer.write(ByteBuffer(string: text))
-                lastWrite = .now
-            }
-            if listFeed { try await send("{\"results\":[\n") }
-            while true {
-                let (stopped, muted) = store.state.withLock { ($0.stopped, feedID < $0.mutedBelow) }
-                if stopped { throw FeedDropped() }
-                if muted {
-                    try await Task.sleep(for: .milliseconds(20))
-                    if ContinuousClock.now > lastWrite + .seconds(60) { throw FeedDropped() }
-                    continue
+        return Response(
+            status: .ok, headers: [.contentType: contentType],
+            body: ResponseBody { writer in
+                var cursor = start
+                let query = fixedQuery
+                let heartbeat = fixedHeartbeat
+                var written = 0
+                var lastWrite = ContinuousClock.now
+                let deadline = ContinuousClock.now + .milliseconds(timeout)
+                var first = true
+                let listFeed = feed == .normal || feed == .longpoll
+                func send(_ text: String) async throws {
+                    try await writer.write(ByteBuffer(string: text))
+                    lastWrite = .now
                 }
-                let remaining = limit.map { $0 - written }
-                let scan = store.rows(after: cursor, query: query, limit: remaining)
-                for row in scan.rows {
-                    let text: String
-                    switch feed {
-                    case .normal, .longpoll: text = (first ? "" : ",\r\n") + row.json
-                    case .continuous: text = row.json + "\n"
-                    case .eventsource: text = "data: \(row.json)\nid: \(row.seqJSON)\n\n"
+                if listFeed { try await send("{\"results\":[\n") }
+                while true {
+                    let (stopped, muted) = store.state.withLock { ($0.stopped, feedID < $0.mutedBelow) }
+                    if stopped { throw FeedDropped() }
+                    if muted {
+                        try await Task.sleep(for: .milliseconds(20))
+                        if ContinuousClock.now > lastWrite + .seconds(60) { throw FeedDropped() }
+                        continue
                     }
-                    if let garbage = faults.garbageAfterRows, written == garbage {
-                        try await send(feed == .eventsource ? "data: {\"seq\":\n\n" : "{\"seq\":1,\"id\":\n")
+                    let remaining = limit.map { $0 - written }
+                    let scan = store.rows(after: cursor, query: query, limit: remaining)
+                    for row in scan.rows {
+                        let text: String
+                        switch feed {
+                        case .normal, .longpoll: text = (first ? "" : ",\r\n") + row.json
+                        case .continuous: text = row.json + "\n"
+                        case .eventsource: text = "data: \(row.json)\nid: \(row.seqJSON)\n\n"
+                        }
+                        if let garbage = faults.garbageAfterRows, written == garbage {
+                            try await send(feed == .eventsource ? "data: {\"seq\":\n\n" : "{\"seq\":1,\"id\":\n")
+                        }
+                        if let drop = faults.dropAfterRows, written == drop {
+                            if faults.dropMidLine { try await send(String(text.prefix(text.count / 2))) }
+                            throw FeedDropped()
+                        }
+                        try await send(text)
+                        first = false
+                        written += 1
+                        cursor = row.seq
                     }
-                    if let drop = faults.dropAfterRows, written == drop {
-                        if faults.dropMidLine { try await send(String(text.prefix(text.count / 2))) }
-                        throw FeedDropped()
+                    cursor = max(cursor, scan.scannedTo)
+                    let done =
+                        feed == .normal || (feed == .longpoll && written > 0)
+                        || (limit.map { written >= $0 } ?? false)
+                    let timedOut = heartbeat == nil && ContinuousClock.now >= deadline
+                    if done || timedOut {
+                        let lastSeq = store.state.withLock { store.render(cursor, state: &$0) }
+                        let pending = store.flavour == .opaque ? ",\"pending\":\(scan.pending)" : ""
+                        switch feed {
+                        case .normal, .longpoll: try await send("\n],\n\"last_seq\":\(lastSeq)\(pending)}\n")
+                        case .continuous: try await send("{\"last_seq\":\(lastSeq)\(pending)}\n")
+                        case .eventsource: break
+                        }
+                        try await writer.finish(nil)
+                        return
                     }
-                    try await send(text)
-                    first = false
-                    written += 1
-                    cursor = row.seq
+                    if scan.rows.isEmpty, let heartbeat, ContinuousClock.now >= lastWrite + .milliseconds(heartbeat) {
+                        try await send(feed == .eventsource ? "event: heartbeat\ndata: \n\n" : "\n")
+                    }
+                    if scan.rows.isEmpty { try await Task.sleep(for: .milliseconds(10)) }
                 }
-                cursor = max(cursor, scan.scannedTo)
-                let done = feed == .normal || (feed == .longpoll && written > 0)
-                    || (limit.map { written >= $0 } ?? false)
-                let timedOut = heartbeat == nil && ContinuousClock.now >= deadline
-                if done || timedOut {
-                    let lastSeq = store.state.withLock { store.render(cursor, state: &$0) }
-                    let pending = store.flavour == .opaque ? ",\"pending\":\(scan.pending)" : ""
-                    switch feed {
-                    case .normal, .longpoll: try await send("\n],\n\"last_seq\":\(lastSeq)\(pending)}\n")
-                    case .continuous: try await send("{\"last_seq\":\(lastSeq)\(pending)}\n")
-                    case .eventsource: break
-                    }
-                    try await writer.finish(nil)
-                    return
-                }
-                if scan.rows.isEmpty, let heartbeat, ContinuousClock.now >= lastWrite + .milliseconds(heartbeat) {
-                    try await send(feed == .eventsource ? "event: heartbeat\ndata: \n\n" : "\n")
-                }
-                if scan.rows.isEmpty { try await Task.sleep(for: .milliseconds(10)) }
-            }
-        })
+            })
     }
 }
 

@@ -115,8 +115,10 @@ public final class CouchDBFakeStore: Sendable {
             if case .array(let values)? = body["channels"] { channels = values.compactMap(\.stringValue) }
             let removed = (old?.channels ?? []).filter { !channels.contains($0) }
             if let index { state.entries.remove(at: index) }
-            state.entries.append(Entry(seq: state.seq, id: id, rev: newRev, deleted: deleted, body: body,
-                                       channels: deleted ? [] : channels, removedFrom: deleted ? [] : removed))
+            state.entries.append(
+                Entry(
+                    seq: state.seq, id: id, rev: newRev, deleted: deleted, body: body,
+                    channels: deleted ? [] : channels, removedFrom: deleted ? [] : removed))
             return newRev
         }
     }

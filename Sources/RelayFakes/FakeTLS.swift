@@ -41,7 +41,8 @@ public struct FakeTLS: Sendable {
     func server(_ base: HTTPServerBuilder) throws -> HTTPServerBuilder {
         let chain = try NIOSSLCertificate.fromPEMFile(certificateFile).map(NIOSSLCertificateSource.certificate)
         let key = try NIOSSLPrivateKey(file: keyFile, format: .pem)
-        let configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
+        let configuration = TLSConfiguration.makeServerConfiguration(
+            certificateChain: chain, privateKey: .privateKey(key))
         return try .tls(base, tlsConfiguration: configuration)
     }
 

@@ -36,8 +36,10 @@ public final class SimperiumFake: Sendable {
         /// Changes per `c` message of a catch-up.
         public var catchUpChunk: Int
 
-        public init(appID: String = "test-app", tokens: [String: String] = ["secret-token": "user@example.com"],
-                    expiredTokens: Set<String> = [], unknownVersionReply: String = "cv:?", catchUpChunk: Int = 100) {
+        public init(
+            appID: String = "test-app", tokens: [String: String] = ["secret-token": "user@example.com"],
+            expiredTokens: Set<String> = [], unknownVersionReply: String = "cv:?", catchUpChunk: Int = 100
+        ) {
             self.appID = appID
             self.tokens = tokens
             self.expiredTokens = expiredTokens
@@ -215,8 +217,10 @@ public final class SimperiumFake: Sendable {
     }
 
     /// Stores the bucket with its new change and queues the change for live connections of the bucket.
-    private static func append(_ state: inout State, bucket name: String, _ bucket: Bucket, cv: String,
-                               change: JSONObject) -> [AsyncStream<Outgoing>.Continuation] {
+    private static func append(
+        _ state: inout State, bucket name: String, _ bucket: Bucket, cv: String,
+        change: JSONObject
+    ) -> [AsyncStream<Outgoing>.Continuation] {
         var bucket = bucket
         bucket.log.append((cv, change))
         bucket.head = cv
@@ -269,8 +273,8 @@ public final class SimperiumFake: Sendable {
                 out.yield(.text("h:\(count + 1)"))
             case "init":
                 guard let object = try? JSONParser().parse(Array(body.utf8)).objectValue,
-                      let token = object["token"]?.stringValue, let bucket = object["name"]?.stringValue,
-                      !bucket.isEmpty, object["clientid"]?.stringValue != nil
+                    let token = object["token"]?.stringValue, let bucket = object["name"]?.stringValue,
+                    !bucket.isEmpty, object["clientid"]?.stringValue != nil
                 else {
                     out.yield(.text(channel + #"auth:{"msg":"invalid init message","code":400}"#))
                     out.yield(.close)
@@ -282,7 +286,7 @@ public final class SimperiumFake: Sendable {
                     return
                 }
                 guard let user = options.tokens[token], object["app_id"]?.stringValue ?? app == app,
-                      app == options.appID
+                    app == options.appID
                 else {
                     out.yield(.text(channel + #"auth:{"msg":"Token invalid","code":401}"#))
                     out.yield(.close)
@@ -303,9 +307,10 @@ public final class SimperiumFake: Sendable {
                 let page = ids[start..<min(ids.count, start + limit)]
                 var reply: JSONObject = [
                     "current": .string(bucket.head),
-                    "index": .array(page.map { id in
-                        .object(["id": .string(id), "v": .number(String(bucket.entities[id]!.version))])
-                    }),
+                    "index": .array(
+                        page.map { id in
+                            .object(["id": .string(id), "v": .number(String(bucket.entities[id]!.version))])
+                        }),
                 ]
                 if start + limit < ids.count { reply["mark"] = .string(Self.hex(ids[start + limit])) }
                 out.yield(.text(channel + "i:" + reply.jsonString))
@@ -335,7 +340,7 @@ public final class SimperiumFake: Sendable {
                 state.connections[id]?.live = true
             case "e":
                 guard let name = connection.bucket, let bucket = state.buckets[name],
-                      let dot = body.lastIndex(of: ".")
+                    let dot = body.lastIndex(of: ".")
                 else { return }
                 let entityID = String(body[..<dot])
                 let version = Int64(body[body.index(after: dot)...])
@@ -424,16 +429,19 @@ public final class SimperiumFake: Sendable {
         let ports = AsyncStream<Int>.makeStream()
         let app = Application(
             router: router,
-            server: try FakeTLS.server(tls, .http1WebSocketUpgrade { request, _, _ -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>> in
-                let parts = (request.path ?? "").split(separator: "?")[0].split(separator: "/")
-                guard parts.count == 4, parts[0] == "sock", parts[1] == "1", parts[3] == "websocket" else {
-                    return .dontUpgrade
-                }
-                let app = String(parts[2])
-                return .upgrade([:]) { inbound, outbound, _ in
-                    try await self.serve(inbound: inbound, outbound: outbound, app: app)
-                }
-            }),
+            server: try FakeTLS.server(
+                tls,
+                .http1WebSocketUpgrade {
+                    request, _, _ -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>> in
+                    let parts = (request.path ?? "").split(separator: "?")[0].split(separator: "/")
+                    guard parts.count == 4, parts[0] == "sock", parts[1] == "1", parts[3] == "websocket" else {
+                        return .dontUpgrade
+                    }
+                    let app = String(parts[2])
+                    return .upgrade([:]) { inbound, outbound, _ in
+                        try await self.serve(inbound: inbound, outbound: outbound, app: app)
+                    }
+                }),
             configuration: .init(address: .hostname("127.0.0.1", port: port), serverName: "simperium-fake"),
             onServerRunning: { channel in
                 ports.continuation.yield(channel.localAddress?.port ?? 0)
@@ -522,7 +530,9 @@ extension SimperiumFake: StandaloneFake {
         var port = 0
         var iterator = arguments.makeIterator()
         while let argument = iterator.next() {
-            guard let value = iterator.next() else { throw HTTPError(.badRequest, message: "\(argument) needs a value") }
+            guard let value = iterator.next() else {
+                throw HTTPError(.badRequest, message: "\(argument) needs a value")
+            }
             switch argument {
             case "--port":
                 guard let number = Int(value) else { throw HTTPError(.badRequest, message: "bad --port \(value)") }

@@ -6,7 +6,9 @@ import PubSubClient
 struct APIOptions: ParsableArguments {
     @Option(
         name: [.customLong("url"), .customLong("server")],
-        help: "The broker's Bayeux endpoint; the API is at the same origin (PUBSUB_URL; default http://127.0.0.1:9292/faye).")
+        help:
+            "The broker's Bayeux endpoint; the API is at the same origin (PUBSUB_URL; default http://127.0.0.1:9292/faye)."
+    )
     var url: String?
     @Option(help: "The server API key (PUBSUB_API_KEY).") var apiKey: String?
     @Option(help: "A PEM file of certificate authorities to trust for https:// (PUBSUB_CA_FILE).") var caFile: String?
@@ -34,7 +36,9 @@ struct APIOptions: ParsableArguments {
                 throw failure("refused by the server: " + error.message, ExitStatus.refused)
             }
             if error.code == .httpStatus, error.message.hasPrefix("404") {
-                throw failure("no server API there (is the broker started with --api-key?): " + error.message, ExitStatus.unavailable)
+                throw failure(
+                    "no server API there (is the broker started with --api-key?): " + error.message,
+                    ExitStatus.unavailable)
             }
             throw failure(error)
         }
@@ -98,7 +102,9 @@ struct Channels: AsyncParsableCommand {
 
     func run() async throws {
         try await watching.run {
-            let answer = try await api.call { try await $0.get("channels", query: pattern.map { [("pattern", $0)] } ?? []) }
+            let answer = try await api.call {
+                try await $0.get("channels", query: pattern.map { [("pattern", $0)] } ?? [])
+            }
             if api.json { return answer.jsonString }
             let rows = (answer.objectValue?["channels"]?.arrayValue ?? []).map {
                 [text($0.objectValue?["subscribers"]), text($0.objectValue?["channel"])]
@@ -131,7 +137,8 @@ struct Presence: AsyncParsableCommand {
 }
 
 struct Info: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the broker's nodes, clients and rates (server API).")
+    static let configuration = CommandConfiguration(
+        abstract: "Show the broker's nodes, clients and rates (server API).")
     @OptionGroup var api: APIOptions
     @OptionGroup var watching: WatchOptions
 
@@ -145,7 +152,8 @@ struct Info: AsyncParsableCommand {
                 let rates = o?["rates"]?.objectValue
                 return [
                     text(o?["id"]), text(o?["uptimeSeconds"]), text(o?["sessions"]), text(o?["subscriptions"]),
-                    text(rates?["publishesPerSecond"]), text(rates?["deliveriesPerSecond"]), text(rates?["dropsPerSecond"]),
+                    text(rates?["publishesPerSecond"]), text(rates?["deliveriesPerSecond"]),
+                    text(rates?["dropsPerSecond"]),
                     clients.isEmpty ? "-" : clients.joined(separator: " "),
                 ]
             }
@@ -162,7 +170,9 @@ struct Disconnect: AsyncParsableCommand {
     @OptionGroup var api: APIOptions
 
     func run() async throws {
-        let answer = try await api.call { try await $0.post("disconnect", body: .object(["clientId": .string(clientId)])) }
+        let answer = try await api.call {
+            try await $0.post("disconnect", body: .object(["clientId": .string(clientId)]))
+        }
         if api.json { writeLine(answer.jsonString) }
         guard answer.objectValue?["disconnected"] == .bool(true) else {
             throw failure("no such client: \(clientId)", ExitStatus.refused)

@@ -10,7 +10,8 @@ import PubSubBench
 
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Load-test a Bayeux server (pubsub, Faye, CometD): deliveries/s, latency, losses, server CPU and memory.",
+        abstract:
+            "Load-test a Bayeux server (pubsub, Faye, CometD): deliveries/s, latency, losses, server CPU and memory.",
         discussion: """
             Scenarios:
               fanout   --subscribers N on one channel; --publishers publish at --rate publishes/s, or (rate 0)
@@ -61,12 +62,18 @@ struct Bench: AsyncParsableCommand {
     @Flag(help: "No progress line on standard error.") var quiet = false
     @Option(help: "Worker processes holding the subscribers (fanout at a --rate), each under its own descriptor limit.")
     var workers: Int = 0
-    @Option(help: "Local address to bind before connecting; repeat it (default with --workers on loopback: 127.0.0.2, …).")
+    @Option(
+        help: "Local address to bind before connecting; repeat it (default with --workers on loopback: 127.0.0.2, …).")
     var sourceAddress: [String] = []
     @Option(help: "Connections per source address.") var perAddress: Int = 3000
-    @Flag(help: "WebSocket clients offer permessage-deflate and inflate compressed messages (also PUBSUB_BENCH_COMPRESSION=1).")
+    @Flag(
+        help:
+            "WebSocket clients offer permessage-deflate and inflate compressed messages (also PUBSUB_BENCH_COMPRESSION=1)."
+    )
     var compression = false
-    @Option(help: "What each publish carries: filler (--size bytes), job-progress (~1 KiB JSON) or change-doc (~4 KiB JSON).")
+    @Option(
+        help:
+            "What each publish carries: filler (--size bytes), job-progress (~1 KiB JSON) or change-doc (~4 KiB JSON).")
     var payload: String?
     @Flag(help: .hidden) var worker = false
     @Option(help: .hidden) var runId: String?
@@ -74,7 +81,9 @@ struct Bench: AsyncParsableCommand {
 
     func options() throws -> BenchOptions {
         let urls = try (url.isEmpty ? ["http://127.0.0.1:9292/faye"] : url).map { text in
-            guard let url = BenchURL(text) else { throw ValidationError("--url must look like http://127.0.0.1:9292/faye") }
+            guard let url = BenchURL(text) else {
+                throw ValidationError("--url must look like http://127.0.0.1:9292/faye")
+            }
             return url
         }
         for address in sourceAddress where (try? SocketAddress(ipAddress: address, port: 0)) == nil {
@@ -85,7 +94,9 @@ struct Bench: AsyncParsableCommand {
         }
         let transport: Transport
         if let name = self.transport {
-            guard let t = Transport(rawValue: name) else { throw ValidationError("--transport must be websocket or long-polling") }
+            guard let t = Transport(rawValue: name) else {
+                throw ValidationError("--transport must be websocket or long-polling")
+            }
             transport = t
         } else {
             transport = scenario == .publish ? .longPolling : .websocket
@@ -113,7 +124,8 @@ struct Bench: AsyncParsableCommand {
         if compression { options.compression = true }
         if let payload {
             guard let kind = BenchPayload(rawValue: payload) else {
-                throw ValidationError("--payload must be \(BenchPayload.allCases.map(\.rawValue).joined(separator: ", "))")
+                throw ValidationError(
+                    "--payload must be \(BenchPayload.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             options.payload = kind
         }
@@ -122,7 +134,9 @@ struct Bench: AsyncParsableCommand {
             guard scenario == .fanout, rate > 0 else {
                 throw ValidationError("--workers runs the fanout scenario at a --rate (publishes per second) above 0")
             }
-            if serverPid != nil, urls.count > 1 { throw ValidationError("--server-pid measures one broker: give one --url") }
+            if serverPid != nil, urls.count > 1 {
+                throw ValidationError("--server-pid measures one broker: give one --url")
+            }
             // The sources are split between the workers later; here only the combination is checked.
             var check = options
             check.sourceAddresses = []

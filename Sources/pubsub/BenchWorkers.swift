@@ -36,8 +36,9 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
         plan = try WorkerPlan(
             subscribers: options.subscribers, workers: workers, addresses: addresses, perAddress: perAddress,
             descriptorLimit: descriptorLimit)
-        let executable = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
-            ?? CommandLine.arguments[0])
+        let executable = URL(
+            fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                ?? CommandLine.arguments[0])
         var processes: [Process] = []
         var inputs: [FileHandle] = []
         var outputs: [LineReader] = []
@@ -45,7 +46,8 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
         for share in plan.shares {
             defer { first += share.subscribers }
             var arguments = [
-                "bench", "--worker", "--quiet", "--first-index", String(first), "--run-id", runId, "--scenario", "fanout",
+                "bench", "--worker", "--quiet", "--first-index", String(first), "--run-id", runId, "--scenario",
+                "fanout",
                 "--transport", options.transport.rawValue, "--subscribers", String(share.subscribers),
                 "--publishers", String(options.publishers), "--rate", String(options.rate),
                 "--size", String(options.payloadBytes), "--threads", String(options.threads),
@@ -89,7 +91,8 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
             total.ready += ready.ready
             total.failed += ready.failed
             total.limit = total.limit ?? ready.limit
-            for sample in ready.errorSamples where total.errorSamples.count < 8 && !total.errorSamples.contains(sample) {
+            for sample in ready.errorSamples where total.errorSamples.count < 8 && !total.errorSamples.contains(sample)
+            {
                 total.errorSamples.append(sample)
             }
         }

@@ -15,7 +15,10 @@ struct ClientOptions: ParsableArguments {
     @Option(help: "The secret token shared with the broker (PUBSUB_SECRET).")
     var secret: String?
 
-    @Option(help: "A PEM file of certificate authorities to trust for https:// and wss:// instead of the system's (PUBSUB_CA_FILE).")
+    @Option(
+        help:
+            "A PEM file of certificate authorities to trust for https:// and wss:// instead of the system's (PUBSUB_CA_FILE)."
+    )
     var caFile: String?
 
     @OptionGroup var privatePub: PrivatePubConfigOptions
@@ -41,7 +44,9 @@ struct ClientOptions: ParsableArguments {
 struct JWTOptions: ParsableArguments {
     @Option(
         name: .customLong("token"),
-        help: "A JWT for a broker with --jwt-key or --jwt-public-key: sent as ext.token with the handshake (subscribe) or each publish (PUBSUB_TOKEN).")
+        help:
+            "A JWT for a broker with --jwt-key or --jwt-public-key: sent as ext.token with the handshake (subscribe) or each publish (PUBSUB_TOKEN)."
+    )
     var jwt: String?
 
     /// The JWT: the flag, then PUBSUB_TOKEN.

@@ -11,27 +11,35 @@ struct EngineOptions: ParsableArguments {
     var engine: EngineKind?
     @Option(help: "redis[s]://[[user]:password@]host[:port][/db] for --engine redis (PUBSUB_REDIS_URL).")
     var redisUrl: String?
-    @Option(help: "Prefix of every Redis key; nodes with the same prefix and database form one cluster (PUBSUB_REDIS_PREFIX).")
+    @Option(
+        help:
+            "Prefix of every Redis key; nodes with the same prefix and database form one cluster (PUBSUB_REDIS_PREFIX)."
+    )
     var redisPrefix: String?
-    @Option(help: ArgumentHelp(
-        "Redis Sentinel instead of --redis-url: host:port,host:port (or redis[s]://[:password@]host:port each) (PUBSUB_REDIS_SENTINELS).",
-        valueName: "sentinels"))
+    @Option(
+        help: ArgumentHelp(
+            "Redis Sentinel instead of --redis-url: host:port,host:port (or redis[s]://[:password@]host:port each) (PUBSUB_REDIS_SENTINELS).",
+            valueName: "sentinels"))
     var redisSentinels: String?
-    @Option(help: ArgumentHelp(
-        "The master's name at the sentinels; redis[s]://[[user]:password@]NAME[/db] for its password, database, TLS (PUBSUB_REDIS_MASTER_NAME).",
-        valueName: "name"))
+    @Option(
+        help: ArgumentHelp(
+            "The master's name at the sentinels; redis[s]://[[user]:password@]NAME[/db] for its password, database, TLS (PUBSUB_REDIS_MASTER_NAME).",
+            valueName: "name"))
     var redisMasterName: String?
-    @Option(help: ArgumentHelp(
-        "Redis Cluster instead of --redis-url: host:port,host:port of any of its nodes (or redis[s]://[[user]:password@]host:port each) (PUBSUB_REDIS_CLUSTER).",
-        valueName: "nodes"))
+    @Option(
+        help: ArgumentHelp(
+            "Redis Cluster instead of --redis-url: host:port,host:port of any of its nodes (or redis[s]://[[user]:password@]host:port each) (PUBSUB_REDIS_CLUSTER).",
+            valueName: "nodes"))
     var redisCluster: String?
-    @Option(help: ArgumentHelp(
-        "With --redis-cluster: spread the channels over this many shards, each on a slot of its own (PUBSUB_REDIS_SHARDS; default 1).",
-        valueName: "n"))
+    @Option(
+        help: ArgumentHelp(
+            "With --redis-cluster: spread the channels over this many shards, each on a slot of its own (PUBSUB_REDIS_SHARDS; default 1).",
+            valueName: "n"))
     var redisShards: Int?
-    @Option(help: ArgumentHelp(
-        "With --redis-shards: how many leading segments of a channel pick its shard (PUBSUB_REDIS_SHARD_SEGMENTS; default 1).",
-        valueName: "k"))
+    @Option(
+        help: ArgumentHelp(
+            "With --redis-shards: how many leading segments of a channel pick its shard (PUBSUB_REDIS_SHARD_SEGMENTS; default 1).",
+            valueName: "k"))
     var redisShardSegments: Int?
     @Option(help: "PEM file of the CAs to trust for rediss:// instead of the system's (PUBSUB_REDIS_CA_FILE).")
     var redisCaFile: String?
@@ -76,11 +84,13 @@ struct EngineOptions: ParsableArguments {
         let clusterNodes = try Environment.pick(redisCluster, "PUBSUB_REDIS_CLUSTER")
         if clusterNodes != nil, url != nil || sentinels != nil {
             throw ValidationError(
-                "--redis-cluster (PUBSUB_REDIS_CLUSTER) cannot be used with --redis-url or --redis-sentinels: one Redis server, the sentinels, or the cluster's nodes")
+                "--redis-cluster (PUBSUB_REDIS_CLUSTER) cannot be used with --redis-url or --redis-sentinels: one Redis server, the sentinels, or the cluster's nodes"
+            )
         }
         if url != nil, sentinels != nil {
             throw ValidationError(
-                "--redis-url (PUBSUB_REDIS_URL) and --redis-sentinels (PUBSUB_REDIS_SENTINELS) cannot be used together: one Redis server, or the sentinels that name the master")
+                "--redis-url (PUBSUB_REDIS_URL) and --redis-sentinels (PUBSUB_REDIS_SENTINELS) cannot be used together: one Redis server, or the sentinels that name the master"
+            )
         }
         if sentinels == nil, masterName != nil {
             throw ValidationError("--redis-master-name needs --redis-sentinels")
@@ -102,7 +112,8 @@ struct EngineOptions: ParsableArguments {
                 throw ValidationError("--redis-sentinels needs --redis-master-name (the name the sentinels monitor)")
             }
             do {
-                var (settings, master) = try RedisSentinelConfiguration.parse(sentinels: sentinels, masterName: masterName)
+                var (settings, master) = try RedisSentinelConfiguration.parse(
+                    sentinels: sentinels, masterName: masterName)
                 master.caFile = caFile
                 settings.sentinelConnection.caFile = caFile
                 return .sentinel(settings, master: master)

@@ -27,7 +27,8 @@ struct PrivatePubConfigOptions: ParsableArguments {
             }
             return nil
         }
-        let env = environment ?? Environment.string("PUBSUB_ENVIRONMENT") ?? Environment.string("RAILS_ENV")
+        let env =
+            environment ?? Environment.string("PUBSUB_ENVIRONMENT") ?? Environment.string("RAILS_ENV")
             ?? Environment.string("RACK_ENV") ?? "development"
         guard let bytes = readFile(path) else {
             let reason = String(cString: strerror(errno))

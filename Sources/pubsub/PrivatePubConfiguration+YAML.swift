@@ -101,9 +101,12 @@ extension PrivatePubConfiguration {
         switch error {
         case .scanner(let context, let problem, let mark, _), .parser(let context, let problem, let mark, _),
             .composer(let context, let problem, let mark, _):
-            let line = text.split(separator: "\n", omittingEmptySubsequences: false)
+            let line =
+                text.split(separator: "\n", omittingEmptySubsequences: false)
                 .dropFirst(mark.line - 1).first ?? ""
-            if problem.contains("cannot start any token"), line.prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
+            if problem.contains("cannot start any token"),
+                line.prefix(while: { $0 == " " || $0 == "\t" }).contains("\t")
+            {
                 return "\(file):\(mark.line): tabs are not allowed for indentation in YAML"
             }
             let during = context.map { " (\($0.text), line \($0.mark.line))" } ?? ""

@@ -38,7 +38,10 @@ struct Publish: AsyncParsableCommand {
     @Flag(help: "Wrap the data as PrivatePub's publish_to does: {\"channel\": CHANNEL, \"data\": DATA}.")
     var privatepub = false
 
-    @Flag(help: "The data is JavaScript for PrivatePub's browsers to run: {\"channel\": CHANNEL, \"eval\": JS} (implies --privatepub).")
+    @Flag(
+        help:
+            "The data is JavaScript for PrivatePub's browsers to run: {\"channel\": CHANNEL, \"eval\": JS} (implies --privatepub)."
+    )
     var eval = false
 
     @Option(help: "Seconds to wait for each answer from the server.")
@@ -54,7 +57,9 @@ struct Publish: AsyncParsableCommand {
     var data: String?
 
     func validate() throws {
-        if lines && data != nil { throw ValidationError("give the data on standard input with --lines, not as an argument") }
+        if lines && data != nil {
+            throw ValidationError("give the data on standard input with --lines, not as an argument")
+        }
         guard timeout > 0, timeout.isFinite else { throw ValidationError("--timeout must be positive") }
         guard batchSize > 0 else { throw ValidationError("--batch-size must be positive") }
     }
@@ -113,7 +118,9 @@ struct Publish: AsyncParsableCommand {
     static func checkPublishable(_ channel: String) throws {
         switch Channel.kind(of: channel) {
         case .name?:
-            if Channel.isMeta(channel) { throw failure("cannot publish to a /meta channel: \(channel)", ExitStatus.usage) }
+            if Channel.isMeta(channel) {
+                throw failure("cannot publish to a /meta channel: \(channel)", ExitStatus.usage)
+            }
         case .singleWildcard?, .deepWildcard?:
             throw failure("cannot publish to a wildcard channel: \(channel)", ExitStatus.usage)
         case nil:
@@ -136,7 +143,9 @@ struct Publish: AsyncParsableCommand {
                 for (index, line) in all.enumerated() where !line.allSatisfy(\.isWhitespace) {
                     texts.append((index + 1, String(line)))
                 }
-                if texts.isEmpty { throw failure("no lines on standard input: nothing to publish", ExitStatus.dataError) }
+                if texts.isEmpty {
+                    throw failure("no lines on standard input: nothing to publish", ExitStatus.dataError)
+                }
             } else {
                 var body = Substring(text)
                 if eval { while body.last == "\n" || body.last == "\r\n" { body = body.dropLast() } }

@@ -28,18 +28,25 @@ struct RelayOptions: ParsableArguments {
     @Flag(help: "Put the row or document in data.doc.")
     var includeDoc = false
 
-    @Option(help: ArgumentHelp(
-        "Send a collection's changes to the channels of their audience instead: COLLECTION=/channel/{field}, e.g. 'public.notes=/users/{owner_id}/notes'; repeat for several (docs/RELAY.md, routing).",
-        valueName: "route"))
+    @Option(
+        help: ArgumentHelp(
+            "Send a collection's changes to the channels of their audience instead: COLLECTION=/channel/{field}, e.g. 'public.notes=/users/{owner_id}/notes'; repeat for several (docs/RELAY.md, routing).",
+            valueName: "route"))
     var route: [String] = []
 
-    @Option(help: "With --route over CouchDB, Sync Gateway or Simperium: how many documents' routed values are remembered (in <checkpoint>.audience) to route their deletes and moves.")
+    @Option(
+        help:
+            "With --route over CouchDB, Sync Gateway or Simperium: how many documents' routed values are remembered (in <checkpoint>.audience) to route their deletes and moves."
+    )
     var routeMemory: Int = 100_000
 
     /// Whether the source must read documents: for data.doc, or because routes read them.
     var needsDocuments: Bool { includeDoc || !route.isEmpty }
 
-    @Option(help: "A JWT the relay publishes with, sent as ext.token on each publish, for a broker with --jwt-key or --jwt-public-key (PUBSUB_TOKEN; pubsub relay postgres, couchdb and blip also take it as --token).")
+    @Option(
+        help:
+            "A JWT the relay publishes with, sent as ext.token on each publish, for a broker with --jwt-key or --jwt-public-key (PUBSUB_TOKEN; pubsub relay postgres, couchdb and blip also take it as --token)."
+    )
     var brokerToken: String?
 
     @Option(help: "Messages per publish request.")
@@ -153,7 +160,10 @@ struct RelayPostgres: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "The database: postgres://user[:password]@host[:port]/database[?sslmode=…&sslrootcert=ca.pem] (or ?host=/socket/dir); sslmode as libpq: disable, allow, prefer (default), require, verify-ca, verify-full.")
+    @Option(
+        help:
+            "The database: postgres://user[:password]@host[:port]/database[?sslmode=…&sslrootcert=ca.pem] (or ?host=/socket/dir); sslmode as libpq: disable, allow, prefer (default), require, verify-ca, verify-full."
+    )
     var dsn: String
 
     @Option(help: "The logical replication slot (created with wal2json if missing).")
@@ -162,7 +172,8 @@ struct RelayPostgres: AsyncParsableCommand {
     @Option(help: "A table to relay, as schema.table; repeat for several.")
     var table: [String] = []
 
-    @Option(help: "Seconds of rest after a poll that found the slot drained (a full poll is followed by the next at once).")
+    @Option(
+        help: "Seconds of rest after a poll that found the slot drained (a full poll is followed by the next at once).")
     var pollInterval: Double = 0.1
 
     @Option(help: "Most changes per batch; a larger transaction is relayed and checkpointed in pieces.")
@@ -224,13 +235,16 @@ struct BayeuxPublisher: Publisher {
             withToken["token"] = .string(token)
             ext = withToken
         }
-        let results = try await client.publish(messages.map {
-            BayeuxClient.Publication(channel: $0.channel, data: $0.data, ext: ext)
-        })
+        let results = try await client.publish(
+            messages.map {
+                BayeuxClient.Publication(channel: $0.channel, data: $0.data, ext: ext)
+            })
         if let index = results.firstIndex(where: { !$0.successful }) {
             let refused = results.filter { !$0.successful }.count
-            throw RelayError(.publish,
-                "the broker refused \(refused) of \(results.count) messages (first on \(messages[index].channel): \(results[index].error ?? "refused"))")
+            throw RelayError(
+                .publish,
+                "the broker refused \(refused) of \(results.count) messages (first on \(messages[index].channel): \(results[index].error ?? "refused"))"
+            )
         }
     }
 }

@@ -68,8 +68,9 @@ struct RelayBLIP: AsyncParsableCommand {
         let tls = try feedTLS.make()
         let logger = try relay.makeLogger()
         let url = try BLIPURL(sgUrl, username: user, password: password)
-        var configuration = BLIPChangeSource.Configuration(url: url, channels: channel, batch: batch,
-                                                           activeOnly: activeOnly, includeDocuments: relay.needsDocuments)
+        var configuration = BLIPChangeSource.Configuration(
+            url: url, channels: channel, batch: batch,
+            activeOnly: activeOnly, includeDocuments: relay.needsDocuments)
         configuration.tls = tls
         let source = BLIPChangeSource(configuration: configuration, logger: logger)
         try await relay.run(source: source, logger: logger, token: jwt.token)

@@ -5,7 +5,8 @@ import PubSubRelay
 struct RelayCouchDB: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "couchdb",
-        abstract: "Relay a CouchDB-style _changes feed (CouchDB, Cloudant, PouchDB Server, Sync Gateway) to channel events.",
+        abstract:
+            "Relay a CouchDB-style _changes feed (CouchDB, Cloudant, PouchDB Server, Sync Gateway) to channel events.",
         discussion: """
             Follows <db-url>/_changes (feed=continuous by default, or longpoll or eventsource) with a heartbeat, \
             publishes every change to <prefix>/<db>/<escaped id> (a Sync Gateway keyspace db.scope.collection \
@@ -31,13 +32,18 @@ struct RelayCouchDB: AsyncParsableCommand {
     )
 
     // A string, parsed in validate(): a value the parser refuses is echoed, and this one may carry a password.
-    @Option(name: .customLong("db-url"), help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).")
+    @Option(
+        name: .customLong("db-url"),
+        help: "The database: http[s]://[user:password@]host[:port]/db (Sync Gateway: /db or /db.scope.collection).")
     var dbURL: String
 
     @Option(help: "continuous, longpoll or eventsource (CouchDB only).")
     var feed: CouchDBChangeSource.Feed = .continuous
 
-    @Option(help: "Milliseconds between the server's heartbeats; no byte for twice as long reopens the feed (Sync Gateway needs at least 25000).")
+    @Option(
+        help:
+            "Milliseconds between the server's heartbeats; no byte for twice as long reopens the feed (Sync Gateway needs at least 25000)."
+    )
     var heartbeat: Int = 10000
 
     @Option(help: "A filter passed to the server (ddoc/name, _design, sync_gateway/bychannel).")

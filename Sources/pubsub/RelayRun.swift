@@ -29,8 +29,9 @@ struct RelayRun: AsyncParsableCommand {
     @Argument(help: "The relay configuration file (JSON).")
     var file: String
 
-    @Option(name: [.customLong("url"), .customLong("server")],
-            help: "The broker's Bayeux endpoint (wins over the file's url, then PUBSUB_URL).")
+    @Option(
+        name: [.customLong("url"), .customLong("server")],
+        help: "The broker's Bayeux endpoint (wins over the file's url, then PUBSUB_URL).")
     var url: String?
 
     @Option(help: "The broker's secret token (wins over the file's secret, then PUBSUB_SECRET).")
@@ -39,7 +40,10 @@ struct RelayRun: AsyncParsableCommand {
     @Option(help: "A JWT to publish with, sent as ext.token (wins over the file's token, then PUBSUB_TOKEN).")
     var token: String?
 
-    @Option(help: "A PEM file of certificate authorities to trust for an https:// broker instead of the system's (PUBSUB_CA_FILE).")
+    @Option(
+        help:
+            "A PEM file of certificate authorities to trust for an https:// broker instead of the system's (PUBSUB_CA_FILE)."
+    )
     var caFile: String?
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical (PUBSUB_LOG_LEVEL).")
@@ -82,7 +86,10 @@ struct RelayRun: AsyncParsableCommand {
                 throw failure(error)
             }
             clients.append(client)
-            runners.append(FeedRunner(feed: feed, publisher: BayeuxPublisher(client: client, secret: secret, token: token), logger: logger))
+            runners.append(
+                FeedRunner(
+                    feed: feed, publisher: BayeuxPublisher(client: client, secret: secret, token: token), logger: logger
+                ))
         }
         logger.info("relaying \(runners.count) feed(s) to \(url)")
         let task = Task { await FeedRunner.runAll(runners) }

@@ -34,8 +34,9 @@ struct RelaySimperium: AsyncParsableCommand {
     @Option(help: "The bucket to relay.")
     var bucket: String
 
-    @Option(help: "The streaming API: a base URL (wss://api.simperium.com) or the full WebSocket URL.",
-            transform: { try SimperiumURL($0) })
+    @Option(
+        help: "The streaming API: a base URL (wss://api.simperium.com) or the full WebSocket URL.",
+        transform: { try SimperiumURL($0) })
     var simperiumURL: SimperiumURL?
 
     @Option(help: "Seconds of quiet before a heartbeat is sent; an answer must come within half of it (at least 1 s).")
@@ -53,7 +54,9 @@ struct RelaySimperium: AsyncParsableCommand {
             throw ValidationError(problem)
         }
         guard resolvedToken != nil else { throw ValidationError("give --token or set SIMPERIUM_TOKEN") }
-        guard heartbeat > 0, heartbeat <= 3600 else { throw ValidationError("--heartbeat must be in (0, 3600] seconds") }
+        guard heartbeat > 0, heartbeat <= 3600 else {
+            throw ValidationError("--heartbeat must be in (0, 3600] seconds")
+        }
         guard indexPage > 0, indexPage <= 1000 else { throw ValidationError("--index-page must be between 1 and 1000") }
     }
 
@@ -68,7 +71,8 @@ struct RelaySimperium: AsyncParsableCommand {
         var configuration = SimperiumChangeSource.Configuration(
             url: SimperiumChangeSource.Configuration.websocketURL(base: simperiumURL?.text, appID: appID),
             appID: appID, token: resolvedToken ?? "", bucket: bucket, indexPageSize: indexPage,
-            batchSize: relay.batchSize, includeDocuments: relay.needsDocuments, heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
+            batchSize: relay.batchSize, includeDocuments: relay.needsDocuments,
+            heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
             heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         configuration.tls = tls
         let source = SimperiumChangeSource(configuration: configuration, logger: logger)

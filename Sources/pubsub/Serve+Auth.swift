@@ -7,10 +7,16 @@ struct AuthOptions: ParsableArguments {
     @Option(help: "Secret token: subscriptions must be signed with it and publishes must carry it (PUBSUB_SECRET).")
     var secret: String?
 
-    @Option(help: "Seconds a subscription signature stays valid; default forever, as PrivatePub (PUBSUB_SIGNATURE_EXPIRATION).")
+    @Option(
+        help:
+            "Seconds a subscription signature stays valid; default forever, as PrivatePub (PUBSUB_SIGNATURE_EXPIRATION)."
+    )
     var signatureExpiration: Double?
 
-    @Option(help: "Seconds a signature's timestamp may lie in the future, for clock skew; default 300 (PUBSUB_MAX_CLOCK_SKEW).")
+    @Option(
+        help:
+            "Seconds a signature's timestamp may lie in the future, for clock skew; default 300 (PUBSUB_MAX_CLOCK_SKEW)."
+    )
     var maxClockSkew: Double?
 
     @Option(
@@ -56,10 +62,14 @@ struct AuthOptions: ParsableArguments {
         guard skew >= 0, skew.isFinite else { throw ValidationError("--max-clock-skew must not be negative") }
         guard let secret else {
             if signatures != nil || binding || signatureExpiration != nil {
-                throw ValidationError("--signatures, --require-client-binding and --signature-expiration need a secret (--secret or PUBSUB_SECRET)")
+                throw ValidationError(
+                    "--signatures, --require-client-binding and --signature-expiration need a secret (--secret or PUBSUB_SECRET)"
+                )
             }
             if !publics.isEmpty, try modes.resolve().isEmpty {
-                throw ValidationError("--public needs an authorization mode (--secret, --jwt-key, --jwt-public-key, --jwt-jwks-url or --auth-hook)")
+                throw ValidationError(
+                    "--public needs an authorization mode (--secret, --jwt-key, --jwt-public-key, --jwt-jwks-url or --auth-hook)"
+                )
             }
             return (nil, nil)
         }
@@ -72,7 +82,8 @@ struct AuthOptions: ParsableArguments {
         case .privatePub: summary = "subscriptions need PrivatePub (SHA-1) signatures"
         case .hmac: summary = "subscriptions need HMAC-SHA256 signatures" + (binding ? " bound to the clientId" : "")
         case .both:
-            summary = "subscriptions need PrivatePub (SHA-1) or HMAC-SHA256 signatures"
+            summary =
+                "subscriptions need PrivatePub (SHA-1) or HMAC-SHA256 signatures"
                 + (binding ? " (HMAC bound to the clientId)" : "")
         }
         summary += expiration.map { ", valid for \(Self.number($0)) s" } ?? ", valid forever"

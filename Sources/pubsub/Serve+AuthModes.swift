@@ -8,39 +8,46 @@ import ServiceLifecycle
 
 /// The authorization modes beyond PrivatePub (JWT, the HTTP hook) and the browser-access options of `pubsub serve`.
 struct AuthModeOptions: ParsableArguments {
-    @Option(help: ArgumentHelp(
-        "HS256 secret: clients present JWTs in ext.token (PUBSUB_JWT_KEY).", valueName: "secret"))
+    @Option(
+        help: ArgumentHelp(
+            "HS256 secret: clients present JWTs in ext.token (PUBSUB_JWT_KEY).", valueName: "secret"))
     var jwtKey: String?
 
-    @Option(help: ArgumentHelp(
-        "PEM public key (RSA for RS256, P-256 for ES256) that verifies JWTs (PUBSUB_JWT_PUBLIC_KEY).",
-        valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "PEM public key (RSA for RS256, P-256 for ES256) that verifies JWTs (PUBSUB_JWT_PUBLIC_KEY).",
+            valueName: "file"))
     var jwtPublicKey: String?
 
-    @Option(help: ArgumentHelp(
-        "JWKS URL (an OIDC provider's jwks_uri) whose RS256 and ES256 keys verify JWTs by kid (PUBSUB_JWT_JWKS_URL).",
-        valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "JWKS URL (an OIDC provider's jwks_uri) whose RS256 and ES256 keys verify JWTs by kid (PUBSUB_JWT_JWKS_URL).",
+            valueName: "url"))
     var jwtJwksUrl: String?
 
-    @Option(help: ArgumentHelp(
-        "Seconds between fetches of the JWKS; default 300 (PUBSUB_JWT_JWKS_REFRESH).", valueName: "seconds"))
+    @Option(
+        help: ArgumentHelp(
+            "Seconds between fetches of the JWKS; default 300 (PUBSUB_JWT_JWKS_REFRESH).", valueName: "seconds"))
     var jwtJwksRefresh: Double?
 
-    @Option(help: ArgumentHelp(
-        "Every JWT's aud must contain this audience (PUBSUB_JWT_AUDIENCE).", valueName: "audience"))
+    @Option(
+        help: ArgumentHelp(
+            "Every JWT's aud must contain this audience (PUBSUB_JWT_AUDIENCE).", valueName: "audience"))
     var jwtAudience: String?
 
     @Option(help: ArgumentHelp("Every JWT's iss must be this issuer (PUBSUB_JWT_ISSUER).", valueName: "issuer"))
     var jwtIssuer: String?
 
-    @Option(help: ArgumentHelp(
-        "URL the broker POSTs each authorization question to; the app answers {\"allow\": …} (PUBSUB_AUTH_HOOK).",
-        valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "URL the broker POSTs each authorization question to; the app answers {\"allow\": …} (PUBSUB_AUTH_HOOK).",
+            valueName: "url"))
     var authHook: String?
 
-    @Option(help: ArgumentHelp(
-        "Actions the hook decides: any of handshake, subscribe, publish; default subscribe (PUBSUB_AUTH_HOOK_ACTIONS).",
-        valueName: "list"))
+    @Option(
+        help: ArgumentHelp(
+            "Actions the hook decides: any of handshake, subscribe, publish; default subscribe (PUBSUB_AUTH_HOOK_ACTIONS).",
+            valueName: "list"))
     var authHookActions: String?
 
     @Option(help: "Seconds the hook may take; later is a refusal; default 2 (PUBSUB_AUTH_HOOK_TIMEOUT).")
@@ -52,12 +59,16 @@ struct AuthModeOptions: ParsableArguments {
     @Option(help: "Hook calls in flight at once; more wait (PUBSUB_AUTH_HOOK_CONCURRENCY, default 64).")
     var authHookConcurrency: Int?
 
-    @Option(help: ArgumentHelp(
-        "Web origins allowed to use CORS and WebSocket, comma-separated (https://app.example.com, https://*.example.com); default any. JSON-P cannot be protected by origin: see --disable-callback-polling (PUBSUB_ALLOWED_ORIGINS).",
-        valueName: "list"))
+    @Option(
+        help: ArgumentHelp(
+            "Web origins allowed to use CORS and WebSocket, comma-separated (https://app.example.com, https://*.example.com); default any. JSON-P cannot be protected by origin: see --disable-callback-polling (PUBSUB_ALLOWED_ORIGINS).",
+            valueName: "list"))
     var allowedOrigins: String?
 
-    @Flag(help: "Refuse JSON-P callback-polling, which --allowed-origins cannot protect (PUBSUB_DISABLE_CALLBACK_POLLING=1).")
+    @Flag(
+        help:
+            "Refuse JSON-P callback-polling, which --allowed-origins cannot protect (PUBSUB_DISABLE_CALLBACK_POLLING=1)."
+    )
     var disableCallbackPolling = false
 
     /// What the flags and variables ask for, read and checked without building anything.
@@ -115,7 +126,9 @@ struct AuthModeOptions: ParsableArguments {
                     }
                     actions.insert(action)
                 }
-                guard !actions.isEmpty else { throw ValidationError("--auth-hook-actions must name at least one action") }
+                guard !actions.isEmpty else {
+                    throw ValidationError("--auth-hook-actions must name at least one action")
+                }
             }
             guard timeout > 0, timeout <= 60 else {
                 throw ValidationError("--auth-hook-timeout must be above 0 and at most 60 seconds")
@@ -128,7 +141,9 @@ struct AuthModeOptions: ParsableArguments {
                 url: url, actions: actions, timeout: .nanoseconds(Int64(timeout * 1e9)),
                 maxConcurrent: concurrency, cacheTTL: .nanoseconds(Int64(cache * 1e9)))
         } else if actionsText != nil || authHookTimeout != nil || authHookCache != nil || authHookConcurrency != nil {
-            throw ValidationError("--auth-hook-actions, --auth-hook-timeout, --auth-hook-cache and --auth-hook-concurrency need --auth-hook")
+            throw ValidationError(
+                "--auth-hook-actions, --auth-hook-timeout, --auth-hook-cache and --auth-hook-concurrency need --auth-hook"
+            )
         }
         var origins = OriginPolicy()
         if let list = allowedOrigins ?? Environment.string("PUBSUB_ALLOWED_ORIGINS") {
@@ -210,7 +225,8 @@ extension AuthOptions {
                 services.append(JWKSRefreshService(source: source))
                 if settings.url.lowercased().hasPrefix("http://"), !Self.isLoopback(settings.url) {
                     warnings.append(
-                        "--jwt-jwks-url \(settings.url) is plain HTTP: whoever can change the answer on the way can sign tokens")
+                        "--jwt-jwks-url \(settings.url) is plain HTTP: whoever can change the answer on the way can sign tokens"
+                    )
                 }
             }
             let jwt: JWTAuthorizer
@@ -226,11 +242,13 @@ extension AuthOptions {
             }
             authorizers.append(jwt)
             summary.append(
-                "JWTs (\(jwt.algorithms.map(\.rawValue).joined(separator: ", "))) in ext.token set the session's user and grant channels")
+                "JWTs (\(jwt.algorithms.map(\.rawValue).joined(separator: ", "))) in ext.token set the session's user and grant channels"
+            )
             if let jwks, let settings = modes.jwks {
                 let held = jwks.keys.map { "\($0.count) key(s) held" } ?? "no keys yet: JWKS tokens are refused"
                 summary.append(
-                    "JWKS \(settings.url), refetched every \(AuthOptions.number(settings.refreshInterval)) s and for an unknown kid (at most every \(AuthOptions.number(settings.unknownKidInterval)) s); \(held)")
+                    "JWKS \(settings.url), refetched every \(AuthOptions.number(settings.refreshInterval)) s and for an unknown kid (at most every \(AuthOptions.number(settings.unknownKidInterval)) s); \(held)"
+                )
             }
         }
         if let hook = modes.hook {
@@ -248,7 +266,8 @@ extension AuthOptions {
             }
             if modes.origins.patterns == nil {
                 warnings.append(
-                    "authorization is configured but any web origin may use the broker with its users' cookies: set --allowed-origins")
+                    "authorization is configured but any web origin may use the broker with its users' cookies: set --allowed-origins"
+                )
             }
         }
         return (pipeline, summary, warnings, services)

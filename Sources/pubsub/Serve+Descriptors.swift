@@ -10,9 +10,12 @@ extension Serve {
         let limit = raise.after ?? raise.before
         if let failure = raise.failure {
             logger.warning(
-                "file descriptor limit: could not raise the soft limit to the hard limit (\(failure)); serving with \(describe(limit?.soft)) (hard \(describe(limit?.hard)))")
+                "file descriptor limit: could not raise the soft limit to the hard limit (\(failure)); serving with \(describe(limit?.soft)) (hard \(describe(limit?.hard)))"
+            )
         } else if let before = raise.before, let after = raise.after, raise.raised {
-            logger.info("file descriptor limit: soft \(describe(after.soft)) (raised from \(describe(before.soft))), hard \(describe(after.hard))")
+            logger.info(
+                "file descriptor limit: soft \(describe(after.soft)) (raised from \(describe(before.soft))), hard \(describe(after.hard))"
+            )
         } else {
             logger.info("file descriptor limit: soft \(describe(limit?.soft)), hard \(describe(limit?.hard))")
         }
@@ -26,17 +29,20 @@ extension Serve {
         case nil:
             let derived = limit.defaultMaxConnections
             logger.info(
-                "max connections: \(derived), from the descriptor limit \(limit.soft) less \(DescriptorLimit.headroom(soft: limit.soft)) kept for listeners, Redis, PostgreSQL, webhooks and files (--max-connections sets it)")
+                "max connections: \(derived), from the descriptor limit \(limit.soft) less \(DescriptorLimit.headroom(soft: limit.soft)) kept for listeners, Redis, PostgreSQL, webhooks and files (--max-connections sets it)"
+            )
             return derived
         case 0?:
-            logger.notice("max connections: no limit (--max-connections 0); the descriptor limit \(limit.soft) still bounds them")
+            logger.notice(
+                "max connections: no limit (--max-connections 0); the descriptor limit \(limit.soft) still bounds them")
             return 0
         case let given?:
             if limit.allows(maxConnections: given) {
                 logger.info("max connections: \(given) (--max-connections)")
             } else {
                 logger.warning(
-                    "--max-connections \(given) is more than the descriptor limit \(limit.soft) allows (about \(limit.defaultMaxConnections) with room for other descriptors): past that, new connections are answered 503 through a reserve descriptor, or wait")
+                    "--max-connections \(given) is more than the descriptor limit \(limit.soft) allows (about \(limit.defaultMaxConnections) with room for other descriptors): past that, new connections are answered 503 through a reserve descriptor, or wait"
+                )
             }
             return given
         }

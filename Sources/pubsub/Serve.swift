@@ -2,11 +2,11 @@ import ArgumentParser
 import CoreMetrics
 import Logging
 import NIOCore
-import PubSubCore
 import Prometheus
+import PubSubCore
 import PubSubRelay
-import PubSubWebhooks
 import PubSubServer
+import PubSubWebhooks
 import ServiceLifecycle
 import UnixSignals
 
@@ -36,39 +36,71 @@ struct Serve: AsyncParsableCommand {
     var maxRequestBytes: Int?
     @Option(help: "Largest WebSocket message in bytes; larger closes with 1009 (PUBSUB_MAX_FRAME_BYTES).")
     var maxFrameBytes: Int?
-    @Option(help: "WebSocket compression (permessage-deflate), on or off: each event is compressed once per publish for the clients that negotiate it (PUBSUB_WEBSOCKET_COMPRESSION).")
+    @Option(
+        help:
+            "WebSocket compression (permessage-deflate), on or off: each event is compressed once per publish for the clients that negotiate it (PUBSUB_WEBSOCKET_COMPRESSION)."
+    )
     var websocketCompression: Switch?
     @Option(help: "Events shorter than this many bytes go uncompressed (PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES).")
     var websocketCompressionMinBytes: Int?
     @Option(help: "Events queued per client before it is dropped (PUBSUB_MAX_QUEUE).") var maxQueue: Int?
-    @Option(help: "Bytes waiting to be written to one connection before it stops being read and its events queue (PUBSUB_MAX_OUTBOUND_BYTES).")
+    @Option(
+        help:
+            "Bytes waiting to be written to one connection before it stops being read and its events queue (PUBSUB_MAX_OUTBOUND_BYTES)."
+    )
     var maxOutboundBytes: Int?
     @Option(help: "Messages in one request or frame (PUBSUB_MAX_MESSAGES_PER_REQUEST).")
     var maxMessagesPerRequest: Int?
     @Option(help: "Subscriptions per client (PUBSUB_MAX_SUBSCRIPTIONS).") var maxSubscriptions: Int?
     @Option(help: "Longest channel name in bytes (PUBSUB_MAX_CHANNEL_LENGTH).") var maxChannelLength: Int?
     @Option(help: "Deepest JSON nesting accepted (PUBSUB_MAX_JSON_DEPTH).") var maxJsonDepth: Int?
-    @Option(help: "Published messages kept for clients resuming after a reconnect; 0 turns history off (PUBSUB_HISTORY_SIZE).")
+    @Option(
+        help:
+            "Published messages kept for clients resuming after a reconnect; 0 turns history off (PUBSUB_HISTORY_SIZE)."
+    )
     var historySize: Int?
-    @Option(help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL).")
+    @Option(
+        help: "Seconds a message stays in the history; 0 means until the size limit pushes it out (PUBSUB_HISTORY_TTL)."
+    )
     var historyTtl: Double?
-    @Option(help: "Bytes the history may hold (the stored events, summed); the oldest go first; 0: bounded by --history-size only (PUBSUB_HISTORY_BYTES).")
+    @Option(
+        help:
+            "Bytes the history may hold (the stored events, summed); the oldest go first; 0: bounded by --history-size only (PUBSUB_HISTORY_BYTES)."
+    )
     var historyBytes: Int?
-    @Option(help: "Seconds a request head may take, from its first byte (from the connection's start for the first); then the connection is closed (PUBSUB_HEADER_TIMEOUT).")
+    @Option(
+        help:
+            "Seconds a request head may take, from its first byte (from the connection's start for the first); then the connection is closed (PUBSUB_HEADER_TIMEOUT)."
+    )
     var headerTimeout: Double?
-    @Option(help: "Seconds a keep-alive connection may wait for its next request; a parked long-poll or an open stream is never idle (PUBSUB_IDLE_TIMEOUT).")
+    @Option(
+        help:
+            "Seconds a keep-alive connection may wait for its next request; a parked long-poll or an open stream is never idle (PUBSUB_IDLE_TIMEOUT)."
+    )
     var idleTimeout: Double?
-    @Option(help: "Seconds a connection's writes may stay blocked by a client that does not read before it is closed; its session survives (PUBSUB_SEND_TIMEOUT).")
+    @Option(
+        help:
+            "Seconds a connection's writes may stay blocked by a client that does not read before it is closed; its session survives (PUBSUB_SEND_TIMEOUT)."
+    )
     var sendTimeout: Double?
-    @Option(help: "Seconds of WebSocket silence before a ping; silent for twice this, the socket is closed (PUBSUB_PING_INTERVAL).")
+    @Option(
+        help:
+            "Seconds of WebSocket silence before a ping; silent for twice this, the socket is closed (PUBSUB_PING_INTERVAL)."
+    )
     var pingInterval: Double?
-    @Option(help: "Key of the server API (/api) and the dashboard (/admin), sent as `Authorization: apikey KEY`; without it both are off (PUBSUB_API_KEY).")
+    @Option(
+        help:
+            "Key of the server API (/api) and the dashboard (/admin), sent as `Authorization: apikey KEY`; without it both are off (PUBSUB_API_KEY)."
+    )
     var apiKey: String?
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Production") var operations: OperationsOptions
     @OptionGroup(title: "Several nodes") var cluster: EngineOptions
     @OptionGroup(title: "Webhooks") var webhooks: WebhookOptions
-    @Option(help: "A relay configuration file (see `pubsub relay run --help`): its change feeds are published in-process, and its metrics are on /metrics (PUBSUB_RELAY).")
+    @Option(
+        help:
+            "A relay configuration file (see `pubsub relay run --help`): its change feeds are published in-process, and its metrics are on /metrics (PUBSUB_RELAY)."
+    )
     var relay: String?
     @Option(help: "Event-loop threads; 0 is one per core (PUBSUB_THREADS).") var threads: Int?
     @Option(help: "trace, debug, info, notice, warning, error or critical (PUBSUB_LOG_LEVEL).")
@@ -86,25 +118,32 @@ struct Serve: AsyncParsableCommand {
         let interval = try Environment.pick(self.interval, "PUBSUB_INTERVAL", seconds(defaults.broker.interval))
         let port = try Environment.pick(self.port, "PUBSUB_PORT", defaults.port)
         guard (0...65535).contains(port) else { throw ValidationError("--port must be between 0 and 65535") }
-        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be above 0 and at most 3600 seconds") }
+        guard timeout > 0, timeout <= 3600 else {
+            throw ValidationError("--timeout must be above 0 and at most 3600 seconds")
+        }
         guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
         let historySize = try Environment.pick(self.historySize, "PUBSUB_HISTORY_SIZE", defaults.broker.historySize)
         guard historySize >= 0 else { throw ValidationError("--history-size must not be negative") }
-        let historyTTL = try Environment.pick(self.historyTtl, "PUBSUB_HISTORY_TTL", defaults.broker.historyTTL.map(seconds) ?? 0)
+        let historyTTL = try Environment.pick(
+            self.historyTtl, "PUBSUB_HISTORY_TTL", defaults.broker.historyTTL.map(seconds) ?? 0)
         guard historyTTL >= 0 else { throw ValidationError("--history-ttl must not be negative") }
         let historyBytes = try Environment.pick(self.historyBytes, "PUBSUB_HISTORY_BYTES", defaults.broker.historyBytes)
         guard historyBytes >= 0 else { throw ValidationError("--history-bytes must not be negative") }
         let broker = BrokerConfiguration(
             timeout: .nanoseconds(Int64(timeout * 1e9)),
             interval: .nanoseconds(Int64(interval * 1e9)),
-            maxQueue: try positive(Environment.pick(maxQueue, "PUBSUB_MAX_QUEUE", defaults.broker.maxQueue), "max-queue"),
+            maxQueue: try positive(
+                Environment.pick(maxQueue, "PUBSUB_MAX_QUEUE", defaults.broker.maxQueue), "max-queue"),
             maxSubscriptionsPerClient: try positive(
-                Environment.pick(maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", defaults.broker.maxSubscriptionsPerClient),
+                Environment.pick(
+                    maxSubscriptions, "PUBSUB_MAX_SUBSCRIPTIONS", defaults.broker.maxSubscriptionsPerClient),
                 "max-subscriptions"),
             maxChannelLength: try positive(
-                Environment.pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", defaults.broker.maxChannelLength), "max-channel-length"),
+                Environment.pick(maxChannelLength, "PUBSUB_MAX_CHANNEL_LENGTH", defaults.broker.maxChannelLength),
+                "max-channel-length"),
             maxMessagesPerRequest: try positive(
-                Environment.pick(maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", defaults.broker.maxMessagesPerRequest),
+                Environment.pick(
+                    maxMessagesPerRequest, "PUBSUB_MAX_MESSAGES_PER_REQUEST", defaults.broker.maxMessagesPerRequest),
                 "max-messages-per-request"),
             historySize: historySize,
             historyTTL: historyTTL > 0 ? .nanoseconds(Int64(historyTTL * 1e9)) : nil,
@@ -122,22 +161,28 @@ struct Serve: AsyncParsableCommand {
             return .nanoseconds(Int64(value * 1e9))
         }
         var timeouts = defaults.timeouts
-        timeouts.header = try duration(headerTimeout, "PUBSUB_HEADER_TIMEOUT", defaults.timeouts.header, "header-timeout")
+        timeouts.header = try duration(
+            headerTimeout, "PUBSUB_HEADER_TIMEOUT", defaults.timeouts.header, "header-timeout")
         timeouts.idle = try duration(idleTimeout, "PUBSUB_IDLE_TIMEOUT", defaults.timeouts.idle, "idle-timeout")
         timeouts.send = try duration(sendTimeout, "PUBSUB_SEND_TIMEOUT", defaults.timeouts.send, "send-timeout")
-        let pingInterval = try duration(self.pingInterval, "PUBSUB_PING_INTERVAL", defaults.pingInterval, "ping-interval")
-        let maxDepth = try positive(Environment.pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", defaults.maxJSONDepth), "max-json-depth")
+        let pingInterval = try duration(
+            self.pingInterval, "PUBSUB_PING_INTERVAL", defaults.pingInterval, "ping-interval")
+        let maxDepth = try positive(
+            Environment.pick(maxJsonDepth, "PUBSUB_MAX_JSON_DEPTH", defaults.maxJSONDepth), "max-json-depth")
         guard maxDepth <= 512 else { throw ValidationError("--max-json-depth must be at most 512") }
         let configuration = ServerConfiguration(
             host: try Environment.pick(host, "PUBSUB_HOST", defaults.host),
             port: port,
             mount: try Environment.pick(mount, "PUBSUB_MOUNT", defaults.mount),
             maxRequestBytes: try positive(
-                Environment.pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", defaults.maxRequestBytes), "max-request-bytes"),
-            maxFrameBytes: try positive(Environment.pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", defaults.maxFrameBytes), "max-frame-bytes"),
+                Environment.pick(maxRequestBytes, "PUBSUB_MAX_REQUEST_BYTES", defaults.maxRequestBytes),
+                "max-request-bytes"),
+            maxFrameBytes: try positive(
+                Environment.pick(maxFrameBytes, "PUBSUB_MAX_FRAME_BYTES", defaults.maxFrameBytes), "max-frame-bytes"),
             maxJSONDepth: maxDepth,
             maxOutboundBytes: try positive(
-                Environment.pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", defaults.maxOutboundBytes), "max-outbound-bytes"),
+                Environment.pick(maxOutboundBytes, "PUBSUB_MAX_OUTBOUND_BYTES", defaults.maxOutboundBytes),
+                "max-outbound-bytes"),
             broker: broker,
             extensions: ExtensionPipeline(),
             threads: try Environment.pick(threads, "PUBSUB_THREADS", defaults.threads),
@@ -154,7 +199,8 @@ struct Serve: AsyncParsableCommand {
 
     /// `--websocket-compression` and its minimum size; nil when off.
     func resolvedCompression(_ fallback: EventCompression?) throws -> EventCompression? {
-        let compression = try Environment.pick(websocketCompression, "PUBSUB_WEBSOCKET_COMPRESSION", fallback == nil ? .off : .on)
+        let compression = try Environment.pick(
+            websocketCompression, "PUBSUB_WEBSOCKET_COMPRESSION", fallback == nil ? .off : .on)
         guard compression.isOn else { return nil }
         let bytes = try Environment.pick(
             websocketCompressionMinBytes, "PUBSUB_WEBSOCKET_COMPRESSION_MIN_BYTES",
@@ -211,10 +257,14 @@ struct Serve: AsyncParsableCommand {
         services.append(contentsOf: authorization.services.map { .init(service: $0) })
         if let webhooks {
             services.append(.init(service: webhooks))
-            logger.info("webhooks: \(webhooks.configuration.urls.count) URL(s), events \(webhooks.configuration.events.map(\.rawValue).sorted().joined(separator: ","))")
+            logger.info(
+                "webhooks: \(webhooks.configuration.urls.count) URL(s), events \(webhooks.configuration.events.map(\.rawValue).sorted().joined(separator: ","))"
+            )
         }
         services.append(.init(service: server))
-        if let relayFile { services.append(.init(service: try relayService(relayFile, server: server, logger: logger))) }
+        if let relayFile {
+            services.append(.init(service: try relayService(relayFile, server: server, logger: logger)))
+        }
         // SIGTERM or SIGINT: a graceful drain (services stop in reverse order: the relay, then the server).
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: services, logger: logger))
         let drainOnSignal = Task {
@@ -313,8 +363,6 @@ struct RelayService: Service {
         }
     }
 }
-
-
 
 func printError(_ line: String) {
     let text = line + "\n"

@@ -15,15 +15,19 @@ extension Subscribe {
             let outcome = try await bayeux.subscribe(channel, resumeFrom: from)
             guard let from, let file else { continue }
             if let outcome, outcome.recovered {
-                if !quiet { printError("pubsub: resumed \(channel) from \(file.path): recovered \(outcome.missed) events") }
+                if !quiet {
+                    printError("pubsub: resumed \(channel) from \(file.path): recovered \(outcome.missed) events")
+                }
                 continue
             }
             unrecovered.append(channel)
-            let why = outcome == nil
+            let why =
+                outcome == nil
                 ? "the broker does not resume (its history is off, or it is not pubsub)"
                 : "the broker no longer holds its position (recovered: false)"
-            printError("pubsub: cannot recover the events of \(channel) since \(from) in \(file.path): \(why)"
-                       + (acceptGaps ? "; going on from here" : "; refetch, then run again"))
+            printError(
+                "pubsub: cannot recover the events of \(channel) since \(from) in \(file.path): \(why)"
+                    + (acceptGaps ? "; going on from here" : "; refetch, then run again"))
         }
         return unrecovered
     }

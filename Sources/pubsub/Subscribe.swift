@@ -58,9 +58,10 @@ struct Subscribe: AsyncParsableCommand {
     @Flag(name: .shortAndLong, help: "Do not report the subscriptions on stderr.")
     var quiet = false
 
-    @Option(help: ArgumentHelp(
-        "Keep the position of the last event printed on each subscription in this file, and resume from it.",
-        valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "Keep the position of the last event printed on each subscription in this file, and resume from it.",
+            valueName: "file"))
     var positionFile: String?
 
     @Flag(help: "When events cannot be recovered (recovered: false), say so and go on instead of exiting with 3.")
@@ -98,10 +99,13 @@ struct Subscribe: AsyncParsableCommand {
         let signalSequence = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let (url, secret) = try client.resolve()
         for channel in channels where !Channel.isSubscribable(channel) {
-            throw failure("cannot subscribe to \(channel): not a channel name or pattern outside /meta and /service",
-                          ExitStatus.usage)
+            throw failure(
+                "cannot subscribe to \(channel): not a channel name or pattern outside /meta and /service",
+                ExitStatus.usage)
         }
-        if hmac && secret == nil { throw failure("--hmac needs a secret (--secret or PUBSUB_SECRET)", ExitStatus.usage) }
+        if hmac && secret == nil {
+            throw failure("--hmac needs a secret (--secret or PUBSUB_SECRET)", ExitStatus.usage)
+        }
         let file = positionFile.map { PositionFile(path: $0) }
         let stored: SubscriptionPositions?
         do {
@@ -144,8 +148,9 @@ struct Subscribe: AsyncParsableCommand {
             }
             outcome.lost.withLockedValue { $0.append(channel) }
             let missed = resumed.missed > 0 ? ", at least \(resumed.missed) events missed" : ""
-            printError("pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false\(missed))"
-                       + (acceptGaps ? "; going on from here" : ": refetch"))
+            printError(
+                "pubsub: resumed \(channel), but events published meanwhile are gone (recovered: false\(missed))"
+                    + (acceptGaps ? "; going on from here" : ": refetch"))
             if !acceptGaps { outcome.end(.unrecovered) }
         }
         if let secret { configuration.subscriptionExt = Self.signer(secret: secret, hmac: hmac) }
@@ -185,8 +190,9 @@ struct Subscribe: AsyncParsableCommand {
         }
         if file != nil && recorder == nil {
             await bayeux.close()
-            throw failure("--position-file needs a broker that gives positions (pubsub with its history on)",
-                          ExitStatus.notRecovered)
+            throw failure(
+                "--position-file needs a broker that gives positions (pubsub with its history on)",
+                ExitStatus.notRecovered)
         }
         do {
             try recorder?.flush()
@@ -279,8 +285,9 @@ struct Subscribe: AsyncParsableCommand {
             return
         case (.success(let received), .timedOut?):
             if let count, received < count {
-                throw failure("timed out after \(AuthOptions.number(timeout!)) s with \(received) of \(count) messages",
-                              ExitStatus.tempFail)
+                throw failure(
+                    "timed out after \(AuthOptions.number(timeout!)) s with \(received) of \(count) messages",
+                    ExitStatus.tempFail)
             }
         case (.failure(let error as BayeuxClientError), _):
             throw failure(error)

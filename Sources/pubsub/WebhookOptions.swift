@@ -7,11 +7,19 @@ import PubSubWebhooks
 struct WebhookOptions: ParsableArguments {
     @Option(help: "POST session events to this http(s) URL; repeatable (PUBSUB_WEBHOOK, comma-separated).")
     var webhook: [String] = []
-    @Option(help: "Comma-separated events to post: handshake, subscribe, unsubscribe, disconnect; default all (PUBSUB_WEBHOOK_EVENTS).")
+    @Option(
+        help:
+            "Comma-separated events to post: handshake, subscribe, unsubscribe, disconnect; default all (PUBSUB_WEBHOOK_EVENTS)."
+    )
     var webhookEvents: String?
-    @Option(help: "Key of the X-Pubsub-Signature HMAC-SHA256 of each body; required with --webhook (PUBSUB_WEBHOOK_SECRET).")
+    @Option(
+        help: "Key of the X-Pubsub-Signature HMAC-SHA256 of each body; required with --webhook (PUBSUB_WEBHOOK_SECRET)."
+    )
     var webhookSecret: String?
-    @Option(help: "Events held per webhook URL while they wait or are retried; more are dropped and counted (PUBSUB_WEBHOOK_QUEUE, default 10000).")
+    @Option(
+        help:
+            "Events held per webhook URL while they wait or are retried; more are dropped and counted (PUBSUB_WEBHOOK_QUEUE, default 10000)."
+    )
     var webhookQueue: Int?
 
     /// The webhook configuration, or nil when no URL is set.

@@ -7,8 +7,10 @@ import Testing
         #expect(Channel.kind(of: name) == .name)
     }
 
-    @Test(arguments: [("/*", Channel.Kind.singleWildcard), ("/**", .deepWildcard), ("/foo/*", .singleWildcard),
-        ("/foo/**", .deepWildcard)])
+    @Test(arguments: [
+        ("/*", Channel.Kind.singleWildcard), ("/**", .deepWildcard), ("/foo/*", .singleWildcard),
+        ("/foo/**", .deepWildcard),
+    ])
     func validPatterns(_ pattern: String, _ kind: Channel.Kind) {
         #expect(Channel.kind(of: pattern) == kind)
     }
@@ -39,7 +41,8 @@ import Testing
         for name in names {
             let keys = Set(Channel.expand(name))
             for pattern in patterns {
-                #expect(Channel.matches(pattern: pattern, name: name) == keys.contains(pattern), "\(pattern) vs \(name)")
+                #expect(
+                    Channel.matches(pattern: pattern, name: name) == keys.contains(pattern), "\(pattern) vs \(name)")
             }
         }
         #expect(!Channel.matches(pattern: "/foo/*", name: "/foo"))
@@ -50,8 +53,9 @@ import Testing
 
 @Suite struct ErrorStringTests {
     @Test func rendersFayeForm() {
-        #expect(BayeuxError.connectionTypeMismatch(["iframe", "flash"]).description
-            == "301:iframe,flash:Connection types not supported")
+        #expect(
+            BayeuxError.connectionTypeMismatch(["iframe", "flash"]).description
+                == "301:iframe,flash:Connection types not supported")
         #expect(BayeuxError.clientUnknown("abc").description == "401:abc:Unknown client")
         #expect(BayeuxError.parameterMissing("version").description == "402:version:Missing required parameter")
         #expect(BayeuxError.channelForbidden("/meta/foo").description == "403:/meta/foo:Forbidden channel")
@@ -69,10 +73,12 @@ import Testing
     @Test func everyErrorMatchesTheClientGrammar() {
         // The Faye client only parses `ddd:STRING(,STRING)*:STRING` or `ddd::STRING`.
         let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_!~()$@ /*.")
-        let codes: [BayeuxError.Code] = [.versionMismatch, .connectionTypeMismatch, .extensionMismatch, .badRequest,
+        let codes: [BayeuxError.Code] = [
+            .versionMismatch, .connectionTypeMismatch, .extensionMismatch, .badRequest,
             .clientUnknown, .parameterMissing, .channelForbidden, .channelUnknown, .channelInvalid, .extensionUnknown,
             .publishFailed, .serverError, .queueOverflow, .subscriptionLimit, .channelTooLong, .tooManyMessages,
-            .shuttingDown]
+            .shuttingDown,
+        ]
         for code in codes {
             let text = BayeuxError(code, "/a/b").description
             let parts = text.split(separator: ":", omittingEmptySubsequences: false)

@@ -35,13 +35,19 @@ enum RandomJSON {
     /// RFC 8259 §6: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, sometimes longer than any Double.
     static func number(using rng: inout some RandomNumberGenerator) -> String {
         func digits(_ range: ClosedRange<Int>, using rng: inout some RandomNumberGenerator) -> String {
-            String((0..<Int.random(in: range, using: &rng)).map { _ in Character(String(Int.random(in: 0...9, using: &rng))) })
+            String(
+                (0..<Int.random(in: range, using: &rng)).map { _ in
+                    Character(String(Int.random(in: 0...9, using: &rng)))
+                })
         }
         var text = Bool.random(using: &rng) ? "-" : ""
-        text += Int.random(in: 0..<4, using: &rng) == 0 ? "0" : String(Int.random(in: 1...9, using: &rng)) + digits(0...25, using: &rng)
+        text +=
+            Int.random(in: 0..<4, using: &rng) == 0
+            ? "0" : String(Int.random(in: 1...9, using: &rng)) + digits(0...25, using: &rng)
         if Bool.random(using: &rng) { text += "." + digits(1...8, using: &rng) }
         if Int.random(in: 0..<3, using: &rng) == 0 {
-            text += ["e", "E"][Int.random(in: 0...1, using: &rng)] + ["", "+", "-"][Int.random(in: 0...2, using: &rng)]
+            text +=
+                ["e", "E"][Int.random(in: 0...1, using: &rng)] + ["", "+", "-"][Int.random(in: 0...2, using: &rng)]
             text += digits(1...4, using: &rng)
         }
         return text
@@ -56,7 +62,10 @@ enum RandomJSON {
             switch Int.random(in: 0..<10, using: &rng) {
             case 0..<4: code = UInt32.random(in: 0x20...0x7E, using: &rng)
             case 4: code = UInt32.random(in: 0...0x1F, using: &rng)
-            case 5: code = [0x22, 0x5C, 0x2F, 0x7F, 0x2028, 0x2029, 0xFEFF, 0xFFFF, 0xD7FF, 0xE000][Int.random(in: 0...9, using: &rng)]
+            case 5:
+                code =
+                    [0x22, 0x5C, 0x2F, 0x7F, 0x2028, 0x2029, 0xFEFF, 0xFFFF, 0xD7FF, 0xE000][
+                        Int.random(in: 0...9, using: &rng)]
             case 6, 7: code = UInt32.random(in: 0x80...0xD7FF, using: &rng)
             case 8: code = UInt32.random(in: 0xE000...0xFFFD, using: &rng)
             default: code = UInt32.random(in: 0x10000...0x10FFFF, using: &rng)
@@ -84,7 +93,9 @@ enum RandomJSON {
             }
         }
         func hex4(_ v: UInt32, upper: Bool) -> [UInt8] {
-            Array(("\\u" + String(repeating: "0", count: 4 - String(v, radix: 16).count) + String(v, radix: 16, uppercase: upper)).utf8)
+            Array(
+                ("\\u" + String(repeating: "0", count: 4 - String(v, radix: 16).count)
+                    + String(v, radix: 16, uppercase: upper)).utf8)
         }
         func string(_ s: String, _ rng: inout some RandomNumberGenerator) {
             out.append(0x22)
@@ -251,10 +262,15 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
         let input = Generator { rng in
             let value = RandomJSON.value(depth: Int.random(in: 0...6, using: &rng), using: &rng)
             var text = Bool.random(using: &rng) ? RandomJSON.compact(value) : RandomJSON.loose(value, using: &rng)
-            let special: [UInt8] = Array(#"{}[]",:\u0123456789-+.eE tfn"#.utf8) + [0x00, 0x1F, 0x7F, 0x80, 0xBF, 0xC0, 0xED, 0xF4, 0xF5, 0xFF]
+            let special: [UInt8] =
+                Array(#"{}[]",:\u0123456789-+.eE tfn"#.utf8) + [
+                    0x00, 0x1F, 0x7F, 0x80, 0xBF, 0xC0, 0xED, 0xF4, 0xF5, 0xFF,
+                ]
             for _ in 0..<Int.random(in: 1...4, using: &rng) {
                 let at = Int.random(in: 0...text.count, using: &rng)
-                let byte = Bool.random(using: &rng) ? special[Int.random(in: 0..<special.count, using: &rng)] : UInt8.random(in: 0...255, using: &rng)
+                let byte =
+                    Bool.random(using: &rng)
+                    ? special[Int.random(in: 0..<special.count, using: &rng)] : UInt8.random(in: 0...255, using: &rng)
                 switch Int.random(in: 0..<5, using: &rng) {
                 case 0 where at < text.count: text[at] = byte
                 case 1 where at < text.count: text.remove(at: at)
@@ -278,7 +294,8 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
         let input = Generator { rng in
             let value = JSONValue.array([RandomJSON.value(depth: Int.random(in: 0...5, using: &rng), using: &rng)])
             let text = Bool.random(using: &rng) ? RandomJSON.compact(value) : RandomJSON.loose(value, using: &rng)
-            let trailer = Array(["x", "1", "[]", "{", "\"", "null", ",", "]", "\u{00}", "é"][Int.random(in: 0...9, using: &rng)].utf8)
+            let trailer = Array(
+                ["x", "1", "[]", "{", "\"", "null", ",", "]", "\u{00}", "é"][Int.random(in: 0...9, using: &rng)].utf8)
             return (text, Int.random(in: 0..<text.count, using: &rng), trailer)
         }
         await propertyCheck(count: 300, input: input) { input in
@@ -378,7 +395,8 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
             let keys = (0..<count).map { "k\($0)" }
             let first = keys.map { "\"\($0)\":0" }
             let again = keys.reversed().map { "\"\($0)\":1" }
-            let object = try #require(try JSONParser().parse("{" + (first + again).joined(separator: ",") + "}").objectValue)
+            let object = try #require(
+                try JSONParser().parse("{" + (first + again).joined(separator: ",") + "}").objectValue)
             #expect(object.keys == keys, "\(count)")
             #expect(object.entries.allSatisfy { $0.value == 1 }, "\(count)")
         }

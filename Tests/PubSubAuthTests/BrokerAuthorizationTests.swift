@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
+
 @testable import PubSubAuth
 @testable import PubSubCore
 
@@ -36,7 +37,9 @@ import Testing
         switch outcomes.first {
         case .reply(let reply)?: return reply
         case .connect(let pending)?: return pending.reply
-        default: Issue.record("no reply"); return Message()
+        default:
+            Issue.record("no reply")
+            return Message()
         }
     }
 
@@ -46,42 +49,56 @@ import Testing
 
     func handshake(_ broker: Broker, token: String?) async throws -> Message {
         let ext = token.map { #","ext":{"token":"\#($0)"}"# } ?? ""
-        return try await send(broker, #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]\#(ext)}"#)
+        return try await send(
+            broker, #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]\#(ext)}"#
+        )
     }
 
     @Test func anyModeAcceptsAndTheJWTUserIsTheSessionsUser() async throws {
         let clock = Clock()
         let broker = try await broker(clock: clock)
-        let connection = try await token(JWTClaims(sub: "42", exp: clock.now + 60, channels: ["/jobs/42"], publish: ["/jobs/42"]))
+        let connection = try await token(
+            JWTClaims(sub: "42", exp: clock.now + 60, channels: ["/jobs/42"], publish: ["/jobs/42"]))
         let hello = try await handshake(broker, token: connection)
         let cid = try #require(hello.clientId)
         #expect(try await broker.engine.user(of: cid, on: loop).get() == "42")
 
         func subscribe(_ channel: String, ext: String = "{}") async throws -> Message {
-            try await send(broker, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":\#(ext)}"#)
+            try await send(
+                broker,
+                #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":\#(ext)}"#)
         }
         // JWT claims, a public pattern, a PrivatePub signature: each accepts on its own.
         #expect(try await subscribe("/jobs/42")["successful"] == true)
         #expect(try await subscribe("/news/today")["successful"] == true)
         let ts = "\(PrivatePubAuth.wallClockMilliseconds())"
         let signature = PrivatePubAuth.signature(secret: Self.secret, channel: "/jobs/99", timestamp: ts)
-        #expect(try await subscribe("/jobs/99", ext: #"{"private_pub_signature":"\#(signature)","private_pub_timestamp":"\#(ts)"}"#)["successful"] == true)
+        #expect(
+            try await subscribe(
+                "/jobs/99", ext: #"{"private_pub_signature":"\#(signature)","private_pub_timestamp":"\#(ts)"}"#)[
+                    "successful"] == true)
         // None accepts: PrivatePub's text, as before JWT existed.
         let refused = try await subscribe("/jobs/43")
         #expect(refused["successful"] == false && refused.error == "Incorrect signature.")
         // A subscription token that is wrong says why, over the abstentions.
         let other = try await token(JWTClaims(sub: "7", exp: clock.now + 60, channel: "/jobs/43"))
-        #expect(try await subscribe("/jobs/43", ext: #"{"token":"\#(other)"}"#).error == "403:/jobs/43:Token is for another user")
+        #expect(
+            try await subscribe("/jobs/43", ext: #"{"token":"\#(other)"}"#).error
+                == "403:/jobs/43:Token is for another user")
         let mine = try await token(JWTClaims(sub: "42", exp: clock.now + 60, channel: "/jobs/43"))
         #expect(try await subscribe("/jobs/43", ext: #"{"token":"\#(mine)"}"#)["successful"] == true)
         // A subscribe naming several channels is refused whole when one is refused.
-        let several = try await send(broker, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/news/a","/jobs/500"]}"#)
+        let several = try await send(
+            broker, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/news/a","/jobs/500"]}"#)
         #expect(several["successful"] == false)
 
         // Publishing: the token's publish claim, or PrivatePub's token (which is then not delivered).
         #expect(try await send(broker, #"{"channel":"/jobs/42","clientId":"\#(cid)","data":1}"#)["successful"] == true)
-        #expect(try await send(broker, #"{"channel":"/jobs/7","clientId":"\#(cid)","data":1}"#).error == "Incorrect token.")
-        #expect(try await send(broker, #"{"channel":"/jobs/7","data":1,"ext":{"private_pub_token":"\#(Self.secret)"}}"#)["successful"] == true)
+        #expect(
+            try await send(broker, #"{"channel":"/jobs/7","clientId":"\#(cid)","data":1}"#).error == "Incorrect token.")
+        #expect(
+            try await send(broker, #"{"channel":"/jobs/7","data":1,"ext":{"private_pub_token":"\#(Self.secret)"}}"#)[
+                "successful"] == true)
     }
 
     @Test func anExpiredConnectionTokenEndsTheSessionAtTheNextConnect() async throws {
@@ -92,7 +109,9 @@ import Testing
         #expect(try await send(broker, #"{"channel":"/meta/connect","clientId":"\#(cid)"}"#)["successful"] == true)
         clock.advance(31)
         // Claims stop granting at once; the next connect is told to handshake again.
-        #expect(try await send(broker, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/42"}"#)["successful"] == false)
+        #expect(
+            try await send(broker, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/42"}"#)[
+                "successful"] == false)
         let connect = try await send(broker, #"{"channel":"/meta/connect","clientId":"\#(cid)"}"#)
         #expect(connect.error == "401:\(cid):Token expired")
         #expect(connect["advice"]?.objectValue?["reconnect"] == "handshake")
@@ -118,8 +137,12 @@ import Testing
         let connection = try await token(JWTClaims(sub: "42", exp: clock.now + 30, channels: ["/jobs/42"]))
         let cid = try #require(try await handshake(a, token: connection).clientId)
         #expect(b.extensions.authorization.grants.lookup(cid) == nil)  // b has not seen this session yet
-        #expect(try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/42"}"#)["successful"] == true)
-        #expect(try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/43"}"#)["successful"] == false)
+        #expect(
+            try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/42"}"#)[
+                "successful"] == true)
+        #expect(
+            try await send(b, #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/jobs/43"}"#)[
+                "successful"] == false)
         clock.advance(31)
         let connect = try await send(b, #"{"channel":"/meta/connect","clientId":"\#(cid)"}"#)
         #expect(connect.error == "401:\(cid):Token expired")
@@ -127,7 +150,8 @@ import Testing
 
     @Test func grantsSurviveTheirEncoding() {
         let grants = [
-            SessionGrant(user: "42", expiresAt: 1_700_000_000, channels: ["/jobs/42", "/users/42/**"], publish: ["/a"]),
+            SessionGrant(
+                user: "42", expiresAt: 1_700_000_000, channels: ["/jobs/42", "/users/42/**"], publish: ["/a"]),
             SessionGrant(user: "ü \"quoted\"", expiresAt: 1_700_000_000.5),
             SessionGrant(user: "x"),
         ]
@@ -145,9 +169,14 @@ import Testing
         let outcomes = try await broker.handle(
             [.message(message)], context: RequestContext(connectionType: .inProcess), sink: nil, now: .now(), on: loop
         ).get()
-        guard case .reply(let reply)? = outcomes.first else { Issue.record("no reply"); return }
+        guard case .reply(let reply)? = outcomes.first else {
+            Issue.record("no reply")
+            return
+        }
         #expect(reply["successful"] == true)
         // Over HTTP the same publish is refused.
-        #expect(try await send(broker, #"{"channel":"/jobs/1","data":1,"ext":{"private_pub_token":"wrong"}}"#).error == "Incorrect token.")
+        #expect(
+            try await send(broker, #"{"channel":"/jobs/1","data":1,"ext":{"private_pub_token":"wrong"}}"#).error
+                == "Incorrect token.")
     }
 }

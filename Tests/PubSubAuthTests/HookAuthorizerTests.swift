@@ -2,6 +2,7 @@ import Bayeux
 import NIOConcurrencyHelpers
 import NIOCore
 import Testing
+
 @testable import PubSubAuth
 @testable import PubSubCore
 
@@ -17,8 +18,11 @@ import Testing
                 connectionType: .websocket, remoteAddress: "10.0.0.1",
                 headers: ["cookie": "s=1", "origin": "https://app", "x-other": "no"]))
         let body = try JSONParser().parse(HookAuthorizer.body(request))
-        #expect(body == (try JSONParser().parse(
-            #"{"action":"subscribe","clientId":"c1","channel":"/jobs/42","ext":{"token":"t"},"user":"42","transport":"websocket","remoteAddress":"10.0.0.1","headers":{"cookie":"s=1","origin":"https://app"}}"#)))
+        #expect(
+            body
+                == (try JSONParser().parse(
+                    #"{"action":"subscribe","clientId":"c1","channel":"/jobs/42","ext":{"token":"t"},"user":"42","transport":"websocket","remoteAddress":"10.0.0.1","headers":{"cookie":"s=1","origin":"https://app"}}"#
+                )))
         var handshake = request
         handshake.action = .handshake
         handshake.clientId = nil
@@ -46,8 +50,9 @@ import Testing
     }
 
     @Test func denialsCarryTheAppsTextInFayesForm() {
-        #expect(HookAuthorizer.decision(.init(allow: false, error: "Not your job"), channel: "/jobs/42")
-            == .deny("403:/jobs/42:Not your job"))
+        #expect(
+            HookAuthorizer.decision(.init(allow: false, error: "Not your job"), channel: "/jobs/42")
+                == .deny("403:/jobs/42:Not your job"))
         #expect(HookAuthorizer.decision(.init(allow: false), channel: "/a") == .deny("403:/a:Forbidden"))
         #expect(HookAuthorizer.decision(.init(allow: true, user: "9"), channel: "") == .allow(user: "9"))
     }
@@ -58,8 +63,12 @@ import Testing
                 action: .subscribe, clientId: clientId, channel: "/a", message: Message(), user: nil,
                 context: RequestContext(connectionType: .longPolling, headers: ["cookie": cookie]))
         }
-        #expect(HookAuthorizer.cacheKey(request("c1", cookie: "s=1")) == HookAuthorizer.cacheKey(request("c2", cookie: "s=1")))
-        #expect(HookAuthorizer.cacheKey(request("c1", cookie: "s=1")) != HookAuthorizer.cacheKey(request("c1", cookie: "s=2")))
+        #expect(
+            HookAuthorizer.cacheKey(request("c1", cookie: "s=1"))
+                == HookAuthorizer.cacheKey(request("c2", cookie: "s=1")))
+        #expect(
+            HookAuthorizer.cacheKey(request("c1", cookie: "s=1"))
+                != HookAuthorizer.cacheKey(request("c1", cookie: "s=2")))
     }
 
     @Test func limiterBoundsCallsAndQueue() {

@@ -6,6 +6,7 @@ import NIOCore
 import NIOPosix
 import PubSubTesting
 import Testing
+
 @testable import PubSubAuth
 @testable import PubSubCore
 
@@ -15,35 +16,35 @@ import Testing
 @Suite struct JWKSKeySourceTests {
     /// A fixed RSA key (generating one per test is slow in debug builds).
     static let rsaPEM = """
------BEGIN PRIVATE KEY-----
-MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCn3Zm3bPbpscAR
-kCRJ0ZH7+btH0lQO7i+ULnoNO4OcxKwqZ6cc31oe5Peo1FGHZ5LCmkY5IOFdPsg3
-kc3QpOcF/ly6qnNEroVVJr949lqwLbm+GvikmC7vKXtte9VA/iWzFPp5xNrf2mG8
-5WMog565tqI49Jj57vPpkMse3zq0OPCm5jXTbwCArWPZxjUnGLFZpYQ9hWdqW3cM
-h4n0tWA/lSerXjh9m4aO1dbaJh6OKKJFgUM4pwB41W60hRIwax63xjRJovyX4OHF
-JIoKxNgG2pULGihgYKSFv531KJjrxzcQIdgzrznwEp+6g6ZHvhXM+5slc+LQjQ8B
-m3fFPNzfAgMBAAECggEAOHGqcMNaaO0EVMN/eDTYHf50ayt9aUHMzMot7woecJWv
-AFk3F13Ay1eZMPMncNyyO+4tA6ObM8PbBdhoeKoiJmFHo9qRhLwcCCxNwKoxh0Dw
-zkv6ZDnpujBcGM3FQKPUYFmC+XPoVtHzAFWvWF2dfvu6o2UXlR60dEpkCj7sWdGp
-UJKCtWh+gljHnotTlNbcpF+NXQOO9tYL83sasW58VU7jTkDDn136yPe3uO/JJqzC
-DShWK4Lp5yvuxsVcz48P+cOZvwmhC8953qjyMwumXLRUlkRdIaZkdBHES37piwwt
-dmrAj/Zwhy3Y4OpTqhwYjgnJlawJDzJwaFxLSPTP5QKBgQDnpFagPpkYDU9dkk3Y
-mdBUodD1eFzc88foPL9QhSwy4m5zU3o1QOdPN5TncqXFeWAeCnTmlnjYL1PUm3Wg
-p4K8RNfQFCSCYgyoQGOaHgSNkfBaeeTk4L39w9PHgyqbf9vHYjI/gC6sbuEAmT86
-JlWcQ1I24Z2MaOJCIdWwSfZN8wKBgQC5hHEk7nEPnpjQLjEnMs82rNmS0uEJtlM2
-mNIvGhQV4d+2CyizPAjopzDZXuYYYVjE5HG2GrNphZvzOkcclHZhPidleT8SAXP+
-D4uQaj2d+UEt50kT6jFdu6DGgmeZtmlk+SL8JBbTYsmc9dcX0Hx6O7ODt/7Bqa/n
-n/IpHsp0ZQKBgQCqDKOnSaz70jGUQKYzP1+H8a7DtVN+xNvZalcMFmeHB2EL+pk5
-ZOcp6WS/sBNv75WXGBgPeyFFmyDQcDue77ny2hsQXukaaj5eeb5k0mqHPz6SPO/C
-8hWnqE3dJjZuJyPBsB2xLjmVTmSRGu8mkiPA7k75iREulYScBdiobPOK7wKBgA9J
-MmlwnDBFSSIeLD6mmRxQMb0/UvuR4lllTixDYdRLwDsnwDrEf5dr70J550uq+b1/
-dT8kBBR1xdvMuX9JXFe231glHWVGaWBNt5o2ps0VdKFrpUHW0ip/A0hYBmFL/nMr
-dA6Cir7wLNyaBRcZPqhzst7vkjYy3SOgsjthJh1hAoGBAKhe6wWe+zBcu+uEhl+4
-XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
-1b7z3ITLiMF6udgJze8hbTJaxsTSo4RekGeWq5zpXC4s+KdIAzvaWISeTKbcedgU
-0xXCUZsGncd8f6dEryQtIrOR
------END PRIVATE KEY-----
-"""
+        -----BEGIN PRIVATE KEY-----
+        MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCn3Zm3bPbpscAR
+        kCRJ0ZH7+btH0lQO7i+ULnoNO4OcxKwqZ6cc31oe5Peo1FGHZ5LCmkY5IOFdPsg3
+        kc3QpOcF/ly6qnNEroVVJr949lqwLbm+GvikmC7vKXtte9VA/iWzFPp5xNrf2mG8
+        5WMog565tqI49Jj57vPpkMse3zq0OPCm5jXTbwCArWPZxjUnGLFZpYQ9hWdqW3cM
+        h4n0tWA/lSerXjh9m4aO1dbaJh6OKKJFgUM4pwB41W60hRIwax63xjRJovyX4OHF
+        JIoKxNgG2pULGihgYKSFv531KJjrxzcQIdgzrznwEp+6g6ZHvhXM+5slc+LQjQ8B
+        m3fFPNzfAgMBAAECggEAOHGqcMNaaO0EVMN/eDTYHf50ayt9aUHMzMot7woecJWv
+        AFk3F13Ay1eZMPMncNyyO+4tA6ObM8PbBdhoeKoiJmFHo9qRhLwcCCxNwKoxh0Dw
+        zkv6ZDnpujBcGM3FQKPUYFmC+XPoVtHzAFWvWF2dfvu6o2UXlR60dEpkCj7sWdGp
+        UJKCtWh+gljHnotTlNbcpF+NXQOO9tYL83sasW58VU7jTkDDn136yPe3uO/JJqzC
+        DShWK4Lp5yvuxsVcz48P+cOZvwmhC8953qjyMwumXLRUlkRdIaZkdBHES37piwwt
+        dmrAj/Zwhy3Y4OpTqhwYjgnJlawJDzJwaFxLSPTP5QKBgQDnpFagPpkYDU9dkk3Y
+        mdBUodD1eFzc88foPL9QhSwy4m5zU3o1QOdPN5TncqXFeWAeCnTmlnjYL1PUm3Wg
+        p4K8RNfQFCSCYgyoQGOaHgSNkfBaeeTk4L39w9PHgyqbf9vHYjI/gC6sbuEAmT86
+        JlWcQ1I24Z2MaOJCIdWwSfZN8wKBgQC5hHEk7nEPnpjQLjEnMs82rNmS0uEJtlM2
+        mNIvGhQV4d+2CyizPAjopzDZXuYYYVjE5HG2GrNphZvzOkcclHZhPidleT8SAXP+
+        D4uQaj2d+UEt50kT6jFdu6DGgmeZtmlk+SL8JBbTYsmc9dcX0Hx6O7ODt/7Bqa/n
+        n/IpHsp0ZQKBgQCqDKOnSaz70jGUQKYzP1+H8a7DtVN+xNvZalcMFmeHB2EL+pk5
+        ZOcp6WS/sBNv75WXGBgPeyFFmyDQcDue77ny2hsQXukaaj5eeb5k0mqHPz6SPO/C
+        8hWnqE3dJjZuJyPBsB2xLjmVTmSRGu8mkiPA7k75iREulYScBdiobPOK7wKBgA9J
+        MmlwnDBFSSIeLD6mmRxQMb0/UvuR4lllTixDYdRLwDsnwDrEf5dr70J550uq+b1/
+        dT8kBBR1xdvMuX9JXFe231glHWVGaWBNt5o2ps0VdKFrpUHW0ip/A0hYBmFL/nMr
+        dA6Cir7wLNyaBRcZPqhzst7vkjYy3SOgsjthJh1hAoGBAKhe6wWe+zBcu+uEhl+4
+        XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
+        1b7z3ITLiMF6udgJze8hbTJaxsTSo4RekGeWq5zpXC4s+KdIAzvaWISeTKbcedgU
+        0xXCUZsGncd8f6dEryQtIrOR
+        -----END PRIVATE KEY-----
+        """
 
     /// What the fake provider answers, and how many times it was asked.
     final class Provider: Sendable {
@@ -51,7 +52,8 @@ XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
             case body(String)
             case failure(JWKSFailure)
         }
-        private let state = NIOLockedValueBox<(answer: Answer, calls: Int)>((.failure(JWKSFailure(.unreachable, "down")), 0))
+        private let state = NIOLockedValueBox<(answer: Answer, calls: Int)>(
+            (.failure(JWKSFailure(.unreachable, "down")), 0))
 
         var calls: Int { state.withLockedValue { $0.calls } }
         func answer(_ answer: Answer) { state.withLockedValue { $0.answer = answer } }
@@ -107,8 +109,10 @@ XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
 
     static func rs256(_ claims: JWTClaims, kid: String) async throws -> String {
         let id = JWKIdentifier(string: kid)
-        return try await JWTKeyCollection().add(rsa: Insecure.RSA.PrivateKey(pem: rsaPEM), digestAlgorithm: .sha256, kid: id)
-            .sign(claims, kid: id)
+        return try await JWTKeyCollection().add(
+            rsa: Insecure.RSA.PrivateKey(pem: rsaPEM), digestAlgorithm: .sha256, kid: id
+        )
+        .sign(claims, kid: id)
     }
 
     let provider = Provider()
@@ -276,18 +280,20 @@ XwcZXExT136PjmpyWwBjMcXDFogqFJQ8IEGaCOe1T5Y8MKJc/X2BNIQi4KrQe6aw
 
     @Test func keysPubsubCannotUseAreSkipped() async throws {
         let a = ECKey(kid: "a")
-        let body = ByteBuffer(string: #"{"keys":["# + [
-            a.jwk(use: "enc"),  // an encryption key
-            ECKey(kid: "").jwk(),  // no kid
-            ECKey(kid: "b").jwk(alg: "ES384"),  // another algorithm
-            try Self.rsaJWK(kid: "r", alg: "RS512"),
-            #"{"kty":"oct","kid":"h","k":"c2VjcmV0"}"#,
-            #"{"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}"#,
-            #"{"kty":"RSA","kid":"bad","n":"AQAB","e":"AQAB"}"#,
-            #"{"kty":"EC","crv":"P-256","kid":"off","x":"AA","y":"AA"}"#,
-            "42",
-            ECKey(kid: "good").jwk(alg: nil, use: nil),
-        ].joined(separator: ",") + "]}")
+        let body = ByteBuffer(
+            string: #"{"keys":["#
+                + [
+                    a.jwk(use: "enc"),  // an encryption key
+                    ECKey(kid: "").jwk(),  // no kid
+                    ECKey(kid: "b").jwk(alg: "ES384"),  // another algorithm
+                    try Self.rsaJWK(kid: "r", alg: "RS512"),
+                    #"{"kty":"oct","kid":"h","k":"c2VjcmV0"}"#,
+                    #"{"kty":"OKP","crv":"Ed25519","kid":"ed","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}"#,
+                    #"{"kty":"RSA","kid":"bad","n":"AQAB","e":"AQAB"}"#,
+                    #"{"kty":"EC","crv":"P-256","kid":"off","x":"AA","y":"AA"}"#,
+                    "42",
+                    ECKey(kid: "good").jwk(alg: nil, use: nil),
+                ].joined(separator: ",") + "]}")
         let keys = try await JWKSKeySet.parse(body)
         #expect(keys.kids == [.es256: ["good"]])
         await #expect(throws: JWKSFailure(.noKeys, "no RS256 or ES256 signing key with a kid among 1 key(s)")) {

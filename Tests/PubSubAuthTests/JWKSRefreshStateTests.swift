@@ -1,4 +1,5 @@
 import Testing
+
 @testable import PubSubAuth
 
 /// The JWKS schedule and the unknown-kid rate limit, driven with times (seconds) and no server.

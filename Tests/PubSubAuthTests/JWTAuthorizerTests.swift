@@ -4,6 +4,7 @@ import JWTKit
 import NIOCore
 import NIOPosix
 import Testing
+
 @testable import PubSubAuth
 @testable import PubSubCore
 
@@ -56,13 +57,18 @@ import Testing
 
     @Test func keysThatAreNotKeysAreRefused() async throws {
         await #expect(throws: JWTAuthorizer.KeyError.self) {
-            try await JWTAuthorizer.make(hmacSecret: nil, publicKeyPEM: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+            try await JWTAuthorizer.make(
+                hmacSecret: nil, publicKeyPEM: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
         }
-        await #expect(throws: JWTAuthorizer.KeyError.self) { try await JWTAuthorizer.make(hmacSecret: "short", publicKeyPEM: nil) }
+        await #expect(throws: JWTAuthorizer.KeyError.self) {
+            try await JWTAuthorizer.make(hmacSecret: "short", publicKeyPEM: nil)
+        }
     }
 
-    func ask(_ jwt: JWTAuthorizer, _ action: AuthorizationAction, channel: String? = nil, ext: JSONObject?,
-             user: String? = nil, grant: SessionGrant? = nil) async throws -> AuthorizationDecision {
+    func ask(
+        _ jwt: JWTAuthorizer, _ action: AuthorizationAction, channel: String? = nil, ext: JSONObject?,
+        user: String? = nil, grant: SessionGrant? = nil
+    ) async throws -> AuthorizationDecision {
         var message = Message()
         message.ext = ext
         let request = AuthorizationRequest(
@@ -74,7 +80,8 @@ import Testing
     @Test func decisionsByActionCarryFayeErrors() async throws {
         let now = 1_000_000.0
         let jwt = try await JWTAuthorizer.make(hmacSecret: Self.secret, publicKeyPEM: nil, now: { now })
-        let connection = try await Self.hs256(JWTClaims(sub: "42", exp: now + 60, channels: ["/jobs/42"], publish: ["/chat/**"]))
+        let connection = try await Self.hs256(
+            JWTClaims(sub: "42", exp: now + 60, channels: ["/jobs/42"], publish: ["/chat/**"]))
         let grant = SessionGrant(user: "42", expiresAt: now + 60, channels: ["/jobs/42"], publish: ["/chat/**"])
         #expect(try await ask(jwt, .handshake, ext: ["token": .string(connection)]) == .allow(user: "42", grant: grant))
         #expect(try await ask(jwt, .handshake, ext: nil) == .abstain("401::Invalid token"))
@@ -86,22 +93,28 @@ import Testing
         #expect(try await ask(jwt, .handshake, ext: ["token": .string(early)]) == .deny("401::Token not yet valid"))
 
         #expect(try await ask(jwt, .subscribe, channel: "/jobs/42", ext: nil, grant: grant) == .allow())
-        #expect(try await ask(jwt, .subscribe, channel: "/jobs/43", ext: nil, grant: grant)
-            == .abstain("403:/jobs/43:No token grants this channel"))
+        #expect(
+            try await ask(jwt, .subscribe, channel: "/jobs/43", ext: nil, grant: grant)
+                == .abstain("403:/jobs/43:No token grants this channel"))
         let sub43 = try await Self.hs256(JWTClaims(sub: "42", exp: now + 60, channel: "/jobs/43"))
-        #expect(try await ask(jwt, .subscribe, channel: "/jobs/43", ext: ["token": .string(sub43)], user: "42") == .allow())
-        #expect(try await ask(jwt, .subscribe, channel: "/jobs/43", ext: ["token": .string(sub43)], user: "7")
-            == .deny("403:/jobs/43:Token is for another user"))
-        #expect(try await ask(jwt, .subscribe, channel: "/jobs/44", ext: ["token": .string(sub43)], user: "42")
-            == .deny("403:/jobs/44:Token is for another channel"))
+        #expect(
+            try await ask(jwt, .subscribe, channel: "/jobs/43", ext: ["token": .string(sub43)], user: "42") == .allow())
+        #expect(
+            try await ask(jwt, .subscribe, channel: "/jobs/43", ext: ["token": .string(sub43)], user: "7")
+                == .deny("403:/jobs/43:Token is for another user"))
+        #expect(
+            try await ask(jwt, .subscribe, channel: "/jobs/44", ext: ["token": .string(sub43)], user: "42")
+                == .deny("403:/jobs/44:Token is for another channel"))
 
         #expect(try await ask(jwt, .publish, channel: "/chat/a", ext: nil, grant: grant) == .allow())
-        #expect(try await ask(jwt, .publish, channel: "/jobs/42", ext: nil, grant: grant)
-            == .abstain("403:/jobs/42:No token grants this channel"))
+        #expect(
+            try await ask(jwt, .publish, channel: "/jobs/42", ext: nil, grant: grant)
+                == .abstain("403:/jobs/42:No token grants this channel"))
         // A back end without a session publishes with a token of its own.
         #expect(try await ask(jwt, .publish, channel: "/chat/a", ext: ["token": .string(connection)]) == .allow())
-        #expect(try await ask(jwt, .publish, channel: "/jobs/1", ext: ["token": .string(connection)])
-            == .deny("403:/jobs/1:No token grants this channel"))
+        #expect(
+            try await ask(jwt, .publish, channel: "/jobs/1", ext: ["token": .string(connection)])
+                == .deny("403:/jobs/1:No token grants this channel"))
     }
 
     @Test func aPublishedTokenIsNotDelivered() {

@@ -1,5 +1,6 @@
 import NIOHTTP1
 import Testing
+
 @testable import PubSubServer
 
 @Suite struct OriginPolicyTests {
@@ -32,7 +33,8 @@ import Testing
         #expect(!Self.policy.allows(HTTPHeaders([("Host", "broker:9292"), ("Origin", "http://evil:9292")])))
         #expect(OriginPolicy().allows(HTTPHeaders([("Origin", "https://anything.test")])))
         // Two Origin headers: both must pass.
-        #expect(!Self.policy.allows(HTTPHeaders([("Origin", "https://app.example.com"), ("Origin", "https://evil.com")])))
+        #expect(
+            !Self.policy.allows(HTTPHeaders([("Origin", "https://app.example.com"), ("Origin", "https://evil.com")])))
     }
 
     @Test(arguments: ["app.example.com", "ftp://x.com", "https://", "https://x.com/path", "*"])

@@ -10,8 +10,10 @@ import Testing
         #expect(BenchURL("http://[::1]:9292/faye") == BenchURL(host: "::1", port: 9292, path: "/faye"))
     }
 
-    @Test(arguments: ["", "https://h/faye", "wss://h/faye", "http://h:0/faye", "http://h:99999/", "http://h:x/",
-                      "http://u:p@h:1/", "http://[::1/faye", "http://:9292/faye"])
+    @Test(arguments: [
+        "", "https://h/faye", "wss://h/faye", "http://h:0/faye", "http://h:99999/", "http://h:x/",
+        "http://u:p@h:1/", "http://[::1/faye", "http://:9292/faye",
+    ])
     func rejects(_ text: String) {
         #expect(BenchURL(text) == nil)
     }

@@ -37,7 +37,8 @@ import Testing
 
     @Test func contentLength() throws {
         let body = #"[{"channel":"/meta/connect","successful":true}]"#
-        let text = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+        let text =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
         try Self.expectSplits(text, [Self.response(200, body)])
     }
 
@@ -54,7 +55,8 @@ import Testing
     }
 
     @Test func chunkedThenKeepAliveResponse() throws {
-        let text = "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n"
+        let text =
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n"
             + "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         // Only `chunked` last is understood; `gzip, chunked` frames like chunked (the body bytes are not decoded).
         try Self.expectSplits(text, [Self.response(200, "[]"), Self.response(200, "")])
@@ -73,7 +75,10 @@ import Testing
     }
 
     @Test func keepAliveRules() throws {
-        #expect(try Self.frame(["HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"]) == [Self.response(200, "", keepAlive: false)])
+        #expect(
+            try Self.frame(["HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"]) == [
+                Self.response(200, "", keepAlive: false)
+            ])
         #expect(
             try Self.frame(["HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"])
                 == [Self.response(200, "")])
@@ -83,7 +88,8 @@ import Testing
     }
 
     @Test func interimAndBodilessStatuses() throws {
-        let text = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"
+        let text =
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"
         try Self.expectSplits(text, [Self.response(204, ""), Self.response(200, "[]")])
     }
 
@@ -167,13 +173,16 @@ import Testing
     }
 
     @Test func cometdStyleSpacing() throws {
-        let r = try #require(Self.scan(#"[ { "successful" : true , "channel" : "/meta/connect" , "ext" : {"x":[1,2]} } ]"#))
+        let r = try #require(
+            Self.scan(#"[ { "successful" : true , "channel" : "/meta/connect" , "ext" : {"x":[1,2]} } ]"#))
         #expect(r.connects == 1)
     }
 
     @Test func publishAcknowledgements() throws {
         let r = try #require(
-            Self.scan(#"[{"id":"1","channel":"/bench/r/fanout","successful":true},{"channel":"/a/b","successful":true,"id":"2"}]"#))
+            Self.scan(
+                #"[{"id":"1","channel":"/bench/r/fanout","successful":true},{"channel":"/a/b","successful":true,"id":"2"}]"#
+            ))
         #expect(r.acks == 2)
         #expect(r.connects == 0)
         #expect(r.others.isEmpty)

@@ -1,7 +1,8 @@
 import Bayeux
 import Histogram
-@testable import PubSubBench
 import Testing
+
+@testable import PubSubBench
 
 @Suite struct WorkerReportTests {
     static func histogram(_ values: [UInt64]) -> Histogram<UInt64> {
@@ -14,7 +15,8 @@ import Testing
         var random = SystemRandomNumberGenerator()
         let a = (0..<5000).map { _ in UInt64.random(in: 1...2_000_000, using: &random) }
         let b = (0..<3000).map { _ in UInt64.random(in: 100...90_000_000, using: &random) }
-        let one = WorkerReport(ready: 10, failed: 1, deliveries: 5000, deliveriesInWindow: 4000, latency: Self.histogram(a))
+        let one = WorkerReport(
+            ready: 10, failed: 1, deliveries: 5000, deliveriesInWindow: 4000, latency: Self.histogram(a))
         let two = WorkerReport(
             ready: 7, failed: 0, deliveries: 3000, deliveriesInWindow: 2900, outOfOrder: 2, errors: 1,
             errorSamples: ["connect: Too many open files"], limit: .descriptors, latency: Self.histogram(b))
@@ -42,12 +44,16 @@ import Testing
         for values: [UInt64] in [[1234], [100_001, 100_002]] {
             let line = WorkerReport(latency: Self.histogram(values)).json.jsonString
             let back = try #require(WorkerReport(json: try JSONParser().parse(line))).latency
-            #expect(back.min == values.min()! && back.maxRecorded == values.max()! && back.totalCount == UInt64(values.count))
+            #expect(
+                back.min == values.min()! && back.maxRecorded == values.max()!
+                    && back.totalCount == UInt64(values.count))
         }
     }
 
     @Test func limitsAreNamedFromTheErrors() {
-        #expect(BenchLimit.classify("connect: connect(descriptor:addr:size:): Too many open files (errno: 24)") == .descriptors)
+        #expect(
+            BenchLimit.classify("connect: connect(descriptor:addr:size:): Too many open files (errno: 24)")
+                == .descriptors)
         #expect(BenchLimit.classify("connect: Cannot assign requested address (errno: 99)") == .ephemeralPorts)
         #expect(BenchLimit.classify("websocket upgrade refused: HTTP 503") == .server503)
         #expect(BenchLimit.classify("connect: Cannot allocate memory") == .memory)
@@ -57,7 +63,8 @@ import Testing
     @Test func planSpreadsSubscribersAndAddresses() throws {
         let addresses = WorkerPlan.loopbackAddresses(count: 4)
         #expect(addresses == ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"])
-        let plan = try WorkerPlan(subscribers: 10, workers: 2, addresses: addresses, perAddress: 3, descriptorLimit: 1000)
+        let plan = try WorkerPlan(
+            subscribers: 10, workers: 2, addresses: addresses, perAddress: 3, descriptorLimit: 1000)
         #expect(plan.shares.map(\.subscribers) == [5, 5])
         #expect(plan.shares.map(\.sourceAddresses) == [["127.0.0.2", "127.0.0.3"], ["127.0.0.4", "127.0.0.5"]])
         #expect(WorkerPlan.loopbackAddresses(count: 1, from: 256) == ["127.0.1.0"])
@@ -68,7 +75,8 @@ import Testing
             try WorkerPlan(subscribers: 100_000, workers: 4, addresses: [], perAddress: 3000, descriptorLimit: 20_000)
         }
         do {
-            _ = try WorkerPlan(subscribers: 100_000, workers: 4, addresses: [], perAddress: 3000, descriptorLimit: 20_000)
+            _ = try WorkerPlan(
+                subscribers: 100_000, workers: 4, addresses: [], perAddress: 3000, descriptorLimit: 20_000)
         } catch {
             #expect("\(error)".contains("descriptor limit of 20000"))
             #expect("\(error)".contains("--workers 6"))
@@ -91,7 +99,10 @@ import Testing
         o.sourceAddresses = ["127.0.0.2", "127.0.0.3"]
         o.perAddress = 3
         #expect((0..<6).map { o.endpoint($0).target.port } == [1, 2, 1, 2, 1, 2])
-        #expect((0..<6).map { o.endpoint($0).source } == ["127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3", "127.0.0.3"])
+        #expect(
+            (0..<6).map { o.endpoint($0).source } == [
+                "127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3", "127.0.0.3",
+            ])
         // A worker whose share starts at client 3 continues the run-wide alternation.
         o.firstIndex = 3
         #expect(o.endpoint(0).target.port == 2)

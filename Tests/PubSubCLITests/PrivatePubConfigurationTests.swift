@@ -21,16 +21,20 @@ import Testing
 
     @Test func readsEachEnvironment() throws {
         let production = try PrivatePubConfiguration.parse(Self.generated, environment: "production")
-        #expect(production == PrivatePubConfiguration(
-            server: "http://example.com/faye",
-            secretToken: "6c1e5f1a9d0b4f7e8c2a3b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081",
-            signatureExpiration: 3600))
+        #expect(
+            production
+                == PrivatePubConfiguration(
+                    server: "http://example.com/faye",
+                    secretToken: "6c1e5f1a9d0b4f7e8c2a3b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081",
+                    signatureExpiration: 3600))
         let development = try PrivatePubConfiguration.parse(Self.generated, environment: "development")
         #expect(development == PrivatePubConfiguration(server: "http://localhost:9292/faye", secretToken: "secret"))
     }
 
     @Test func missingEnvironmentIsOneLine() {
-        #expect(throws: PrivatePubConfigurationError("The staging environment does not exist in config/private_pub.yml")) {
+        #expect(
+            throws: PrivatePubConfigurationError("The staging environment does not exist in config/private_pub.yml")
+        ) {
             try PrivatePubConfiguration.parse(Self.generated, environment: "staging", file: "config/private_pub.yml")
         }
     }
@@ -52,8 +56,10 @@ import Testing
         let p = try PrivatePubConfiguration.parse(text, environment: "production")
         #expect(p == PrivatePubConfiguration(server: "https://push.example.com/faye", secretToken: "a#b \"quoted\" é"))
         let s = try PrivatePubConfiguration.parse(text, environment: "staging")
-        #expect(s == PrivatePubConfiguration(
-            server: "http://10.0.0.1:9292/faye", secretToken: "it's plain", signatureExpiration: 1.5))
+        #expect(
+            s
+                == PrivatePubConfiguration(
+                    server: "http://10.0.0.1:9292/faye", secretToken: "it's plain", signatureExpiration: 1.5))
     }
 
     @Test func anchorsAndMergeKeys() throws {
@@ -69,16 +75,21 @@ import Testing
               signature_expiration: 3600
               secret_token: prod
             """
-        #expect(try PrivatePubConfiguration.parse(text, environment: "development")
-            == PrivatePubConfiguration(server: "http://localhost:9292/faye", secretToken: "dev", signatureExpiration: 600))
-        #expect(try PrivatePubConfiguration.parse(text, environment: "production")
-            == PrivatePubConfiguration(server: "http://localhost:9292/faye", secretToken: "prod", signatureExpiration: 3600))
+        #expect(
+            try PrivatePubConfiguration.parse(text, environment: "development")
+                == PrivatePubConfiguration(
+                    server: "http://localhost:9292/faye", secretToken: "dev", signatureExpiration: 600))
+        #expect(
+            try PrivatePubConfiguration.parse(text, environment: "production")
+                == PrivatePubConfiguration(
+                    server: "http://localhost:9292/faye", secretToken: "prod", signatureExpiration: 3600))
     }
 
     @Test func crlfLineEndings() throws {
         let text = "production:\r\n  secret_token: \"s\"\r\n  signature_expiration: 60\r\n"
-        #expect(try PrivatePubConfiguration.parse(text, environment: "production")
-            == PrivatePubConfiguration(secretToken: "s", signatureExpiration: 60))
+        #expect(
+            try PrivatePubConfiguration.parse(text, environment: "production")
+                == PrivatePubConfiguration(secretToken: "s", signatureExpiration: 60))
     }
 
     @Test func refusesWhatItDoesNotUnderstand() {
@@ -100,13 +111,20 @@ import Testing
 
     @Test func refusalsNameTheFileAndLine() {
         let cases = [
-            ("production:\n  nested:\n    deeper: 1\n",
-             "app.yml:3: nested mappings are not part of a PrivatePub configuration"),
-            ("production:\n  secret_token: |\n    block\n", "app.yml:2: only plain or quoted scalar values are supported"),
+            (
+                "production:\n  nested:\n    deeper: 1\n",
+                "app.yml:3: nested mappings are not part of a PrivatePub configuration"
+            ),
+            (
+                "production:\n  secret_token: |\n    block\n",
+                "app.yml:2: only plain or quoted scalar values are supported"
+            ),
             ("production:\n\tsecret_token: tab\n", "app.yml:2: tabs are not allowed for indentation in YAML"),
             ("production:\n  <<: *missing\n", "app.yml:2: found undefined alias"),
-            ("production:\n  signature_expiration: soon\n",
-             "app.yml: signature_expiration in production must be a number of seconds, not 'soon'"),
+            (
+                "production:\n  signature_expiration: soon\n",
+                "app.yml: signature_expiration in production must be a number of seconds, not 'soon'"
+            ),
             ("production:\n  - a\n", "app.yml:2: lists are not part of a PrivatePub configuration"),
         ]
         for (text, message) in cases {
@@ -126,8 +144,10 @@ import Testing
               <<: [*base, *extra]
             """
         // The first merged mapping wins over later ones, as in Ruby's YAML.
-        #expect(try PrivatePubConfiguration.parse(text, environment: "production")
-            == PrivatePubConfiguration(server: "http://localhost:9292/faye", secretToken: "from-extra",
-                                       signatureExpiration: 60))
+        #expect(
+            try PrivatePubConfiguration.parse(text, environment: "production")
+                == PrivatePubConfiguration(
+                    server: "http://localhost:9292/faye", secretToken: "from-extra",
+                    signatureExpiration: 60))
     }
 }

@@ -6,6 +6,7 @@ import PubSubServer
 import PubSubTesting
 import Synchronization
 import Testing
+
 @testable import PubSubClient
 
 /// The client against a live broker on a free port.
@@ -18,9 +19,10 @@ import Testing
     ) async throws {
         var extensions: [any BayeuxExtension] = []
         if let secret { extensions.append(PrivatePubAuth(secret: secret)) }
-        let server = PubSubServer(configuration: ServerConfiguration(
-            host: "127.0.0.1", port: 0, broker: BrokerConfiguration(timeout: timeout),
-            extensions: ExtensionPipeline(extensions), threads: 1))
+        let server = PubSubServer(
+            configuration: ServerConfiguration(
+                host: "127.0.0.1", port: 0, broker: BrokerConfiguration(timeout: timeout),
+                extensions: ExtensionPipeline(extensions), threads: 1))
         let port = try await server.start()
         do {
             try await body(server, "http://127.0.0.1:\(port)/faye")
@@ -123,15 +125,19 @@ import Testing
             #expect(existed)
             // The next connect is refused with advice to handshake; the client does, and signs afresh.
             var second: String?
-            #expect(try await waitUntil {
-                if let id = await subscriber.clientId, id != first { second = id }
-                return second != nil
-            })
+            #expect(
+                try await waitUntil {
+                    if let id = await subscriber.clientId, id != first { second = id }
+                    return second != nil
+                })
             // Subscribed again under the new id before anything is published.
             let queries = try #require(server.broker.engine as? any EngineQueries)
-            #expect(try await waitUntil {
-                try await queries.presence(of: "/again", now: .now(), on: loop).get().contains { $0.clientId == second }
-            })
+            #expect(
+                try await waitUntil {
+                    try await queries.presence(of: "/again", now: .now(), on: loop).get().contains {
+                        $0.clientId == second
+                    }
+                })
             let publisher = try BayeuxClient(url: url)
             try await publisher.publish("/again", data: "after", ext: ["private_pub_token": "secret"])
             let events = try await next(1, from: subscriber)

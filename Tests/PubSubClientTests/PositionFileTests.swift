@@ -76,7 +76,9 @@ import Testing
 /// message's shard replaced in the handshake's vector.
 @Suite struct SubscriptionPositionsTests {
     func message(_ channel: String, _ position: String) throws -> Message {
-        Message(try JSONParser().parse(#"{"channel":"\#(channel)","data":1,"ext":{"position":"\#(position)"}}"#).objectValue!)
+        Message(
+            try JSONParser().parse(#"{"channel":"\#(channel)","data":1,"ext":{"position":"\#(position)"}}"#)
+                .objectValue!)
     }
 
     @Test func aPositionReplacesTheOneBefore() throws {

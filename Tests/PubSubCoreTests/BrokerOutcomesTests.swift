@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import Testing
+
 @testable import PubSubCore
 
 /// Stamps the connect replies it sees and swallows those of the client "gone".

@@ -1,8 +1,8 @@
 import Bayeux
 import Dispatch
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
-import NIOConcurrencyHelpers
 import PubSubTesting
 import Testing
 

@@ -1,6 +1,7 @@
 import Bayeux
 import NIOCore
 import Testing
+
 @testable import PubSubCore
 
 /// The ledger alone: batches, what a connect confirms, what goes out again, the bound and its gap.

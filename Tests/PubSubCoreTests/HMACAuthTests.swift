@@ -1,5 +1,6 @@
 import Bayeux
 import Testing
+
 @testable import PubSubCore
 
 @Suite struct HMACAuthTests {
@@ -14,22 +15,33 @@ import Testing
         ])
     }
 
-    func subscribeHMAC(_ h: Harness, _ cid: String, _ channel: String, ts: String = HMACAuthTests.ts,
-                       signature: String) -> JSONObject {
-        h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":{"signature":"\#(signature)","timestamp":\#(ts)}}"#)
+    func subscribeHMAC(
+        _ h: Harness, _ cid: String, _ channel: String, ts: String = HMACAuthTests.ts,
+        signature: String
+    ) -> JSONObject {
+        h.reply(
+            #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":{"signature":"\#(signature)","timestamp":\#(ts)}}"#
+        )
     }
 
     func subscribeSHA1(_ h: Harness, _ cid: String, _ channel: String) -> JSONObject {
         let sig = PrivatePubAuth.signature(secret: "secret", channel: channel, timestamp: Self.ts)
-        return h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":{"private_pub_signature":"\#(sig)","private_pub_timestamp":\#(Self.ts)}}"#)
+        return h.reply(
+            #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"\#(channel)","ext":{"private_pub_signature":"\#(sig)","private_pub_timestamp":\#(Self.ts)}}"#
+        )
     }
 
     @Test func signingStringAndVector() {
-        #expect(PrivatePubAuth.hmacSigningString(channel: "/a/b", timestamp: "123", clientId: nil) == "subscribe\n/a/b\n123\n")
-        #expect(PrivatePubAuth.hmacSigningString(channel: "/a/b", timestamp: "123", clientId: "abc") == "subscribe\n/a/b\n123\nabc")
+        #expect(
+            PrivatePubAuth.hmacSigningString(channel: "/a/b", timestamp: "123", clientId: nil)
+                == "subscribe\n/a/b\n123\n")
+        #expect(
+            PrivatePubAuth.hmacSigningString(channel: "/a/b", timestamp: "123", clientId: "abc")
+                == "subscribe\n/a/b\n123\nabc")
         // Computed independently with Python: hmac.new(b"token", b"subscribe\nchannel\n123\n", sha256).hexdigest()
-        #expect(PrivatePubAuth.hmacSignature(secret: "token", channel: "channel", timestamp: "123")
-            == "4f922045b47271e4847e83007d49c583bdf701f2d080d09e6641e6dd64399775")
+        #expect(
+            PrivatePubAuth.hmacSignature(secret: "token", channel: "channel", timestamp: "123")
+                == "4f922045b47271e4847e83007d49c583bdf701f2d080d09e6641e6dd64399775")
     }
 
     @Test func hmacModeAcceptsHMACAndRefusesSHA1() {
@@ -44,7 +56,8 @@ import Testing
         // Another channel's, another client's, another secret's, wrong timestamp, upper case.
         let otherChannel = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/x", timestamp: Self.ts)
         #expect(subscribeHMAC(h, cid, "/d", signature: otherChannel)["error"] == "Incorrect signature.")
-        let otherClient = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/d", timestamp: Self.ts, clientId: "someoneelse")
+        let otherClient = PrivatePubAuth.hmacSignature(
+            secret: "secret", channel: "/d", timestamp: Self.ts, clientId: "someoneelse")
         #expect(subscribeHMAC(h, cid, "/d", signature: otherClient)["error"] == "Incorrect signature.")
         let otherSecret = PrivatePubAuth.hmacSignature(secret: "nope", channel: "/d", timestamp: Self.ts)
         #expect(subscribeHMAC(h, cid, "/d", signature: otherSecret)["error"] == "Incorrect signature.")
@@ -65,7 +78,9 @@ import Testing
         #expect(subscribeHMAC(h, cid, "/a", ts: old, signature: oldSig)["error"] == "Signature has expired.")
         let future = "\(Self.nowMs + 301_000)"
         let futureSig = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/a", timestamp: future)
-        #expect(subscribeHMAC(h, cid, "/a", ts: future, signature: futureSig)["error"] == "Signature timestamp is in the future.")
+        #expect(
+            subscribeHMAC(h, cid, "/a", ts: future, signature: futureSig)["error"]
+                == "Signature timestamp is in the future.")
         let nearFuture = "\(Self.nowMs + 299_000)"
         let nearSig = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/a", timestamp: nearFuture)
         #expect(subscribeHMAC(h, cid, "/a", ts: nearFuture, signature: nearSig)["successful"] == true)
@@ -89,7 +104,9 @@ import Testing
         let sig = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/b", timestamp: Self.ts)
         #expect(subscribeHMAC(h, cid, "/b", signature: sig)["successful"] == true)
         #expect(subscribeHMAC(h, cid, "/c", signature: sig)["error"] == "Incorrect signature.")
-        #expect(h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/c"}"#)["error"] == "Incorrect signature.")
+        #expect(
+            h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":"/c"}"#)["error"]
+                == "Incorrect signature.")
     }
 
     @Test func refusedSubscriptionReceivesNothing() {
@@ -99,7 +116,10 @@ import Testing
         let wrong = PrivatePubAuth.hmacSignature(secret: "secret", channel: "/other", timestamp: Self.ts)
         #expect(subscribeHMAC(h, cid, "/a", signature: wrong)["successful"] == false)
         #expect(h.reply(#"{"channel":"/a","data":1,"ext":{"private_pub_token":"secret"}}"#)["successful"] == true)
-        guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
+        guard case .connect(let c) = h.connect(cid) else {
+            Issue.record("no connect")
+            return
+        }
         #expect(c.result.events.isEmpty)
     }
 
@@ -143,16 +163,23 @@ import Testing
         #expect(h.subscribe(cid, "/news/today")["successful"] == true)
         #expect(h.subscribe(cid, "/news/*")["successful"] == true)
         #expect(h.subscribe(cid, "/status")["successful"] == true)
-        #expect(h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/status","/news/a"]}"#)["successful"] == true)
+        #expect(
+            h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/status","/news/a"]}"#)[
+                "successful"] == true)
         // Private ones still need a signature, also when mixed with public ones.
         #expect(h.subscribe(cid, "/private")["error"] == "Incorrect signature.")
         #expect(h.subscribe(cid, "/**")["error"] == "Incorrect signature.")
-        #expect(h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/status","/private"]}"#)["error"] == "Incorrect signature.")
+        #expect(
+            h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/status","/private"]}"#)[
+                "error"] == "Incorrect signature.")
         // A public channel still needs the token to publish, and its subscribers get the event.
         #expect(h.publish("/news/today")["error"] == "Incorrect token.")
         #expect(h.publish("/private", #"1,"ext":{"private_pub_token":"secret"}"#)["successful"] == true)
         #expect(h.publish("/news/today", #"2,"ext":{"private_pub_token":"secret"}"#)["successful"] == true)
-        guard case .connect(let c) = h.connect(cid) else { Issue.record("no connect"); return }
+        guard case .connect(let c) = h.connect(cid) else {
+            Issue.record("no connect")
+            return
+        }
         let events = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
         #expect(events == [JSONValue(2)])  // one event per client, however many of its subscriptions match
     }

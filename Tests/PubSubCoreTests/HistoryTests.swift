@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubCore
 
 @Suite struct HistoryTests {
@@ -8,8 +9,10 @@ import Testing
     /// Appends an event of `size` bytes on channel `/c` (cost `size + 2`).
     static func append(_ history: inout History, size: Int) -> UInt64 {
         let sequence = history.nextSequence()
-        history.append(History.Entry(
-            sequence: sequence, channel: "/c", event: WireEvent(json: ByteBuffer(repeating: 0x61, count: size)), publishedAt: t0))
+        history.append(
+            History.Entry(
+                sequence: sequence, channel: "/c", event: WireEvent(json: ByteBuffer(repeating: 0x61, count: size)),
+                publishedAt: t0))
         return sequence
     }
 

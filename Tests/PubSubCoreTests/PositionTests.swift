@@ -1,9 +1,12 @@
 import Testing
+
 @testable import PubSubCore
 
 @Suite struct PositionTests {
     static let key = PositionKey(text: "0123456789abcdef0123456789abcdef")!
-    static let edges: [UInt64] = [0, 1, 2, 35, 36, 1000, 0xffff_ffff, 1 << 32, (1 << 32) + 1, 1 << 52, (1 << 53) - 1, .max]
+    static let edges: [UInt64] = [
+        0, 1, 2, 35, 36, 1000, 0xffff_ffff, 1 << 32, (1 << 32) + 1, 1 << 52, (1 << 53) - 1, .max,
+    ]
 
     @Test func thePermutationRoundTrips() {
         var rng = SystemRandomNumberGenerator()

@@ -1,8 +1,9 @@
 import Bayeux
 import NIOCore
 import PropertyBased
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 
 /// A client of the harness that remembers the last position it saw.
@@ -11,13 +12,15 @@ struct ResumingClient {
     var lastPosition: String
 
     static func start(_ h: Harness, channel: String, resume: String? = nil) -> (ResumingClient, JSONObject) {
-        let handshake = h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+        let handshake = h.reply(
+            #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
         let clientId = handshake["clientId"]!.stringValue!
         var client = ResumingClient(
             clientId: clientId, lastPosition: handshake["ext"]!.objectValue!["position"]!.stringValue!)
         _ = h.connect(clientId)
         let resumeExt = resume.map { #","ext":{"resume":"\#($0)"}"# } ?? ""
-        let reply = h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(resumeExt)}"#)
+        let reply = h.reply(
+            #"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"\#(channel)"\#(resumeExt)}"#)
         // A recovered client goes on from its own token; one that was not starts over from "now".
         if let resume, reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == true {
             client.lastPosition = resume
@@ -41,7 +44,10 @@ struct ResumingClient {
         var (client, _) = ResumingClient.start(h, channel: "/a")
         _ = h.publish("/a", "1")
         _ = h.publish("/a", "2")
-        guard case .connect(let c) = h.connect(client.clientId) else { Issue.record("no connect"); return }
+        guard case .connect(let c) = h.connect(client.clientId) else {
+            Issue.record("no connect")
+            return
+        }
         let positions = c.result.events.map {
             try! JSONParser().parse($0.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
         }
@@ -158,7 +164,8 @@ struct ResumingClient {
 
     @Test func withoutHistoryThereAreNoPositions() {
         let h = Harness(configuration: BrokerConfiguration(historySize: 0))
-        let handshake = h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+        let handshake = h.reply(
+            #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
         #expect(handshake["ext"] == nil)
     }
 
@@ -182,7 +189,9 @@ struct ResumingClient {
             BrokerConfiguration(historySize: 1000, historyBytes: 1200), padding: { ($0 * 7919) % 1500 })
     }
 
-    static func checkExactOrHonest(_ configuration: BrokerConfiguration, padding: @escaping @Sendable (Int) -> Int) async {
+    static func checkExactOrHonest(_ configuration: BrokerConfiguration, padding: @escaping @Sendable (Int) -> Int)
+        async
+    {
         await propertyCheck(count: 300, input: Gen.int(in: 0...5).array(of: 1...60)) { schedule in
             let h = Harness(configuration: configuration)
             var client: ResumingClient? = ResumingClient.start(h, channel: "/a/*").0
@@ -225,7 +234,9 @@ struct ResumingClient {
                     }
                 }
             }
-            if var c = client { received += c.receive(h).map { $0.objectValue!["n"]! } } else {
+            if var c = client {
+                received += c.receive(h).map { $0.objectValue!["n"]! }
+            } else {
                 let (c0, reply) = ResumingClient.start(h, channel: "/a/*", resume: token)
                 var c = c0
                 if reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"] == .bool(false) {

@@ -3,8 +3,9 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 
 /// Records what the engine reports.

@@ -2,6 +2,7 @@ import Bayeux
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
+
 @testable import PubSubCore
 
 /// Drives a broker with messages written as JSON text, on an embedded loop, with explicit time.
@@ -50,7 +51,8 @@ struct Harness {
     }
 
     func handshake() -> String {
-        reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)["clientId"]!
+        reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)[
+            "clientId"]!
             .stringValue!
     }
 
@@ -66,4 +68,3 @@ struct Harness {
         reply(#"{"channel":"\#(channel)","data":\#(data)}"#)
     }
 }
-

@@ -6,9 +6,13 @@ import Testing
 
 @Suite(.timeLimit(.minutes(1))) struct ChangeStreamTests {
     static func batch(_ position: String, changes: Int = 1) -> ChangeBatch {
-        ChangeBatch(changes: (0..<changes).map { Change(collection: ["c"], id: "\(position).\($0)", operation: .insert,
-                                                          seq: position) },
-                    position: position)
+        ChangeBatch(
+            changes: (0..<changes).map {
+                Change(
+                    collection: ["c"], id: "\(position).\($0)", operation: .insert,
+                    seq: position)
+            },
+            position: position)
     }
 
     /// Waits until `condition` holds (the producer's state is seen from outside only through it).
@@ -123,8 +127,11 @@ import Testing
 
     @Test func backoffDoublesUpToItsMaximumAndStartsOver() {
         var backoff = Backoff(initial: .milliseconds(100), maximum: .milliseconds(700))
-        #expect((0..<5).map { _ in backoff.next() } == [.milliseconds(100), .milliseconds(200), .milliseconds(400),
-                                                       .milliseconds(700), .milliseconds(700)])
+        #expect(
+            (0..<5).map { _ in backoff.next() } == [
+                .milliseconds(100), .milliseconds(200), .milliseconds(400),
+                .milliseconds(700), .milliseconds(700),
+            ])
         backoff.reset()
         #expect(backoff.next() == .milliseconds(100))
         #expect(Backoff.milliseconds(.milliseconds(1500)) == 1500)

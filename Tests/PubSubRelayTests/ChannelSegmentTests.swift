@@ -41,8 +41,9 @@ import Testing
 
     @Test func mapsAChangeToItsChannelAndData() throws {
         let mapping = ChangeMapping(prefix: "/changes/", includeDocument: true)
-        let change = Change(collection: ["public", "notes"], id: "n/1", operation: .update, seq: "0/16B3748:2",
-                            document: ["id": "n/1", "rev": .number("2")], extra: ["txn": "731"])
+        let change = Change(
+            collection: ["public", "notes"], id: "n/1", operation: .update, seq: "0/16B3748:2",
+            document: ["id": "n/1", "rev": .number("2")], extra: ["txn": "731"])
         let message = mapping.message(for: change, sourceID: "pg:relay")
         #expect(message.channel == "/changes/public/notes/n$2F1")
         let data = try #require(message.data.objectValue)
@@ -58,7 +59,9 @@ import Testing
         var later = change
         later.seq = "0/16B3800:1"
         #expect(mapping.message(for: later, sourceID: "pg:relay").key != message.key)
-        #expect(ChangeMapping(includeDocument: false).message(for: change, sourceID: "pg:relay").data.objectValue?["doc"] == nil)
+        #expect(
+            ChangeMapping(includeDocument: false).message(for: change, sourceID: "pg:relay").data.objectValue?["doc"]
+                == nil)
     }
 
     @Test func truncateGoesToTheCollectionChannel() {

@@ -33,7 +33,9 @@ import Testing
         let timer = NIOLockedValueBox<Scheduled<Void>?>(nil)
         struct Refused: Error {}
         await #expect(throws: Refused.self) {
-            try await Deadline.run(.seconds(30), on: loop, expire: {}, scheduled: { t in timer.withLockedValue { $0 = t } }) {
+            try await Deadline.run(
+                .seconds(30), on: loop, expire: {}, scheduled: { t in timer.withLockedValue { $0 = t } }
+            ) {
                 throw Refused()
             }
         }

@@ -8,8 +8,9 @@ import Testing
     struct Lost: Error {}
 
     static func batch(_ position: String) -> ChangeBatch {
-        ChangeBatch(changes: [Change(collection: ["c"], id: position, operation: .insert, seq: position)],
-                    position: position)
+        ChangeBatch(
+            changes: [Change(collection: ["c"], id: position, operation: .insert, seq: position)],
+            position: position)
     }
 
     static func waitFor(_ condition: () -> Bool) async throws {
@@ -78,9 +79,10 @@ import Testing
         try await Self.waitFor { feed.isSettled }
         await feed.close()
         // The second poll came at once after the full first one, but only once both its batches were acknowledged.
-        #expect(journal.events == [
-            "open", "poll 1 settled true", "acknowledge 1", "acknowledge 2", "poll 2 settled true", "acknowledge 3",
-        ])
+        #expect(
+            journal.events == [
+                "open", "poll 1 settled true", "acknowledge 1", "acknowledge 2", "poll 2 settled true", "acknowledge 3",
+            ])
         #expect(polls.withLockedValue { $0 } == 2)
     }
 
@@ -142,9 +144,10 @@ import Testing
         await feed.close()
         let events = journal.events
         // Each new connection came once the batch of the lost one was acknowledged, and resumed after it.
-        #expect(events.filter { $0.hasPrefix("open") } == [
-            "open 1 after 0 settled true", "open 2 after 1 settled true", "open 3 after 1 settled true",
-        ])
+        #expect(
+            events.filter { $0.hasPrefix("open") } == [
+                "open 1 after 0 settled true", "open 2 after 1 settled true", "open 3 after 1 settled true",
+            ])
         #expect(events.firstIndex(of: "acknowledge 1")! < events.firstIndex(of: "open 2 after 1 settled true")!)
         #expect(events.filter { $0 == "ended" }.count == 2)
     }

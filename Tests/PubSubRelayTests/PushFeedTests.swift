@@ -10,8 +10,9 @@ import Testing
     struct Refused: Error {}
 
     static func batch(_ position: String) -> ChangeBatch {
-        ChangeBatch(changes: [Change(collection: ["c"], id: position, operation: .insert, seq: position)],
-                    position: position)
+        ChangeBatch(
+            changes: [Change(collection: ["c"], id: position, operation: .insert, seq: position)],
+            position: position)
     }
 
     @Test func eachConnectionResumesAfterTheLastBatchHandedOverUntilOneStops() async throws {

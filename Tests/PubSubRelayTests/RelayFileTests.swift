@@ -12,7 +12,8 @@ import Testing
     }
 
     @Test func readsFeedsWithDefaultsAndTheirOwnSettings() throws {
-        let file = try parse("""
+        let file = try parse(
+            """
             {"url": "http://broker/faye", "feeds": [
               {"source": "postgres", "dsn": "postgres://u@h/db", "slot": "s1", "table": "public.a",
                "checkpoint": "/var/lib/a"},
@@ -25,26 +26,38 @@ import Testing
         #expect(file.feeds.map(\.name) == ["feed0", "b"])
         #expect(file.feeds[0].mapping.prefix == "/changes" && !file.feeds[0].mapping.includeDocument)
         #expect(file.feeds[0].batchSize == 100)
-        #expect(try PostgresChangeSource.Configuration(settings: file.feeds[0].settings).pollInterval == .milliseconds(100))
+        #expect(
+            try PostgresChangeSource.Configuration(settings: file.feeds[0].settings).pollInterval == .milliseconds(100))
         #expect(file.feeds[1].mapping.prefix == "/feeds" && file.feeds[1].mapping.includeDocument)
         #expect(file.feeds[1].batchSize == 7)
-        #expect(try PostgresChangeSource.Configuration(settings: file.feeds[1].settings).pollInterval == .milliseconds(500))
+        #expect(
+            try PostgresChangeSource.Configuration(settings: file.feeds[1].settings).pollInterval == .milliseconds(500))
         let source = try file.feeds[1].makeSource(logger: Logger(label: "test"))
         #expect(source.sourceID == "pg:s2")
     }
 
     @Test func namesTheBadSetting() {
         let cases: [(String, String)] = [
-            (#"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "mysql://h", "slot": "s", "table": "a.b"}]}"#,
-             "feeds[0].dsn:"),
-            (#"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b", "batch_size": 0}]}"#,
-             "feeds[0].batch_size: must be positive"),
-            (#"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b", "prefix": "/meta/x"}]}"#,
-             "feeds[0].prefix:"),
-            (#"{"feeds": [{"name": "x", "source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b"}, {"name": "x", "source": "postgres", "checkpoint": "d", "dsn": "postgres://h/d", "slot": "t", "table": "a.b"}]}"#,
-             "feeds[1].name: x names two feeds"),
-            (#"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": 3}]}"#,
-             "feeds[0].table: expected a string or an array of strings"),
+            (
+                #"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "mysql://h", "slot": "s", "table": "a.b"}]}"#,
+                "feeds[0].dsn:"
+            ),
+            (
+                #"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b", "batch_size": 0}]}"#,
+                "feeds[0].batch_size: must be positive"
+            ),
+            (
+                #"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b", "prefix": "/meta/x"}]}"#,
+                "feeds[0].prefix:"
+            ),
+            (
+                #"{"feeds": [{"name": "x", "source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": "a.b"}, {"name": "x", "source": "postgres", "checkpoint": "d", "dsn": "postgres://h/d", "slot": "t", "table": "a.b"}]}"#,
+                "feeds[1].name: x names two feeds"
+            ),
+            (
+                #"{"feeds": [{"source": "postgres", "checkpoint": "c", "dsn": "postgres://h/d", "slot": "s", "table": 3}]}"#,
+                "feeds[0].table: expected a string or an array of strings"
+            ),
             (#"{"feed": []}"#, "relay.feed: unknown setting"),
             (#"[1]"#, "expected a JSON object"),
         ]
@@ -71,7 +84,9 @@ import Testing
                 return reply
             }
         }
-        let messages = (1...5).map { RelayMessage(channel: "/c/\($0)", data: .object(["n": JSONValue($0)]), key: "k\($0)") }
+        let messages = (1...5).map {
+            RelayMessage(channel: "/c/\($0)", data: .object(["n": JSONValue($0)]), key: "k\($0)")
+        }
         try await publisher.publish(messages)
         let batches = sent.withLockedValue { $0 }
         #expect(batches.map(\.count) == [2, 2, 1])

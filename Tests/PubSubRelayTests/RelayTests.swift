@@ -1,14 +1,14 @@
 import Bayeux
 import Logging
-import NIOCore
 import NIOConcurrencyHelpers
+import NIOCore
 import Testing
+
+@testable import PubSubRelay
 
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubRelay
 
 /// What happened, in order, across the fake source, the fake broker and the checkpoint store.
 final class Journal: Sendable {
@@ -127,21 +127,24 @@ func change(_ id: String, _ seq: String) -> Change {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let journal = Journal()
-        let source = FakeSource(journal: journal, batches: [
-            ChangeBatch(changes: [change("a", "0/10:1"), change("b", "0/10:2")], position: "0/10"),
-            ChangeBatch(changes: [], position: "0/20"),
-            ChangeBatch(changes: [change("a", "0/30:1")], position: "0/30"),
-        ])
+        let source = FakeSource(
+            journal: journal,
+            batches: [
+                ChangeBatch(changes: [change("a", "0/10:1"), change("b", "0/10:2")], position: "0/10"),
+                ChangeBatch(changes: [], position: "0/20"),
+                ChangeBatch(changes: [change("a", "0/30:1")], position: "0/30"),
+            ])
         let publisher = FakePublisher(journal: journal)
         let store = JournalingStore(inner: FileCheckpointStore(path: directory + "/checkpoint"), journal: journal)
         let relay = Relay(source: source, publisher: publisher, store: store, logger: Logger(label: "test"))
         try await relay.start()
         while try await relay.step() != nil {}
-        #expect(journal.events == [
-            "publish a,b", "persist 0/10", "confirm 0/10",
-            "persist 0/20", "confirm 0/20",
-            "publish a", "persist 0/30", "confirm 0/30",
-        ])
+        #expect(
+            journal.events == [
+                "publish a,b", "persist 0/10", "confirm 0/10",
+                "persist 0/20", "confirm 0/20",
+                "publish a", "persist 0/30", "confirm 0/30",
+            ])
         #expect(try store.load()?.position == "0/30")
     }
 
@@ -149,13 +152,16 @@ func change(_ id: String, _ seq: String) -> Change {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let journal = Journal()
-        let source = FakeSource(journal: journal, batches: [
-            ChangeBatch(changes: [change("a", "0/10:1")], position: "0/10")
-        ])
+        let source = FakeSource(
+            journal: journal,
+            batches: [
+                ChangeBatch(changes: [change("a", "0/10:1")], position: "0/10")
+            ])
         let publisher = FakePublisher(journal: journal, failures: 2)
         let store = JournalingStore(inner: FileCheckpointStore(path: directory + "/checkpoint"), journal: journal)
-        let relay = Relay(source: source, publisher: publisher, store: store,
-                          configuration: .init(retryDelay: .milliseconds(1)), logger: Logger(label: "test"))
+        let relay = Relay(
+            source: source, publisher: publisher, store: store,
+            configuration: .init(retryDelay: .milliseconds(1)), logger: Logger(label: "test"))
         try await relay.start()
         try await relay.step()
         #expect(journal.events == ["publish failed", "publish failed", "publish a", "persist 0/10", "confirm 0/10"])
@@ -220,8 +226,9 @@ final class PushingSource: ChangeSource {
     }
 
     func start(after position: String?) async throws {
-        feed.start(after: position, backoff: Backoff(initial: .milliseconds(1), maximum: .milliseconds(1)),
-                   connect: { _ in try await Task.sleep(for: .seconds(3600)) }, ended: { _, _ in .pause(reset: false) })
+        feed.start(
+            after: position, backoff: Backoff(initial: .milliseconds(1), maximum: .milliseconds(1)),
+            connect: { _ in try await Task.sleep(for: .seconds(3600)) }, ended: { _, _ in .pause(reset: false) })
     }
     func next() async throws -> ChangeBatch? { try await feed.next() }
     func confirm(_ position: String) async throws { journal.record("confirm \(position)") }
@@ -254,16 +261,19 @@ final class GatedPublisher: Publisher {
         let journal = Journal()
         let source = PushingSource(journal: journal, capacity: 2)
         let publisher = GatedPublisher()
-        let relay = Relay(source: source, publisher: publisher,
-                          store: FileCheckpointStore(path: directory + "/checkpoint"), logger: Logger(label: "test"))
+        let relay = Relay(
+            source: source, publisher: publisher,
+            store: FileCheckpointStore(path: directory + "/checkpoint"), logger: Logger(label: "test"))
         let task = Task { try await relay.run() }
         defer { task.cancel() }
         try await Self.waitFor { source.feed.connections == 1 }
         let handed = NIOLockedValueBox(0)
         let reader = Task {
             for index in 1...6 {
-                try await source.feed.hand(ChangeBatch(changes: [change("d\(index)", "0/\(index):1")],
-                                                       position: "0/\(index)"))
+                try await source.feed.hand(
+                    ChangeBatch(
+                        changes: [change("d\(index)", "0/\(index):1")],
+                        position: "0/\(index)"))
                 handed.withLockedValue { $0 = index }
             }
         }

@@ -17,7 +17,10 @@ import Testing
         _ = state.queue.append(ByteBuffer(string: "b"), now: t0)
         #expect(state.shouldWake(.onFullBatch, sawFlushing: false))
         // While a batch is in flight (or waits for its retry), newer events never cut the wait short.
-        guard case .send = state.queue.next(now: t0) else { Issue.record("no send"); return }
+        guard case .send = state.queue.next(now: t0) else {
+            Issue.record("no send")
+            return
+        }
         _ = state.queue.failed(now: t0)
         for text in ["c", "d"] { _ = state.queue.append(ByteBuffer(string: text), now: t0) }
         #expect(!state.shouldWake(.onFullBatch, sawFlushing: false))

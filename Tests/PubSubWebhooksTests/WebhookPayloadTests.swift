@@ -11,10 +11,12 @@ import Testing
             SessionEvent(kind: .subscribe, clientId: "abc", channel: "/chat/\"room\""), at: "2026-11-25T10:00:00.000Z")
         #expect(
             String(buffer: subscribe)
-                == #"{"type":"subscribe","clientId":"abc","channel":"/chat/\"room\"","user":null,"at":"2026-11-25T10:00:00.000Z"}"#)
+                == #"{"type":"subscribe","clientId":"abc","channel":"/chat/\"room\"","user":null,"at":"2026-11-25T10:00:00.000Z"}"#
+        )
         let end = WebhookPayload.encode(
             SessionEvent(kind: .disconnect, clientId: "abc", user: "42", reason: .expired), at: "T")
-        #expect(String(buffer: end) == #"{"type":"disconnect","clientId":"abc","user":"42","reason":"expired","at":"T"}"#)
+        #expect(
+            String(buffer: end) == #"{"type":"disconnect","clientId":"abc","user":"42","reason":"expired","at":"T"}"#)
         let body = WebhookPayload.body([subscribe, end])
         #expect(String(buffer: body).hasPrefix(#"{"events":[{"type":"subscribe""#))
         #expect(String(buffer: body).hasSuffix(#""at":"T"}]}"#))

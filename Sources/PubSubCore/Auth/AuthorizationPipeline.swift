@@ -16,7 +16,10 @@ public struct AuthorizationPipeline: Sendable {
     public var wallClock: @Sendable () -> Double
     public let grants: SessionGrants
 
-    public init(_ authorizers: [any Authorizer] = [], wallClock: @escaping @Sendable () -> Double = AuthorizationPipeline.wallClockSeconds) {
+    public init(
+        _ authorizers: [any Authorizer] = [],
+        wallClock: @escaping @Sendable () -> Double = AuthorizationPipeline.wallClockSeconds
+    ) {
         self.authorizers = authorizers
         self.wallClock = wallClock
         self.grants = SessionGrants()

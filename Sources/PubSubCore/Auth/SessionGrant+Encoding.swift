@@ -16,7 +16,8 @@ extension SessionGrant {
         else { return nil }
         func strings(_ key: String) -> [String] { object[key]?.arrayValue?.compactMap(\.stringValue) ?? [] }
         self.init(
-            user: user, expiresAt: object["exp"]?.doubleValue, channels: strings("channels"), publish: strings("publish"))
+            user: user, expiresAt: object["exp"]?.doubleValue, channels: strings("channels"),
+            publish: strings("publish"))
     }
 
     static func number(_ value: Double) -> String {

@@ -138,7 +138,9 @@ final class MasterMonitor<Source: MasterSource>: MasterLocator {
         source.check(endpoint, send: send).flatMapThrowing { check in
             switch self.state.withLockedValue({ $0.discovery.checked(endpoint, check) }) {
             case .use(let switched):
-                if switched { self.logger.notice(self.source.following, metadata: ["pubsub.redis.endpoint": "\(endpoint)"]) }
+                if switched {
+                    self.logger.notice(self.source.following, metadata: ["pubsub.redis.endpoint": "\(endpoint)"])
+                }
                 return switched
             case .reject:
                 throw RedisError(.notMaster, self.source.rejection(of: endpoint, check))

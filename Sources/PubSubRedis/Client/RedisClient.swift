@@ -24,7 +24,11 @@ public final class RedisClient: Sendable {
     private let name: String
     private let setup: [RESPCommand]
     private let resolve: (@Sendable () -> EventLoopFuture<RedisEndpoint>)?
-    private let verify: (@Sendable (RedisEndpoint, _ send: @escaping @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>) -> EventLoopFuture<Void>)?
+    private let verify:
+        (
+            @Sendable (RedisEndpoint, _ send: @escaping @Sendable ([RESPCommand]) -> EventLoopFuture<[RESPValue]>) ->
+                EventLoopFuture<Void>
+        )?
     private let onRedirect: (@Sendable (String) -> Void)?
 
     /// Sends commands on a connection that is being prepared (before anyone else may use it).
@@ -93,7 +97,9 @@ public final class RedisClient: Sendable {
             return true
         }
         guard canStart else { return }
-        let target = resolve?() ?? eventLoop.makeSucceededFuture(RedisEndpoint(host: configuration.host, port: configuration.port))
+        let target =
+            resolve?()
+            ?? eventLoop.makeSucceededFuture(RedisEndpoint(host: configuration.host, port: configuration.port))
         target.flatMap { endpoint in
             Self.open(configuration: self.configuration, to: endpoint, on: self.eventLoop, onPush: self.onPush)
                 .flatMap { channel in self.prepare(channel, endpoint: endpoint).map { (channel, endpoint) } }
@@ -115,9 +121,11 @@ public final class RedisClient: Sendable {
                     return
                 }
                 channel.closeFuture.whenComplete { _ in self.lost(channel, RedisError(.connectionClosed)) }
-                self.logger.debug("redis connected", metadata: [
-                    "pubsub.redis.connection": "\(self.name)", "pubsub.redis.endpoint": "\(endpoint)",
-                ])
+                self.logger.debug(
+                    "redis connected",
+                    metadata: [
+                        "pubsub.redis.connection": "\(self.name)", "pubsub.redis.endpoint": "\(endpoint)",
+                    ])
                 self.onEvent(.connected)
             case .failure(let error):
                 self.state.withLockedValue { s in
@@ -148,8 +156,12 @@ public final class RedisClient: Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
-                    if let tls { try sync.addHandler(try tls.handler(serverHostname: configuration.tlsServerName ?? endpoint.host)) }
-                    try sync.addHandler(ByteToMessageHandler(RESPMessageDecoder(decoder: RESPDecoder(limits: decoderLimits))))
+                    if let tls {
+                        try sync.addHandler(
+                            try tls.handler(serverHostname: configuration.tlsServerName ?? endpoint.host))
+                    }
+                    try sync.addHandler(
+                        ByteToMessageHandler(RESPMessageDecoder(decoder: RESPDecoder(limits: decoderLimits))))
                     try sync.addHandler(RedisConnectionHandler(timeout: timeout, onPush: onPush))
                 }
             }
@@ -225,10 +237,12 @@ public final class RedisClient: Sendable {
         }
         guard let delay else { return }
         if state.withLockedValue({ $0.attempt }) == 1 {
-            logger.debug("redis connection failed", metadata: [
-                "pubsub.redis.connection": "\(name)", "pubsub.redis.url": "\(configuration.redacted)",
-                "pubsub.error": "\(error)",
-            ])
+            logger.debug(
+                "redis connection failed",
+                metadata: [
+                    "pubsub.redis.connection": "\(name)", "pubsub.redis.url": "\(configuration.redacted)",
+                    "pubsub.error": "\(error)",
+                ])
         }
         let task = eventLoop.scheduleTask(in: delay) { self.connect() }
         let keep = state.withLockedValue { s -> Bool in
@@ -267,7 +281,9 @@ public final class RedisClient: Sendable {
 
     /// The error message of a reply that says another server must be used: `READONLY` or `MOVED`.
     static func redirect(_ reply: RESPValue) -> String? {
-        guard case .error(let message) = reply, message.hasPrefix("READONLY") || message.hasPrefix("MOVED ") else { return nil }
+        guard case .error(let message) = reply, message.hasPrefix("READONLY") || message.hasPrefix("MOVED ") else {
+            return nil
+        }
         return message
     }
 
@@ -301,7 +317,10 @@ public final class RedisClient: Sendable {
         let (channel, pending) = state.withLockedValue { s -> ((any Channel)?, Scheduled<Void>?) in
             guard !s.closed else { return (nil, nil) }
             if s.channel != nil { return (s.channel, nil) }
-            defer { s.reconnect = nil; s.attempt = 0 }
+            defer {
+                s.reconnect = nil
+                s.attempt = 0
+            }
             return (nil, s.reconnect)
         }
         if let channel {
@@ -317,7 +336,10 @@ public final class RedisClient: Sendable {
         let (channel, reconnect) = state.withLockedValue { s -> ((any Channel)?, Scheduled<Void>?) in
             s.closed = true
             s.connected = false
-            defer { s.channel = nil; s.reconnect = nil }
+            defer {
+                s.channel = nil
+                s.reconnect = nil
+            }
             return (s.channel, s.reconnect)
         }
         reconnect?.cancel()

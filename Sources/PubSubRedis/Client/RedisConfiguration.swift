@@ -54,7 +54,8 @@ public struct RedisConfiguration: Sendable, Hashable {
         let scheme = url.hasPrefix("rediss://") ? "rediss://" : "redis://"
         func fail(_ reason: String) -> URLError {
             // Never echo a password back.
-            URLError(url: url.contains("@") ? scheme + "…@" + (url.split(separator: "@").last.map(String.init) ?? "") : url,
+            URLError(
+                url: url.contains("@") ? scheme + "…@" + (url.split(separator: "@").last.map(String.init) ?? "") : url,
                 reason: reason)
         }
         guard url.hasPrefix(scheme) else { throw fail("it must start with redis:// or rediss://") }

@@ -8,7 +8,9 @@ public enum RedisEndpointList {
 
     /// The endpoints, and how to talk to them (scheme, user, password; host and port are those of the first).
     /// `noun` names an entry in messages ("sentinel", "cluster node").
-    public static func parse(_ list: String, defaultPort: Int, noun: String) throws -> ([RedisEndpoint], RedisConfiguration) {
+    public static func parse(_ list: String, defaultPort: Int, noun: String) throws -> (
+        [RedisEndpoint], RedisConfiguration
+    ) {
         var endpoints: [RedisEndpoint] = []
         var connection: RedisConfiguration?
         for raw in list.split(separator: ",") {

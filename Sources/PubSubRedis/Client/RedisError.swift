@@ -1,7 +1,9 @@
 /// What went wrong talking to Redis.
 public struct RedisError: Error, Hashable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
-        enum Base: Hashable, Sendable { case notConnected, connectionClosed, timeout, server, protocolViolation, closed, notMaster, tls }
+        enum Base: Hashable, Sendable {
+            case notConnected, connectionClosed, timeout, server, protocolViolation, closed, notMaster, tls
+        }
         let base: Base
         public static let notConnected = Code(base: .notConnected)
         public static let connectionClosed = Code(base: .connectionClosed)

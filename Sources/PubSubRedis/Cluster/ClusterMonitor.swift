@@ -11,18 +11,22 @@ struct ClusterSource: MasterSource {
     let probeKey: String
 
     func ask(_ server: RedisEndpoint, on eventLoop: any EventLoop) -> EventLoopFuture<ClusterStateMachine.NodeReply> {
-        RedisClient.request([RESPCommand("CLUSTER", "SLOTS")], configuration: settings.connection, to: server, on: eventLoop)
-            .map { replies -> ClusterStateMachine.NodeReply in
-                if case .error(let message) = replies[0] { return .failed(message) }
-                guard let map = ClusterSlotMap.parse(replies[0], askedHost: server.host) else {
-                    return .failed("unreadable CLUSTER SLOTS reply")
-                }
-                return .slots(map)
+        RedisClient.request(
+            [RESPCommand("CLUSTER", "SLOTS")], configuration: settings.connection, to: server, on: eventLoop
+        )
+        .map { replies -> ClusterStateMachine.NodeReply in
+            if case .error(let message) = replies[0] { return .failed(message) }
+            guard let map = ClusterSlotMap.parse(replies[0], askedHost: server.host) else {
+                return .failed("unreadable CLUSTER SLOTS reply")
             }
-            .recover { .failed("\($0)") }
+            return .slots(map)
+        }
+        .recover { .failed("\($0)") }
     }
 
-    func check(_ endpoint: RedisEndpoint, send: @escaping RedisClient.Sender) -> EventLoopFuture<ClusterStateMachine.Check> {
+    func check(_ endpoint: RedisEndpoint, send: @escaping RedisClient.Sender) -> EventLoopFuture<
+        ClusterStateMachine.Check
+    > {
         send([RESPCommand("ROLE"), RESPCommand("EXISTS", .string(probeKey))]).map { replies in
             var check = ClusterStateMachine.Check(role: SentinelStateMachine.parseRole(replies[0]), serves: true)
             if case .error(let message) = replies[1] {
@@ -34,8 +38,10 @@ struct ClusterSource: MasterSource {
     }
 
     func rejection(of endpoint: RedisEndpoint, _ check: ClusterStateMachine.Check) -> String {
-        let what = check.role == "master"
-            ? "a master that does not serve slot \(ClusterSlot.of(probeKey))" : (check.role ?? "a server that does not answer ROLE")
+        let what =
+            check.role == "master"
+            ? "a master that does not serve slot \(ClusterSlot.of(probeKey))"
+            : (check.role ?? "a server that does not answer ROLE")
         return "\(endpoint) is \(what)"
     }
 

@@ -102,7 +102,9 @@ struct ClusterStateMachine: MasterDiscovery {
 
     /// What a new connection to `endpoint` said: its `ROLE`, and whether it served a key of the slot
     /// (`moved`: the owner it named instead, if it did).
-    mutating func verified(_ endpoint: RedisEndpoint, role: String?, serves: Bool, movedTo: RedisEndpoint? = nil) -> Verdict {
+    mutating func verified(_ endpoint: RedisEndpoint, role: String?, serves: Bool, movedTo: RedisEndpoint? = nil)
+        -> Verdict
+    {
         guard role == "master", serves else {
             if let movedTo, movedTo != endpoint { hint = movedTo }
             preferred = (preferred + 1) % known.count
@@ -197,12 +199,14 @@ struct ClusterSlotMap: Equatable, Sendable {
         guard let entries = value.array else { return nil }
         var ranges: [Range] = []
         for entry in entries {
-            guard let parts = entry.array, parts.count >= 3, let first = parts[0].int.map(Int.init), let last = parts[1].int.map(Int.init),
+            guard let parts = entry.array, parts.count >= 3, let first = parts[0].int.map(Int.init),
+                let last = parts[1].int.map(Int.init),
                 0 <= first, first <= last, last < ClusterSlot.count
             else { return nil }
             var servers: [RedisEndpoint] = []
             for server in parts.dropFirst(2) {
-                guard let fields = server.array, fields.count >= 2, let port = fields[1].int.map(Int.init), (1...65535).contains(port)
+                guard let fields = server.array, fields.count >= 2, let port = fields[1].int.map(Int.init),
+                    (1...65535).contains(port)
                 else { return nil }
                 var host = fields[0].string ?? ""
                 if host.isEmpty || host == "?" { host = askedHost }

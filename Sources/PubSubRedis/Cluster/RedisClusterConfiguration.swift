@@ -11,7 +11,9 @@ public struct RedisClusterConfiguration: Sendable {
     /// Positions skipped when the first broker reaches a new master of the slot, as with Sentinel.
     public var failoverPositionGap: UInt64
 
-    public init(seeds: [RedisEndpoint], connection: RedisConfiguration = .init(), failoverPositionGap: UInt64 = 1_000_000) {
+    public init(
+        seeds: [RedisEndpoint], connection: RedisConfiguration = .init(), failoverPositionGap: UInt64 = 1_000_000
+    ) {
         self.seeds = seeds
         self.connection = connection
         self.failoverPositionGap = failoverPositionGap

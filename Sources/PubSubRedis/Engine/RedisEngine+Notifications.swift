@@ -84,7 +84,9 @@ extension RedisEngine {
         case .none, .close:
             break
         case .subscribe:
-            subscriber.sendWithoutReply([RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))])
+            subscriber.sendWithoutReply([
+                RESPCommand(sharded ? "SSUBSCRIBE" : "SUBSCRIBE", .string(notificationChannel))
+            ])
         case .route(let outage):
             resynchronise(after: outage)
         case .fill(let fill):
@@ -103,7 +105,9 @@ extension RedisEngine {
             if found.recovered > 0 || found.missed > 0 {
                 logger.notice(
                     "notifications resumed",
-                    metadata: ["pubsub.redis.recovered": "\(found.recovered)", "pubsub.redis.missed": "\(found.missed)"])
+                    metadata: [
+                        "pubsub.redis.recovered": "\(found.recovered)", "pubsub.redis.missed": "\(found.missed)",
+                    ])
             }
             // The gap is known once the history was read while listening: then the sessions of the cut are told.
             if found.isGap { tellGap(atCut) }
@@ -195,7 +199,8 @@ extension RedisEngine {
                     }
                 }
             } else if case .failure(let error) = result {
-                self.logger.warning("could not read the history after reconnecting", metadata: ["pubsub.error": "\(error)"])
+                self.logger.warning(
+                    "could not read the history after reconnecting", metadata: ["pubsub.error": "\(error)"])
             }
             let outcome: RedisEngineStateMachine.FillOutcome? = if case .success = result { found } else { nil }
             self.perform(self.state.withLockedValue { $0.machine.fillFinished(fill, outcome) })
@@ -257,14 +262,15 @@ extension RedisEngine {
             let arguments: [RESPArgument] =
                 [.string(id), .string(node), expiry(now), .integer(Int64(subscriptions.count))]
                 + subscriptions.map { .string($0) }
-            work.append(eval(RedisScripts.register, arguments).map { reply in
-                // Claimed by another node while this one was away: its move notification may never come.
-                if let values = reply.array, values.first?.int == 0, let home = values.last?.string {
-                    self.handOver(id, to: home)
-                } else if let values = reply.array, values.count > 1, values[1].int == 0 {
-                    self.state.withLockedValue { $0.redis.sessionsRestored += 1 }
-                }
-            })
+            work.append(
+                eval(RedisScripts.register, arguments).map { reply in
+                    // Claimed by another node while this one was away: its move notification may never come.
+                    if let values = reply.array, values.first?.int == 0, let home = values.last?.string {
+                        self.handOver(id, to: home)
+                    } else if let values = reply.array, values.count > 1, values[1].int == 0 {
+                        self.state.withLockedValue { $0.redis.sessionsRestored += 1 }
+                    }
+                })
         }
         EventLoopFuture.whenAllComplete(work, on: commands.eventLoop).whenComplete { _ in
             var counts: [String: Int] = [:]

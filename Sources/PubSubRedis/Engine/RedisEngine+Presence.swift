@@ -80,7 +80,8 @@ extension RedisEngine: EngineQueries {
             epochText = String(token.epoch)
         }
         let knownKey = state.withLockedValue { $0.positionKey }
-        let readFrom = parsed.flatMap { token in knownKey.map { PositionCipher.unpermute(token.permuted, key: $0) } } ?? 0
+        let readFrom =
+            parsed.flatMap { token in knownKey.map { PositionCipher.unpermute(token.permuted, key: $0) } } ?? 0
         let ttl = configuration.historyTTL.map { $0.nanoseconds / 1_000_000 } ?? 0
         let nowMilliseconds = milliseconds(now)
         let arguments: [RESPArgument] = [
@@ -161,43 +162,46 @@ enum RedisPresenceScripts {
         """
 
     /// Every subscribed name and how many sessions hold it, from the index: O(channels). Returns {name, count, ...}.
-    static let channels = RedisScripts.Script(indexFunction + """
-        indexed()
-        local out, all = {}, redis.call('HGETALL', P .. 'chans')
-        for i = 1, #all, 2 do
-          if tonumber(all[i + 1]) > 0 then
-            out[#out + 1] = all[i]
-            out[#out + 1] = tonumber(all[i + 1])
-          end
-        end
-        return out
-        """)
+    static let channels = RedisScripts.Script(
+        indexFunction + """
+            indexed()
+            local out, all = {}, redis.call('HGETALL', P .. 'chans')
+            for i = 1, #all, 2 do
+              if tonumber(all[i + 1]) > 0 then
+                out[#out + 1] = all[i]
+                out[#out + 1] = tonumber(all[i + 1])
+              end
+            end
+            return out
+            """)
 
     /// The sessions subscribed to exactly ARGV[3]: {id, user or false, transport or false, since or false, ...},
     /// from the index: O(its subscribers). An entry whose session is gone or no longer holds the channel (left by
     /// a node of an older version) is dropped from the index here.
-    static let presence = RedisScripts.Script(indexFunction + """
-        indexed()
-        local channel, out = ARGV[3], {}
-        for _, id in ipairs(redis.call('SMEMBERS', P .. 'm:' .. channel)) do
-          local ck = P .. 'c:' .. id
-          if redis.call('SISMEMBER', ck .. ':s', channel) == 1 and redis.call('ZSCORE', P .. 'clients', id) then
-            local h = redis.call('HMGET', ck, 'user', 'transport', 'since')
-            out[#out + 1] = id
-            out[#out + 1] = h[1]
-            out[#out + 1] = h[2]
-            out[#out + 1] = h[3]
-          else
-            member(channel, id, -1)
-          end
-        end
-        return out
-        """)
+    static let presence = RedisScripts.Script(
+        indexFunction + """
+            indexed()
+            local channel, out = ARGV[3], {}
+            for _, id in ipairs(redis.call('SMEMBERS', P .. 'm:' .. channel)) do
+              local ck = P .. 'c:' .. id
+              if redis.call('SISMEMBER', ck .. ':s', channel) == 1 and redis.call('ZSCORE', P .. 'clients', id) then
+                local h = redis.call('HMGET', ck, 'user', 'transport', 'since')
+                out[#out + 1] = id
+                out[#out + 1] = h[1]
+                out[#out + 1] = h[2]
+                out[#out + 1] = h[3]
+              else
+                member(channel, id, -1)
+              end
+            end
+            return out
+            """)
 
     /// Stores ARGV[4] as node ARGV[3]'s report for ARGV[5] ms and returns every node's report. Every node runs it
     /// once a second (with an API key): the nodes are a set of their own (`nodes`), so it reads O(nodes) keys, never
     /// the keyspace; a node whose report expired is taken out of the set here.
-    static let nodes = RedisScripts.Script("""
+    static let nodes = RedisScripts.Script(
+        """
         redis.call('SET', P .. 'node:' .. ARGV[3], ARGV[4], 'PX', ARGV[5])
         redis.call('SADD', P .. 'nodes', ARGV[3])
         local out = {}
@@ -217,7 +221,8 @@ extension RedisEngine {
     func rememberKicked(_ clientId: String) {
         guard isConnected else { return }
         commands.send(
-            RESPCommand("SET", .string(keyPrefix + "k:" + clientId), "1", "PX", .integer(max(lifetimeMilliseconds, 1000)))
+            RESPCommand(
+                "SET", .string(keyPrefix + "k:" + clientId), "1", "PX", .integer(max(lifetimeMilliseconds, 1000)))
         ).whenFailure { _ in }
     }
 

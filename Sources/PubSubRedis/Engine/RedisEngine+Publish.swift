@@ -28,7 +28,8 @@ extension RedisEngine {
             }
             head = positioned.encodedEvent()
             if let at = Self.find(positionMarker, in: head) {
-                tail = head.getSlice(at: at + positionMarker.utf8.count, length: head.writerIndex - at - positionMarker.utf8.count)!
+                tail = head.getSlice(
+                    at: at + positionMarker.utf8.count, length: head.writerIndex - at - positionMarker.utf8.count)!
                 head.moveWriterIndex(to: at)
             }
         } else {
@@ -73,7 +74,8 @@ extension RedisEngine {
 
     /// Redis is away: this node's subscribers get the event now; other nodes never will (counted, logged).
     func publishLocally(_ message: Message, to channel: String) {
-        dropOverflowed(local.enqueue(WireEvent(encoding: message, compression: configuration.eventCompression), on: channel))
+        dropOverflowed(
+            local.enqueue(WireEvent(encoding: message, compression: configuration.eventCompression), on: channel))
         state.withLockedValue { s in
             s.published += 1
             s.redis.localOnlyPublishes += 1

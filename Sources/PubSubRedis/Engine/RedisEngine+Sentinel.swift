@@ -20,7 +20,8 @@ extension RedisEngine {
     /// published from now on takes a position that the old master gave to an event the new one never received
     /// (another node may still hold, or have delivered, that event). Nodes that come later see the same base.
     /// ARGV: this master's address, gap. Returns {new term (1/0), base, seq, epoch}.
-    static let reseatScript = RedisScripts.Script("""
+    static let reseatScript = RedisScripts.Script(
+        """
         local addr, gap = ARGV[3], tonumber(ARGV[4])
         local seq = tonumber(redis.call('GET', P .. 'seq') or '0')
         local epoch = redis.call('GET', P .. 'epoch') or ''
@@ -55,7 +56,8 @@ extension RedisEngine {
                 + [.string(endpoint.description), .integer(Int64(gap))])
         return send([command]).flatMapThrowing { replies in
             if case .error(let message) = replies[0] { throw RedisError(.server, "reseat: \(message)") }
-            guard let values = replies[0].array, values.count == 4, let base = values[1].int.map({ UInt64(max(0, $0)) }),
+            guard let values = replies[0].array, values.count == 4,
+                let base = values[1].int.map({ UInt64(max(0, $0)) }),
                 let seq = values[2].int.map({ UInt64(max(0, $0)) })
             else { throw RedisError(.protocolViolation, "reseat: unexpected reply") }
             let epoch = values[3].string.flatMap { UInt64($0) }

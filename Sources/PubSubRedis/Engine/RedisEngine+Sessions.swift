@@ -202,13 +202,15 @@ extension RedisEngine {
             writes.append(RESPCommand(arguments))
             start = end
         }
-        writes.append(RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
+        writes.append(
+            RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
         commands.send(writes).whenComplete { result in
             let delivered: Bool
             switch result {
             case .success(let replies):
                 // (S)PUBLISH answers 0 when this node's channel has no listener: the barrier will never come.
-                delivered = replies.last?.int.map { $0 > 0 } ?? false
+                delivered =
+                    replies.last?.int.map { $0 > 0 } ?? false
                     && !replies.contains { if case .error = $0 { return true } else { return false } }
             case .failure:
                 delivered = false
@@ -284,25 +286,28 @@ extension RedisEngine {
             let old = values.count > 1 ? values[1].string ?? "" : ""
             let oldAlive = values.count > 2 && (values[2].int ?? 0) > 0
             self.state.withLockedValue { $0.redis.claims += 1 }
-            var waits = [self.bounded(adopted.futureResult, by: self.settings.redis.commandTimeout) {
-                RedisError(.timeout, "session \(clientId) was not adopted")
-            }]
+            var waits = [
+                self.bounded(adopted.futureResult, by: self.settings.redis.commandTimeout) {
+                    RedisError(.timeout, "session \(clientId) was not adopted")
+                }
+            ]
             if old != self.node && !old.isEmpty && oldAlive {
-                waits.append(self.bounded(handedOver.futureResult, by: self.settings.handoffTimeout) {
-                    self.state.withLockedValue { s in
-                        if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
-                            s.handoffWaiters[clientId] = nil
-                            // Remembered so a late handoff is dropped, not put before newer events; bounded.
-                            if s.abandoned.count >= 10_000 { s.abandoned.removeAll() }
-                            s.abandoned.insert(clientId)
-                            s.redis.abandonedHandoffs += 1
+                waits.append(
+                    self.bounded(handedOver.futureResult, by: self.settings.handoffTimeout) {
+                        self.state.withLockedValue { s in
+                            if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
+                                s.handoffWaiters[clientId] = nil
+                                // Remembered so a late handoff is dropped, not put before newer events; bounded.
+                                if s.abandoned.count >= 10_000 { s.abandoned.removeAll() }
+                                s.abandoned.insert(clientId)
+                                s.redis.abandonedHandoffs += 1
+                            }
                         }
-                    }
-                    self.logger.warning(
-                        "no handoff from the former node in time; its queued events are lost",
-                        metadata: ["pubsub.client.id": "\(clientId)", "pubsub.redis.node": "\(old)"])
-                    return nil
-                })
+                        self.logger.warning(
+                            "no handoff from the former node in time; its queued events are lost",
+                            metadata: ["pubsub.client.id": "\(clientId)", "pubsub.redis.node": "\(old)"])
+                        return nil
+                    })
             } else {
                 self.state.withLockedValue { s in
                     if s.handoffWaiters[clientId]?.futureResult === handedOver.futureResult {
@@ -321,7 +326,9 @@ extension RedisEngine {
     }
 
     /// `future`, or after `timeout` what `onTimeout` says: an error to fail with, or nil to go on.
-    func bounded(_ future: EventLoopFuture<Void>, by timeout: TimeAmount, onTimeout: @escaping @Sendable () -> (any Error)?)
+    func bounded(
+        _ future: EventLoopFuture<Void>, by timeout: TimeAmount, onTimeout: @escaping @Sendable () -> (any Error)?
+    )
         -> EventLoopFuture<Void>
     {
         let loop = commands.eventLoop
@@ -403,12 +410,14 @@ extension RedisEngine {
                 if result == .ok {
                     var held = had
                     self.reportUnsubscribed(
-                        clientId, removed: channels.filter { held.remove($0) != nil }, user: self.local.user(of: clientId))
+                        clientId, removed: channels.filter { held.remove($0) != nil },
+                        user: self.local.user(of: clientId))
                 }
                 return result
             }
         }
-        let arguments: [RESPArgument] = [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
+        let arguments: [RESPArgument] =
+            [.string(clientId), .integer(Int64(channels.count))] + channels.map { .string($0) }
         return eval(RedisScripts.unsubscribe, arguments).map { reply -> SubscriptionResult in
             let values = reply.array ?? []
             switch values.first?.int {

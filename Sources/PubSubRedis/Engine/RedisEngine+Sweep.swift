@@ -26,7 +26,14 @@ extension RedisEngine {
             RESPCommand("GET", .string(keyPrefix + "seq")),
         ]
         return self.commands.send(commands)
-            .and(eval(RedisScripts.sweep, [.string(node), .integer(milliseconds(now)), .integer(period), .integer(Int64(settings.sweepBatch))]))
+            .and(
+                eval(
+                    RedisScripts.sweep,
+                    [
+                        .string(node), .integer(milliseconds(now)), .integer(period),
+                        .integer(Int64(settings.sweepBatch)),
+                    ])
+            )
             .map { replies, swept in
                 let seq = replies.count > 1 ? replies[1].int.map { UInt64($0) } : nil
                 // {id, user} of each session this sweep expired (older scripts answered with their ids, or their

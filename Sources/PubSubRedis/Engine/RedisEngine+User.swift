@@ -6,7 +6,8 @@ import PubSubCore
 /// lost its connection to Redis.
 extension RedisEngine {
     /// ARGV: id, field (`user` or `grant`), value. 1 set, 0 no such client.
-    static let setSessionFieldScript = RedisScripts.Script("""
+    static let setSessionFieldScript = RedisScripts.Script(
+        """
         local id = ARGV[3]
         if not redis.call('ZSCORE', P .. 'clients', id) then return 0 end
         redis.call('HSET', P .. 'c:' .. id, ARGV[4], ARGV[5])

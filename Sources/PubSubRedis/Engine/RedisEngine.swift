@@ -103,7 +103,8 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         // The local store logs what no connection sees: a client dropped for overflow between two polls.
         self.local = MemoryEngine(configuration: localConfiguration, logger: logger)
         self.group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let keyPrefix = settings.cluster == nil ? settings.keyPrefix : RedisClusterConfiguration.taggedPrefix(settings.keyPrefix)
+        let keyPrefix =
+            settings.cluster == nil ? settings.keyPrefix : RedisClusterConfiguration.taggedPrefix(settings.keyPrefix)
         self.keyPrefix = keyPrefix
         self.channelPrefix = keyPrefix + String(settings.redis.database) + ":"
         self.notificationChannel = channelPrefix + "n:" + settings.nodeID
@@ -113,7 +114,9 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         let wallMilliseconds = Int64(wall.tv_sec) * 1000 + Int64(wall.tv_nsec) / 1_000_000
         self.wallOffsetMilliseconds = wallMilliseconds - Int64(NIODeadline.now().uptimeNanoseconds / 1_000_000)
         let loop = group.next()
-        let setup = RedisScripts.all.map { RESPCommand("SCRIPT", "LOAD", .string($0.variant(sharded: settings.cluster != nil).source)) }
+        let setup = RedisScripts.all.map {
+            RESPCommand("SCRIPT", "LOAD", .string($0.variant(sharded: settings.cluster != nil).source))
+        }
         let box = NIOLockedValueBox<RedisEngine?>(nil)
         let sentinel = settings.sentinel.map { sentinelSettings in
             SentinelMonitor(settings: sentinelSettings, eventLoop: loop, logger: logger) { why in
@@ -207,34 +210,49 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         }
         return [
             counter("outages", s.outages, "Times the Redis command connection was lost."),
-            counter("local_only_publishes", s.localOnlyPublishes,
-                    "Publishes made while Redis was unreachable, delivered to this node's subscribers only."),
-            counter("uncertain_publishes", s.uncertainPublishes,
-                    "Publishes whose Redis connection broke before the answer: delivered or not."),
-            counter("recovered_after_cut", s.recoveredAfterCut,
-                    "Events found in the history after the notification connection was cut, delivered late."),
-            counter("missed_after_cut", s.missedAfterCut,
-                    "Positions the history no longer held after a notification cut (an upper bound of what was missed)."),
-            counter("sessions_told_of_gap", s.toldOfGap,
-                    "Sessions told they missed events after such a gap or a Redis that lost its data: dropped, to handshake again."),
-            counter("abandoned_handoffs", s.abandonedHandoffs,
-                    "Sessions taken over from a node that did not hand their queue over in time."),
+            counter(
+                "local_only_publishes", s.localOnlyPublishes,
+                "Publishes made while Redis was unreachable, delivered to this node's subscribers only."),
+            counter(
+                "uncertain_publishes", s.uncertainPublishes,
+                "Publishes whose Redis connection broke before the answer: delivered or not."),
+            counter(
+                "recovered_after_cut", s.recoveredAfterCut,
+                "Events found in the history after the notification connection was cut, delivered late."),
+            counter(
+                "missed_after_cut", s.missedAfterCut,
+                "Positions the history no longer held after a notification cut (an upper bound of what was missed)."),
+            counter(
+                "sessions_told_of_gap", s.toldOfGap,
+                "Sessions told they missed events after such a gap or a Redis that lost its data: dropped, to handshake again."
+            ),
+            counter(
+                "abandoned_handoffs", s.abandonedHandoffs,
+                "Sessions taken over from a node that did not hand their queue over in time."),
             counter("claims", s.claims, "Sessions moved to this node."),
-            counter("batched_connects", s.batchedConnects,
-                    "Connects of sessions confirmed on this node, served with a batched expiry refresh instead of a script."),
-            counter("connect_batches", s.connectBatches,
-                    "Batches of expiry refreshes and a barrier sent for those connects."),
+            counter(
+                "batched_connects", s.batchedConnects,
+                "Connects of sessions confirmed on this node, served with a batched expiry refresh instead of a script."
+            ),
+            counter(
+                "connect_batches", s.connectBatches,
+                "Batches of expiry refreshes and a barrier sent for those connects."),
             counter("swept_sessions", s.sweptSessions, "Sessions expired by this node's sweeps."),
             counter("events_received", s.eventsReceived, "Events received from Redis for this node's subscribers."),
-            counter("sessions_restored", s.sessionsRestored,
-                    "Sessions of this node that Redis no longer had after a reconnect or failover, put back."),
-            counter("cluster_retries", s.clusterRetries,
-                    "Cluster: scripts sent again because the engine's slot was moving or had moved (ASK, TRYAGAIN, MOVED)."),
+            counter(
+                "sessions_restored", s.sessionsRestored,
+                "Sessions of this node that Redis no longer had after a reconnect or failover, put back."),
+            counter(
+                "cluster_retries", s.clusterRetries,
+                "Cluster: scripts sent again because the engine's slot was moving or had moved (ASK, TRYAGAIN, MOVED)."),
             counter("failovers", s.failovers, "Sentinel or Cluster: new Redis masters this node moved to."),
-            counter("failover_lost_publishes", s.failoverLostPublishes,
-                    "Sentinel or Cluster: this node's acknowledged publishes that the new master does not have (not replicated)."),
-            counter("failover_lost_positions", s.failoverLostPositions,
-                    "Sentinel or Cluster: positions this node had seen beyond the new master's last one at a failover."),
+            counter(
+                "failover_lost_publishes", s.failoverLostPublishes,
+                "Sentinel or Cluster: this node's acknowledged publishes that the new master does not have (not replicated)."
+            ),
+            counter(
+                "failover_lost_positions", s.failoverLostPositions,
+                "Sentinel or Cluster: positions this node had seen beyond the new master's last one at a failover."),
         ]
     }
 
@@ -288,7 +306,8 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
             break
         case .refused:
             let waiting = state.withLockedValue { $0.gate.capacity }
-            job.promise.fail(RedisError(.notConnected, "\(waiting) scripts already wait for the engine's slot to settle"))
+            job.promise.fail(
+                RedisError(.notConnected, "\(waiting) scripts already wait for the engine's slot to settle"))
         }
         return job.promise.futureResult
     }
@@ -350,7 +369,9 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
     /// What every script run starts with: its keys (in Redis Cluster one, of the engine's slot, so that the
     /// server answers `MOVED` rather than run where the slot is not served), then P and C.
     var scriptPrelude: [RESPArgument] {
-        sharded ? [1, .string(keyPrefix), .string(keyPrefix), .string(channelPrefix)] : [0, .string(keyPrefix), .string(channelPrefix)]
+        sharded
+            ? [1, .string(keyPrefix), .string(keyPrefix), .string(channelPrefix)]
+            : [0, .string(keyPrefix), .string(channelPrefix)]
     }
 
     /// `PUBLISH`, or `SPUBLISH` in Redis Cluster (the notification channels are sharded).
@@ -368,11 +389,13 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
             s.barriers[s.nextBarrier] = promise
             return s.nextBarrier
         }
-        commands.send(RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded())))
-            .whenFailure { error in
-                self.state.withLockedValue { $0.barriers[n] = nil }
-                promise.fail(error)
-            }
+        commands.send(
+            RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded()))
+        )
+        .whenFailure { error in
+            self.state.withLockedValue { $0.barriers[n] = nil }
+            promise.fail(error)
+        }
         return promise.futureResult
     }
 

@@ -43,7 +43,9 @@ enum RedisScripts {
                 self.source = source
                 let hex = Array("0123456789abcdef".utf8)
                 sha = String(
-                    decoding: Insecure.SHA1.hash(data: Array(source.utf8)).flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] },
+                    decoding: Insecure.SHA1.hash(data: Array(source.utf8)).flatMap {
+                        [hex[Int($0 >> 4)], hex[Int($0 & 15)]]
+                    },
                     as: UTF8.self)
             }
         }
@@ -89,7 +91,8 @@ enum RedisScripts {
 
     /// ARGV: id, node, expiry. {1, last sequence, epoch, position key} created (the handshake's position is
     /// then the cluster's latest, not this node's view of it, which may lag); {0} id taken.
-    static let create = Script("""
+    static let create = Script(
+        """
         local id, node = ARGV[3], ARGV[4]
         -- No session yet: the server API's index is complete from here on (else the first question builds it).
         if redis.call('ZCARD', P .. 'clients') == 0 then redis.call('SET', P .. 'pidx', '1') end
@@ -101,7 +104,8 @@ enum RedisScripts {
 
     /// A connect or attach on the session's home node. ARGV: id, node, expiry, refresh (1 for a connect).
     /// {1, connectedBefore} ok; {0} unknown; {2} dropped for overflow; {3} another node holds it now.
-    static let touch = Script("""
+    static let touch = Script(
+        """
         local id, node = ARGV[3], ARGV[4]
         if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
         local ck = P .. 'c:' .. id
@@ -117,7 +121,8 @@ enum RedisScripts {
     /// Moves a session to this node: routing moves with it, the node gets an `A` (adopt) notification with the
     /// subscriptions, and the old home an `M` (move) one, to which it answers with an `H` (handoff) of its queue.
     /// ARGV: id, node, expiry, refresh. {1, oldHome, oldAlive} or {0} / {2}.
-    static let claim = Script("""
+    static let claim = Script(
+        """
         local id, me = ARGV[3], ARGV[4]
         if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
         local ck = P .. 'c:' .. id
@@ -189,106 +194,108 @@ enum RedisScripts {
     /// (as its 32-bit halves hi, lo: the key stays in Redis), maxQueue, ttl ms, now ms.
     /// The home node gets an `S` notification: the channels added, then the replayed events.
     /// {1, limitChannel or '', recovered, missed, user or '', {channel added, ...}} or {0} / {2}.
-    static let subscribe = Script(positionFunctions + """
-        local function matches(p, name)
-          if p == name or p == '/**' then return true end
-          if string.sub(p, -3) == '/**' then
-            local pre = string.sub(p, 1, -3)
-            return #name > #pre and string.sub(name, 1, #pre) == pre
-          end
-          if string.sub(p, -2) == '/*' then
-            local pre = string.sub(p, 1, -2)
-            if string.sub(name, 1, #pre) ~= pre then return false end
-            local rest = string.sub(name, #pre + 1)
-            return #rest > 0 and not string.find(rest, '/', 1, true)
-          end
-          return false
-        end
-        local function field(s, i)
-          local colon = string.find(s, ':', i, true)
-          local n = tonumber(string.sub(s, i, colon - 1))
-          return string.sub(s, colon + 1, colon + n), colon + n + 1
-        end
-        local id = ARGV[3]
-        if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
-        local ck = P .. 'c:' .. id
-        local home = redis.call('HGET', ck, 'home')
-        local max, n = tonumber(ARGV[4]), tonumber(ARGV[5])
-        local count = redis.call('SCARD', ck .. ':s')
-        local subscribed, added, limit = {}, {}, ''
-        for i = 1, n do
-          local ch = ARGV[5 + i]
-          if redis.call('SISMEMBER', ck .. ':s', ch) == 1 then
-            subscribed[#subscribed + 1] = ch
-          elseif count >= max then
-            limit = ch
-            break
-          else
-            redis.call('SADD', ck .. ':s', ch)
-            count = count + 1
-            interest(home, ch, 1)
-            member(ch, id, 1)
-            added[#added + 1] = ch
-            subscribed[#subscribed + 1] = ch
-          end
-        end
-        local parts = {'S', f(id), f(#added)}
-        for _, ch in ipairs(added) do parts[#parts + 1] = f(ch) end
-        local r = 6 + n
-        local recovered, missed, events = 0, 0, {}
-        if ARGV[r] == '1' then
-          local tokenEpoch = tonumber(ARGV[r + 1])
-          local maxQueue, ttl, now = tonumber(ARGV[r + 4]), tonumber(ARGV[r + 5]), tonumber(ARGV[r + 6])
-          local epoch = tonumber(redis.call('GET', P .. 'epoch') or '-1')
-          local key = redis.call('GET', P .. 'pkey')
-          local last = tonumber(redis.call('GET', P .. 'seq') or '0')
-          local tokenSeq = last + 1
-          if key and epoch == tokenEpoch then
-            local hi, lo = unpermute(key, tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]))
-            tokenSeq = hi * 4294967296 + lo
-          end
-          if epoch == tokenEpoch and tokenSeq <= last then
-            -- The history holds the sequences first..last in order: read only what comes after the token.
-            -- Recovered only if every sequence after it is there (`prev` walks them), so a list with a hole
-            -- (nodes configured differently) is answered honestly too.
-            local first = last - redis.call('LLEN', P .. 'history') + 1
-            local complete = tokenSeq + 1 >= first
-            local entries = redis.call('LRANGE', P .. 'history', math.max(0, tokenSeq + 1 - first), -1)
-            local prev = tokenSeq
-            for _, entry in ipairs(entries) do
-              local seq, i = field(entry, 1)
-              seq = tonumber(seq)
-              local ts, j = field(entry, i)
-              local channel, k = field(entry, j)
-              if seq > tokenSeq then
-                if seq ~= prev + 1 then complete = false end
-                prev = seq
-                if ttl > 0 and tonumber(ts) + ttl <= now then
-                  complete = false
-                else
-                  for _, p in ipairs(subscribed) do
-                    if matches(p, channel) then
-                      events[#events + 1] = string.sub(entry, k)
-                      break
+    static let subscribe = Script(
+        positionFunctions + """
+            local function matches(p, name)
+              if p == name or p == '/**' then return true end
+              if string.sub(p, -3) == '/**' then
+                local pre = string.sub(p, 1, -3)
+                return #name > #pre and string.sub(name, 1, #pre) == pre
+              end
+              if string.sub(p, -2) == '/*' then
+                local pre = string.sub(p, 1, -2)
+                if string.sub(name, 1, #pre) ~= pre then return false end
+                local rest = string.sub(name, #pre + 1)
+                return #rest > 0 and not string.find(rest, '/', 1, true)
+              end
+              return false
+            end
+            local function field(s, i)
+              local colon = string.find(s, ':', i, true)
+              local n = tonumber(string.sub(s, i, colon - 1))
+              return string.sub(s, colon + 1, colon + n), colon + n + 1
+            end
+            local id = ARGV[3]
+            if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
+            local ck = P .. 'c:' .. id
+            local home = redis.call('HGET', ck, 'home')
+            local max, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+            local count = redis.call('SCARD', ck .. ':s')
+            local subscribed, added, limit = {}, {}, ''
+            for i = 1, n do
+              local ch = ARGV[5 + i]
+              if redis.call('SISMEMBER', ck .. ':s', ch) == 1 then
+                subscribed[#subscribed + 1] = ch
+              elseif count >= max then
+                limit = ch
+                break
+              else
+                redis.call('SADD', ck .. ':s', ch)
+                count = count + 1
+                interest(home, ch, 1)
+                member(ch, id, 1)
+                added[#added + 1] = ch
+                subscribed[#subscribed + 1] = ch
+              end
+            end
+            local parts = {'S', f(id), f(#added)}
+            for _, ch in ipairs(added) do parts[#parts + 1] = f(ch) end
+            local r = 6 + n
+            local recovered, missed, events = 0, 0, {}
+            if ARGV[r] == '1' then
+              local tokenEpoch = tonumber(ARGV[r + 1])
+              local maxQueue, ttl, now = tonumber(ARGV[r + 4]), tonumber(ARGV[r + 5]), tonumber(ARGV[r + 6])
+              local epoch = tonumber(redis.call('GET', P .. 'epoch') or '-1')
+              local key = redis.call('GET', P .. 'pkey')
+              local last = tonumber(redis.call('GET', P .. 'seq') or '0')
+              local tokenSeq = last + 1
+              if key and epoch == tokenEpoch then
+                local hi, lo = unpermute(key, tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]))
+                tokenSeq = hi * 4294967296 + lo
+              end
+              if epoch == tokenEpoch and tokenSeq <= last then
+                -- The history holds the sequences first..last in order: read only what comes after the token.
+                -- Recovered only if every sequence after it is there (`prev` walks them), so a list with a hole
+                -- (nodes configured differently) is answered honestly too.
+                local first = last - redis.call('LLEN', P .. 'history') + 1
+                local complete = tokenSeq + 1 >= first
+                local entries = redis.call('LRANGE', P .. 'history', math.max(0, tokenSeq + 1 - first), -1)
+                local prev = tokenSeq
+                for _, entry in ipairs(entries) do
+                  local seq, i = field(entry, 1)
+                  seq = tonumber(seq)
+                  local ts, j = field(entry, i)
+                  local channel, k = field(entry, j)
+                  if seq > tokenSeq then
+                    if seq ~= prev + 1 then complete = false end
+                    prev = seq
+                    if ttl > 0 and tonumber(ts) + ttl <= now then
+                      complete = false
+                    else
+                      for _, p in ipairs(subscribed) do
+                        if matches(p, channel) then
+                          events[#events + 1] = string.sub(entry, k)
+                          break
+                        end
+                      end
                     end
                   end
                 end
+                if prev ~= last then complete = false end
+                missed = #events
+                if complete and #events <= maxQueue then recovered = 1 else events = {} end
               end
             end
-            if prev ~= last then complete = false end
-            missed = #events
-            if complete and #events <= maxQueue then recovered = 1 else events = {} end
-          end
-        end
-        parts[#parts + 1] = f(#events)
-        for _, e in ipairs(events) do parts[#parts + 1] = f(e) end
-        if #added > 0 or #events > 0 then notify(home, table.concat(parts)) end
-        return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or '', added}
-        """)
+            parts[#parts + 1] = f(#events)
+            for _, e in ipairs(events) do parts[#parts + 1] = f(e) end
+            if #added > 0 or #events > 0 then notify(home, table.concat(parts)) end
+            return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or '', added}
+            """)
 
     /// ARGV: id, n, channel × n. The home node gets a `U` notification of the channels the session had.
     /// {1, user or '', {channel removed, ...}} or {0} / {2}.
-    static let unsubscribe = Script("""
+    static let unsubscribe = Script(
+        """
         local id = ARGV[3]
         if not redis.call('ZSCORE', P .. 'clients', id) then return missing(id) end
         local ck = P .. 'c:' .. id
@@ -328,23 +335,25 @@ enum RedisScripts {
         """
 
     /// ARGV: id, reason, lifetime ms. {1, user} destroyed, {0} did not exist.
-    static let destroy = Script(destroyFunction + """
-        local id = ARGV[3]
-        if not redis.call('ZSCORE', P .. 'clients', id) then return {0} end
-        return {1, destroy(id, ARGV[4], ARGV[5])}
-        """)
+    static let destroy = Script(
+        destroyFunction + """
+            local id = ARGV[3]
+            if not redis.call('ZSCORE', P .. 'clients', id) then return {0} end
+            return {1, destroy(id, ARGV[4], ARGV[5])}
+            """)
 
     /// The expiry sweep, at most once per period for the whole cluster (the lock is never released: it expires).
     /// ARGV: node, now ms, period ms (0: no lock), batch. Returns {id, user} of each session expired (reported
     /// as session events by this node, the one that expired them), or -1 (lock taken).
-    static let sweep = Script(destroyFunction + """
-        local period = tonumber(ARGV[5])
-        if period > 0 and not redis.call('SET', P .. 'gc', ARGV[3], 'NX', 'PX', period) then return -1 end
-        local ids = redis.call('ZRANGEBYSCORE', P .. 'clients', '-inf', ARGV[4], 'LIMIT', 0, tonumber(ARGV[6]))
-        local expired = {}
-        for i, id in ipairs(ids) do expired[i] = {id, destroy(id, 'expired', 0)} end
-        return expired
-        """)
+    static let sweep = Script(
+        destroyFunction + """
+            local period = tonumber(ARGV[5])
+            if period > 0 and not redis.call('SET', P .. 'gc', ARGV[3], 'NX', 'PX', period) then return -1 end
+            local ids = redis.call('ZRANGEBYSCORE', P .. 'clients', '-inf', ARGV[4], 'LIMIT', 0, tonumber(ARGV[6]))
+            local expired = {}
+            for i, id in ipairs(ids) do expired[i] = {id, destroy(id, 'expired', 0)} end
+            return expired
+            """)
 
     /// Publishes one event: takes the next position, appends it to the history, and sends one `E` notification
     /// to each node with a subscriber. The event's bytes are `head .. position .. tail` (just `head` without
@@ -354,55 +363,57 @@ enum RedisScripts {
     /// The position key (`P pkey`) is made beside the epoch, from the candidate, when Redis has none.
     /// ARGV: epoch candidate, key candidate, history size, max bytes, channel, head, tail, now ms, n, key × n.
     /// Returns {sequence, epoch, position key}.
-    static let publish = Script(positionFunctions + """
-        redis.call('SET', P .. 'epoch', ARGV[3], 'NX')
-        redis.call('SET', P .. 'pkey', ARGV[4], 'NX')
-        local epochText = redis.call('GET', P .. 'epoch')
-        local key = redis.call('GET', P .. 'pkey')
-        local size, maxBytes, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-        local seq = redis.call('INCR', P .. 'seq')
-        local event = ARGV[8]
-        if size > 0 then
-          event = ARGV[8] .. token(key, tonumber(epochText), seq) .. ARGV[9]
-          local hk, bk = P .. 'history', P .. 'hbytes'
-          local entry = f(seq) .. f(ARGV[10]) .. f(channel) .. event
-          local bytes = redis.call('GET', bk)
-          if bytes then
-            bytes = tonumber(bytes)
-          else
-            bytes = 0
-            for _, e in ipairs(redis.call('LRANGE', hk, 0, -1)) do bytes = bytes + #e end
-          end
-          if maxBytes > 0 and #entry > maxBytes then
-            redis.call('DEL', hk)
-            bytes = 0
-          else
-            local n = redis.call('RPUSH', hk, entry)
-            bytes = bytes + #entry
-            while n > size or (maxBytes > 0 and bytes > maxBytes) do
-              bytes = bytes - #redis.call('LPOP', hk)
-              n = n - 1
+    static let publish = Script(
+        positionFunctions + """
+            redis.call('SET', P .. 'epoch', ARGV[3], 'NX')
+            redis.call('SET', P .. 'pkey', ARGV[4], 'NX')
+            local epochText = redis.call('GET', P .. 'epoch')
+            local key = redis.call('GET', P .. 'pkey')
+            local size, maxBytes, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+            local seq = redis.call('INCR', P .. 'seq')
+            local event = ARGV[8]
+            if size > 0 then
+              event = ARGV[8] .. token(key, tonumber(epochText), seq) .. ARGV[9]
+              local hk, bk = P .. 'history', P .. 'hbytes'
+              local entry = f(seq) .. f(ARGV[10]) .. f(channel) .. event
+              local bytes = redis.call('GET', bk)
+              if bytes then
+                bytes = tonumber(bytes)
+              else
+                bytes = 0
+                for _, e in ipairs(redis.call('LRANGE', hk, 0, -1)) do bytes = bytes + #e end
+              end
+              if maxBytes > 0 and #entry > maxBytes then
+                redis.call('DEL', hk)
+                bytes = 0
+              else
+                local n = redis.call('RPUSH', hk, entry)
+                bytes = bytes + #entry
+                while n > size or (maxBytes > 0 and bytes > maxBytes) do
+                  bytes = bytes - #redis.call('LPOP', hk)
+                  n = n - 1
+                end
+              end
+              redis.call('SET', bk, bytes)
             end
-          end
-          redis.call('SET', bk, bytes)
-        end
-        local nodes, msg = {}, nil
-        for i = 1, tonumber(ARGV[11]) do
-          for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[11 + i])) do
-            if not nodes[node] then
-              nodes[node] = true
-              msg = msg or ('E' .. f(seq) .. f(channel) .. f(event))
-              notify(node, msg)
+            local nodes, msg = {}, nil
+            for i = 1, tonumber(ARGV[11]) do
+              for _, node in ipairs(redis.call('HKEYS', P .. 'i:' .. ARGV[11 + i])) do
+                if not nodes[node] then
+                  nodes[node] = true
+                  msg = msg or ('E' .. f(seq) .. f(channel) .. f(event))
+                  notify(node, msg)
+                end
+              end
             end
-          end
-        end
-        return {seq, epochText, key}
-        """)
+            return {seq, epochText, key}
+            """)
 
     /// Reads the history after a sequence, for a node whose notifications were cut.
     /// ARGV: after, epoch candidate, the epoch `after` belongs to (another epoch: every entry is after it),
     /// position key candidate. Returns {epoch, last sequence, position key, entries...}.
-    static let history = Script("""
+    static let history = Script(
+        """
         redis.call('SET', P .. 'epoch', ARGV[4], 'NX')
         redis.call('SET', P .. 'pkey', ARGV[6], 'NX')
         local epoch = redis.call('GET', P .. 'epoch')
@@ -420,7 +431,8 @@ enum RedisScripts {
     /// Puts a node's session back after an outage, unless another node holds it now.
     /// ARGV: id, node, expiry, n, channel × n. {1, 1 if Redis still had it else 0} registered,
     /// {0, home} held by another node now.
-    static let register = Script("""
+    static let register = Script(
+        """
         local id, me = ARGV[3], ARGV[4]
         local ck = P .. 'c:' .. id
         local home = redis.call('HGET', ck, 'home')
@@ -438,7 +450,8 @@ enum RedisScripts {
         """)
 
     /// Rewrites a node's routing entries from its own sessions. ARGV: node, n, (channel, count) × n.
-    static let reroute = Script("""
+    static let reroute = Script(
+        """
         local me = ARGV[3]
         local wanted = {}
         for i = 0, tonumber(ARGV[4]) - 1 do wanted[ARGV[5 + 2 * i]] = ARGV[6 + 2 * i] end
@@ -453,5 +466,7 @@ enum RedisScripts {
         return 1
         """)
 
-    static let all: [Script] = [create, touch, claim, subscribe, unsubscribe, destroy, sweep, publish, history, register, reroute]
+    static let all: [Script] = [
+        create, touch, claim, subscribe, unsubscribe, destroy, sweep, publish, history, register, reroute,
+    ]
 }

@@ -23,7 +23,8 @@ struct ResidencyLedger<Waiter> {
         var refreshes: [(id: String, expiry: Int64)]
 
         static func == (a: Batch, b: Batch) -> Bool {
-            a.barrier == b.barrier && a.refreshes.elementsEqual(b.refreshes) { $0.id == $1.id && $0.expiry == $1.expiry }
+            a.barrier == b.barrier
+                && a.refreshes.elementsEqual(b.refreshes) { $0.id == $1.id && $0.expiry == $1.expiry }
         }
     }
 

@@ -20,7 +20,6 @@ public struct RedisSentinelConfiguration: Sendable {
     }
 }
 
-
 extension RedisSentinelConfiguration {
     public typealias ParseError = RedisEndpointList.ParseError
 
@@ -30,7 +29,9 @@ extension RedisSentinelConfiguration {
     /// `redis[s]://[[user]:password@]host[:port]` (TLS, or a password, to the sentinels; every entry must say
     /// the same). Master: `NAME`, or `redis[s]://[[user]:password@]NAME[/db]` for the master's own password,
     /// database and TLS.
-    public static func parse(sentinels list: String, masterName: String) throws -> (RedisSentinelConfiguration, master: RedisConfiguration) {
+    public static func parse(sentinels list: String, masterName: String) throws -> (
+        RedisSentinelConfiguration, master: RedisConfiguration
+    ) {
         let (endpoints, connection) = try RedisEndpointList.parse(list, defaultPort: 26379, noun: "sentinel")
         let name = Self.trimmed(Substring(masterName))
         var master = RedisConfiguration()
@@ -49,7 +50,10 @@ extension RedisSentinelConfiguration {
         var sentinelConnection = connection
         sentinelConnection.host = endpoints[0].host
         sentinelConnection.port = endpoints[0].port
-        return (RedisSentinelConfiguration(sentinels: endpoints, masterName: masterID, sentinelConnection: sentinelConnection), master)
+        return (
+            RedisSentinelConfiguration(
+                sentinels: endpoints, masterName: masterID, sentinelConnection: sentinelConnection), master
+        )
     }
 
     private static func trimmed(_ text: Substring) -> String {

@@ -8,7 +8,9 @@ struct SentinelSource: MasterSource {
     typealias Discovery = SentinelStateMachine
     let settings: RedisSentinelConfiguration
 
-    func ask(_ server: RedisEndpoint, on eventLoop: any EventLoop) -> EventLoopFuture<SentinelStateMachine.SentinelReply> {
+    func ask(_ server: RedisEndpoint, on eventLoop: any EventLoop) -> EventLoopFuture<
+        SentinelStateMachine.SentinelReply
+    > {
         let command = RESPCommand("SENTINEL", "get-master-addr-by-name", .string(settings.masterName))
         return RedisClient.request([command], configuration: settings.sentinelConnection, to: server, on: eventLoop)
             .map { SentinelStateMachine.parseMasterAddress($0[0]) }
@@ -87,13 +89,16 @@ final class SentinelMonitor: MasterLocator {
     }
 
     private func received(_ push: RESPValue) {
-        guard let parts = push.array, parts.count == 3, parts[0].string == "message", parts[1].string == "+switch-master",
+        guard let parts = push.array, parts.count == 3, parts[0].string == "message",
+            parts[1].string == "+switch-master",
             let text = parts[2].string, let (name, to) = SentinelStateMachine.parseSwitchMaster(text)
         else { return }
         monitor.react(to: .switchMaster(name: name, to: to), because: "+switch-master") {
-            logger.notice("sentinel announced a new master", metadata: [
-                "pubsub.redis.master_name": "\(name)", "pubsub.redis.endpoint": "\(to)",
-            ])
+            logger.notice(
+                "sentinel announced a new master",
+                metadata: [
+                    "pubsub.redis.master_name": "\(name)", "pubsub.redis.endpoint": "\(to)",
+                ])
         }
     }
 }

@@ -46,7 +46,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
             // session ends everywhere.
             let observer: (any SessionEventObserver)? =
                 k == 0 ? events : OverflowObserver { ids in box.withLockedValue { $0 }?.overflowed(ids, in: k) }
-            return RedisEngine(configuration: configuration, settings: shardSettings, logger: shardLogger, events: observer)
+            return RedisEngine(
+                configuration: configuration, settings: shardSettings, logger: shardLogger, events: observer)
         }
         box.withLockedValue { $0 = self }
     }
@@ -59,7 +60,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     }
 
     public var redisDescription: String {
-        control.redisDescription + " in \(map.count) shards (" + map.prefixes.map { "\($0) slot \(ClusterSlot.of($0))" }
+        control.redisDescription + " in \(map.count) shards ("
+            + map.prefixes.map { "\($0) slot \(ClusterSlot.of($0))" }
             .joined(separator: ", ") + ")"
     }
 
@@ -82,7 +84,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     public var extraMetrics: [EngineMetric] {
         var metrics = control.extraMetrics
         for shard in shards.dropFirst() {
-            for (i, metric) in shard.extraMetrics.enumerated() where i < metrics.count && metrics[i].name == metric.name {
+            for (i, metric) in shard.extraMetrics.enumerated() where i < metrics.count && metrics[i].name == metric.name
+            {
                 metrics[i].value += metric.value
             }
         }
@@ -372,7 +375,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
                 guard !mine.isEmpty else { continue }
                 work.append(
                     self.shards[k].subscribe(
-                        clientId, to: mine, resume: resume.map { self.map.component(of: $0, shard: k) }, now: now, on: loop))
+                        clientId, to: mine, resume: resume.map { self.map.component(of: $0, shard: k) }, now: now,
+                        on: loop))
             }
             return EventLoopFuture.whenAllSucceed(work, on: loop).map { results in
                 var resumed = controlResume
@@ -381,7 +385,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
                     if let shardResume {
                         let before = resumed ?? ResumeResult(recovered: true, missed: 0)
                         resumed = ResumeResult(
-                            recovered: before.recovered && shardResume.recovered, missed: before.missed + shardResume.missed)
+                            recovered: before.recovered && shardResume.recovered,
+                            missed: before.missed + shardResume.missed)
                     }
                 }
                 return (controlResult, resume == nil ? nil : resumed ?? ResumeResult(recovered: false, missed: 0))
@@ -403,7 +408,8 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
         }
     }
 
-    public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+    public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool>
+    {
         control.destroyClient(clientId, reason: reason, on: loop).flatMap { existed in
             let others = self.shards.dropFirst().map { $0.destroyClient(clientId, reason: reason, on: loop) }
             return EventLoopFuture.whenAllComplete(others, on: loop).map { _ in existed }
@@ -460,7 +466,9 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
         control.channels(on: loop)
     }
 
-    public func presence(of channel: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<[PresenceEntry]> {
+    public func presence(of channel: String, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<
+        [PresenceEntry]
+    > {
         control.presence(of: channel, now: now, on: loop)
     }
 
@@ -471,10 +479,12 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     {
         let placed = map.shards(ofSubscription: channel)
         if case .one(let k) = placed {
-            return shards[k].history(of: channel, since: since.map { map.component(of: $0, shard: k) }, limit: limit, now: now, on: loop)
+            return shards[k].history(
+                of: channel, since: since.map { map.component(of: $0, shard: k) }, limit: limit, now: now, on: loop)
         }
         let pages = shards.enumerated().map { k, shard in
-            shard.history(of: channel, since: since.map { map.component(of: $0, shard: k) }, limit: limit, now: now, on: loop)
+            shard.history(
+                of: channel, since: since.map { map.component(of: $0, shard: k) }, limit: limit, now: now, on: loop)
         }
         return EventLoopFuture.whenAllSucceed(pages, on: loop).map { pages in
             var merged = HistoryPage(events: [], recovered: true, truncated: false)
@@ -483,7 +493,9 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
                 merged.recovered = merged.recovered && page.recovered
                 merged.truncated = merged.truncated || page.truncated || page.events.count > limit
             }
-            if merged.events.count >= limit, pages.reduce(0, { $0 + $1.events.count }) > limit { merged.truncated = true }
+            if merged.events.count >= limit, pages.reduce(0, { $0 + $1.events.count }) > limit {
+                merged.truncated = true
+            }
             return merged
         }
     }

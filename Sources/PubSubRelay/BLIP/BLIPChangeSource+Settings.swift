@@ -7,8 +7,9 @@ extension BLIPChangeSource.Configuration {
     public init(settings: FeedSettings) throws {
         let url: BLIPURL
         do {
-            url = try BLIPURL(try settings.string("sg_url"), username: try settings.optionalString("user"),
-                              password: try settings.optionalString("password"))
+            url = try BLIPURL(
+                try settings.string("sg_url"), username: try settings.optionalString("user"),
+                password: try settings.optionalString("password"))
         } catch let error as RelayError where error.code == .invalidURL {
             throw settings.error("sg_url", error.message)
         }
@@ -18,8 +19,9 @@ extension BLIPChangeSource.Configuration {
         }
         let batch = try settings.int("batch", default: 200)
         guard batch > 0 else { throw settings.error("batch", "must be positive") }
-        self.init(url: url, channels: channels, batch: batch, activeOnly: try settings.bool("active_only", default: false),
-                  includeDocuments: try settings.needsDocuments)
+        self.init(
+            url: url, channels: channels, batch: batch, activeOnly: try settings.bool("active_only", default: false),
+            includeDocuments: try settings.needsDocuments)
         tls = try FeedTLS(settings: settings)
     }
 }

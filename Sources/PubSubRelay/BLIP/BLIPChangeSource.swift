@@ -48,10 +48,12 @@ public actor BLIPChangeSource: ChangeSource {
         /// Which certificate authorities a `wss://` server's certificate must come from.
         public var tls = FeedTLS()
 
-        public init(url: BLIPURL, channels: [String] = [], batch: Int = 200, activeOnly: Bool = false,
-                    bufferedMessages: Int = 8, heartbeat: Duration = .seconds(30),
-                    reconnectDelay: Duration = .milliseconds(100), maxReconnectDelay: Duration = .seconds(5),
-                    maxFramePayload: Int = 16384, includeDocuments: Bool = false) {
+        public init(
+            url: BLIPURL, channels: [String] = [], batch: Int = 200, activeOnly: Bool = false,
+            bufferedMessages: Int = 8, heartbeat: Duration = .seconds(30),
+            reconnectDelay: Duration = .milliseconds(100), maxReconnectDelay: Duration = .seconds(5),
+            maxFramePayload: Int = 16384, includeDocuments: Bool = false
+        ) {
             self.url = url
             self.channels = channels
             self.batch = max(1, batch)
@@ -166,8 +168,9 @@ public actor BLIPChangeSource: ChangeSource {
 
     /// Changes read ahead of the relay (Sync Gateway does not tell how far behind its head the feed is).
     public func lag() async -> SourceLag? {
-        SourceLag(amount: UInt64(feed.stream.bufferedChanges),
-                  unit: caughtUp ? "changes buffered" : "changes buffered, catching up")
+        SourceLag(
+            amount: UInt64(feed.stream.bufferedChanges),
+            unit: caughtUp ? "changes buffered" : "changes buffered, catching up")
     }
 
     /// Hands a complete `changes` message to the relay as one batch (without the entries whose revision is gone),
@@ -211,10 +214,12 @@ public actor BLIPChangeSource: ChangeSource {
         if closed { return .pause(reset: false) }
         if let error {
             // A refused certificate will not fix itself: said at error level.
-            logger.log(level: FeedTLS.isCertificateFailure(error) ? .error : .warning,
-                       "BLIP connection failed; reconnecting", metadata: metadata([
-                           "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
-                       ]))
+            logger.log(
+                level: FeedTLS.isCertificateFailure(error) ? .error : .warning,
+                "BLIP connection failed; reconnecting",
+                metadata: metadata([
+                    "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
+                ]))
         } else {
             logger.warning("Sync Gateway closed the BLIP connection; reconnecting", metadata: metadata())
         }
@@ -234,8 +239,9 @@ public actor BLIPChangeSource: ChangeSource {
             tlsConfiguration: configuration.tls.clientConfiguration, logger: logger
         ) { inbound, outbound, _ in
             let (frames, continuation) = AsyncStream.makeStream(of: [UInt8].self)
-            let session = BLIPSession(generation: generation, maxFramePayload: maxFramePayload,
-                                      outgoing: continuation, outbound: outbound)
+            let session = BLIPSession(
+                generation: generation, maxFramePayload: maxFramePayload,
+                outgoing: continuation, outbound: outbound)
             let writer = Task {
                 for await frame in frames {
                     do { try await outbound.write(.binary(ByteBuffer(bytes: frame))) } catch { break }
@@ -265,7 +271,8 @@ public actor BLIPChangeSource: ChangeSource {
             } catch {
                 continuation.finish()
                 await writer.value
-                try? await outbound.close(.protocolError, reason: "\(error)".count > 100 ? "protocol error" : "\(error)")
+                try? await outbound.close(
+                    .protocolError, reason: "\(error)".count > 100 ? "protocol error" : "\(error)")
                 throw error
             }
         }
@@ -285,8 +292,10 @@ public actor BLIPChangeSource: ChangeSource {
         properties += [("continuous", "true"), ("batch", String(configuration.batch))]
         if configuration.activeOnly { properties.append(("activeOnly", "true")) }
         if !configuration.channels.isEmpty {
-            properties += [("filter", "sync_gateway/bychannel"),
-                           ("channels", configuration.channels.joined(separator: ","))]
+            properties += [
+                ("filter", "sync_gateway/bychannel"),
+                ("channels", configuration.channels.joined(separator: ",")),
+            ]
         }
         session.subscription = (try session.send(BLIPMessage(type: .request, number: 0, properties: properties)), since)
         caughtUp = false
@@ -323,31 +332,39 @@ public actor BLIPChangeSource: ChangeSource {
             for (index, change) in changes.enumerated() {
                 missing[(change.id ?? "") + "\u{0}" + (change.extra["rev"]?.stringValue ?? "")] = index
             }
-            awaitingRevisions.append(AwaitingRevisions(
-                delivery: Delivery(generation: session.generation, changes: changes, replies: []), missing: missing))
+            awaitingRevisions.append(
+                AwaitingRevisions(
+                    delivery: Delivery(generation: session.generation, changes: changes, replies: []), missing: missing)
+            )
         case .request where message.profile == "rev" || message.profile == "norev":
             try await received(revision: message, session: session)
         case .request:
             if !message.flags.contains(.noReply) {
-                try session.send(BLIPMessage(
-                    type: .error, number: message.number,
-                    properties: [("Error-Domain", "BLIP"), ("Error-Code", "404")],
-                    body: Array("no handler for \(message.profile ?? "a request without Profile")".utf8)))
+                try session.send(
+                    BLIPMessage(
+                        type: .error, number: message.number,
+                        properties: [("Error-Domain", "BLIP"), ("Error-Code", "404")],
+                        body: Array("no handler for \(message.profile ?? "a request without Profile")".utf8)))
             }
         case .error where message.number == session.subscription?.number:
             let since = session.subscription?.since
             guard let since, since != "0" else {
                 throw RelayError(.blipProtocol, "Sync Gateway refused subChanges: \(message.errorDescription)")
             }
-            let reason = "Sync Gateway refused subChanges since=\(since) (\(message.errorDescription)); resyncing from since=0"
-            logger.error("unknown position: FULL RESYNC from since=0", metadata: metadata(["pubsub.relay.reason": "\(reason)"]))
+            let reason =
+                "Sync Gateway refused subChanges since=\(since) (\(message.errorDescription)); resyncing from since=0"
+            logger.error(
+                "unknown position: FULL RESYNC from since=0", metadata: metadata(["pubsub.relay.reason": "\(reason)"]))
             pendingResync = Resync(reason: reason)
             resyncing = true
             feed.resume(from: nil)
             try subscribe(session, since: nil)
         case .error:
-            logger.warning("Sync Gateway answered with an error", metadata: metadata([
-                "pubsub.relay.error": "\(message.errorDescription)"]))
+            logger.warning(
+                "Sync Gateway answered with an error",
+                metadata: metadata([
+                    "pubsub.relay.error": "\(message.errorDescription)"
+                ]))
         default:
             break
         }
@@ -360,7 +377,8 @@ public actor BLIPChangeSource: ChangeSource {
         guard let slot = awaitingRevisions.firstIndex(where: { $0.missing[key] != nil }) else {
             throw RelayError(
                 .blipProtocol,
-                "\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for")
+                "\(message.profile ?? "rev") for \(message["id"] ?? "?") \(message["rev"] ?? "?") that was not asked for"
+            )
         }
         let index = awaitingRevisions[slot].missing.removeValue(forKey: key)!
         if message.profile == "rev" {
@@ -374,10 +392,12 @@ public actor BLIPChangeSource: ChangeSource {
             // follows in the feed. Handed out without its body, it would be routed as a document without fields
             // (its audience told `left`), so it is skipped; its position still counts. A tombstone needs no body.
             awaitingRevisions[slot].delivery.skipped.insert(index)
-            logger.debug("Sync Gateway sent norev: the change is skipped, a later one of the document follows", metadata: metadata([
-                "pubsub.relay.id": "\(message["id"] ?? "?")", "pubsub.relay.rev": "\(message["rev"] ?? "?")",
-                "pubsub.relay.error": "\(message["error"] ?? "?") \(message["reason"] ?? "")",
-            ]))
+            logger.debug(
+                "Sync Gateway sent norev: the change is skipped, a later one of the document follows",
+                metadata: metadata([
+                    "pubsub.relay.id": "\(message["id"] ?? "?")", "pubsub.relay.rev": "\(message["rev"] ?? "?")",
+                    "pubsub.relay.error": "\(message["error"] ?? "?") \(message["reason"] ?? "")",
+                ]))
         }
         if !message.flags.contains(.noReply) {
             awaitingRevisions[slot].delivery.replies.append(Reply(number: message.number, body: []))
@@ -399,7 +419,7 @@ public actor BLIPChangeSource: ChangeSource {
         }
         return try entries.map { entry in
             guard let fields = entry.arrayValue, fields.count >= 3, !fields[0].isNull,
-                  let id = fields[1].stringValue, let rev = fields[2].stringValue
+                let id = fields[1].stringValue, let rev = fields[2].stringValue
             else {
                 throw RelayError(
                     .blipProtocol, "bad changes entry \(entry.jsonString): expected [seq, docID, revID, deleted?, …]")
@@ -415,8 +435,9 @@ public actor BLIPChangeSource: ChangeSource {
             let operation: Change.Operation = deleted ? .delete : rev.hasPrefix("1-") ? .insert : .update
             var extra: JSONObject = ["rev": .string(rev)]
             if resyncing { extra["resync"] = .bool(true) }
-            return Change(collection: [configuration.url.database], id: id, operation: operation,
-                          seq: fields[0].jsonString, extra: extra)
+            return Change(
+                collection: [configuration.url.database], id: id, operation: operation,
+                seq: fields[0].jsonString, extra: extra)
         }
     }
 
@@ -436,8 +457,10 @@ final class BLIPSession: @unchecked Sendable {
     private let outbound: WebSocketOutboundWriter
     private var _subscription: (number: UInt64, since: String?)?
 
-    init(generation: UInt64, maxFramePayload: Int, outgoing: AsyncStream<[UInt8]>.Continuation,
-         outbound: WebSocketOutboundWriter) {
+    init(
+        generation: UInt64, maxFramePayload: Int, outgoing: AsyncStream<[UInt8]>.Continuation,
+        outbound: WebSocketOutboundWriter
+    ) {
         self.generation = generation
         self.encoder = BLIPFrameEncoder(maxFramePayload: maxFramePayload)
         self.outgoing = outgoing

@@ -80,7 +80,8 @@ public struct BLIPFrameDecoder {
         guard let type else { return [] }  // unknown frame type: ignored
 
         let key = Key(isReply: type != .request, number: number)
-        var partial = partials.removeValue(forKey: key)
+        var partial =
+            partials.removeValue(forKey: key)
             ?? Partial(type: type, flags: flags, payload: [], received: 0, acknowledged: 0)
         partial.payload += payload
         partial.received += UInt64(data.count)
@@ -91,16 +92,22 @@ public struct BLIPFrameDecoder {
             var events: [Event] = []
             if partial.received - partial.acknowledged >= Self.ackInterval {
                 partial.acknowledged = partial.received
-                events.append(.sendAck(type == .request ? .ackRequest : .ackResponse, number: number,
-                                       received: partial.received))
+                events.append(
+                    .sendAck(
+                        type == .request ? .ackRequest : .ackResponse, number: number,
+                        received: partial.received))
             }
             partials[key] = partial
             return events
         }
         let (properties, body) = try BLIPMessage.decodePayload(partial.payload)
         let messageFlags = partial.flags.intersection([.urgent, .noReply, .compressed])
-        return [.message(BLIPMessage(type: partial.type, number: number, flags: messageFlags,
-                                     properties: properties, body: body))]
+        return [
+            .message(
+                BLIPMessage(
+                    type: partial.type, number: number, flags: messageFlags,
+                    properties: properties, body: body))
+        ]
     }
 
     private func hex(_ value: UInt32) -> String {

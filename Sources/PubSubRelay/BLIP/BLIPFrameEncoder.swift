@@ -45,8 +45,10 @@ public struct BLIPFrameEncoder {
                 frame += chunk
             }
             let crc = checksum.value
-            frame += [UInt8(crc >> 24), UInt8(truncatingIfNeeded: crc >> 16), UInt8(truncatingIfNeeded: crc >> 8),
-                      UInt8(truncatingIfNeeded: crc)]
+            frame += [
+                UInt8(crc >> 24), UInt8(truncatingIfNeeded: crc >> 16), UInt8(truncatingIfNeeded: crc >> 8),
+                UInt8(truncatingIfNeeded: crc),
+            ]
             frames.append(frame)
             start = end
         } while start < payload.count

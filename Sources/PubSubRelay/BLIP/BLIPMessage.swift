@@ -33,8 +33,10 @@ public struct BLIPMessage: Sendable, Equatable {
     public var properties: [(String, String)]
     public var body: [UInt8]
 
-    public init(type: BLIPFrameType, number: UInt64, flags: BLIPFlags = [], properties: [(String, String)] = [],
-                body: [UInt8] = []) {
+    public init(
+        type: BLIPFrameType, number: UInt64, flags: BLIPFlags = [], properties: [(String, String)] = [],
+        body: [UInt8] = []
+    ) {
         self.type = type
         self.number = number
         self.flags = flags

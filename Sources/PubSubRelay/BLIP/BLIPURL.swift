@@ -77,8 +77,10 @@ public struct BLIPURL: Sendable, Equatable, CustomStringConvertible {
             let chunk = bytes[index..<min(index + 3, bytes.count)]
             let value = chunk.enumerated().reduce(UInt32(0)) { $0 | UInt32($1.element) << (16 - 8 * UInt32($1.offset)) }
             for position in 0..<4 {
-                output.append(position <= chunk.count ? alphabet[Int((value >> (18 - 6 * UInt32(position))) & 0x3F)]
-                                                      : UInt8(ascii: "="))
+                output.append(
+                    position <= chunk.count
+                        ? alphabet[Int((value >> (18 - 6 * UInt32(position))) & 0x3F)]
+                        : UInt8(ascii: "="))
             }
             index += 3
         }

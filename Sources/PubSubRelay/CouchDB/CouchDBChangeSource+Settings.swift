@@ -24,10 +24,11 @@ extension CouchDBChangeSource.Configuration {
         guard since == "0" || since == "now" else { throw settings.error("since", "0 or now") }
         let maxBatch = try settings.int("max_batch", default: 500)
         guard maxBatch > 0 else { throw settings.error("max_batch", "must be positive") }
-        self.init(url: url, feed: feed, heartbeat: .milliseconds(Int64(heartbeat)),
-                  filter: try settings.optionalString("filter"), channels: try settings.strings("channel"),
-                  includeDocs: try settings.needsDocuments, initialSince: since,
-                  maxBatch: maxBatch)
+        self.init(
+            url: url, feed: feed, heartbeat: .milliseconds(Int64(heartbeat)),
+            filter: try settings.optionalString("filter"), channels: try settings.strings("channel"),
+            includeDocs: try settings.needsDocuments, initialSince: since,
+            maxBatch: maxBatch)
         tls = try FeedTLS(settings: settings)
     }
 }

@@ -54,9 +54,11 @@ public final class CouchDBChangeSource: ChangeSource {
         /// Which certificate authorities an `https://` server's certificate must come from.
         public var tls = FeedTLS()
 
-        public init(url: CouchDBURL, feed: Feed = .continuous, heartbeat: TimeAmount = .seconds(10),
-                    filter: String? = nil, channels: [String] = [], includeDocs: Bool = false,
-                    initialSince: String = "0", maxBatch: Int = 500, bufferCapacity: Int = 2000) {
+        public init(
+            url: CouchDBURL, feed: Feed = .continuous, heartbeat: TimeAmount = .seconds(10),
+            filter: String? = nil, channels: [String] = [], includeDocs: Bool = false,
+            initialSince: String = "0", maxBatch: Int = 500, bufferCapacity: Int = 2000
+        ) {
             self.url = url
             self.feed = feed
             self.heartbeat = heartbeat
@@ -198,8 +200,10 @@ public final class CouchDBChangeSource: ChangeSource {
             }
             if page.rows.count < configuration.maxBatch {
                 state.withLock { $0.snapshot = nil }
-                logger.notice("full resync read; following the feed again", metadata: metadata.merging(
-                    ["pubsub.relay.changes": "\(rows)", "pubsub.relay.since": "\(page.lastSeq)"]) { $1 })
+                logger.notice(
+                    "full resync read; following the feed again",
+                    metadata: metadata.merging(
+                        ["pubsub.relay.changes": "\(rows)", "pubsub.relay.since": "\(page.lastSeq)"]) { $1 })
             }
         } else if configuration.feed == .longpoll {
             let result = try await list(since: since, feed: "longpoll")
@@ -226,16 +230,19 @@ public final class CouchDBChangeSource: ChangeSource {
                 return true
             }
             if starting {
-                logger.error("the server does not know the position: FULL RESYNC from since=0",
-                             metadata: metadata.merging(["pubsub.relay.reason": "\(error.reason)"]) { $1 })
+                logger.error(
+                    "the server does not know the position: FULL RESYNC from since=0",
+                    metadata: metadata.merging(["pubsub.relay.reason": "\(error.reason)"]) { $1 })
             }
             feed.resume(from: "0")
             return .again
         }
-        logger.warning("lost the _changes feed; reconnecting after the last change read", metadata: metadata.merging([
-            "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
-            "pubsub.relay.retry_ms": "\(Backoff.milliseconds(backoff.current))",
-        ]) { $1 })
+        logger.warning(
+            "lost the _changes feed; reconnecting after the last change read",
+            metadata: metadata.merging([
+                "pubsub.relay.error": "\(FeedTLS.describe(error))", "pubsub.relay.since": "\(feed.resume ?? "0")",
+                "pubsub.relay.retry_ms": "\(Backoff.milliseconds(backoff.current))",
+            ]) { $1 })
         return .pause(reset: false)
     }
 
@@ -259,8 +266,9 @@ public final class CouchDBChangeSource: ChangeSource {
 
     /// Sends the request and checks the status: 400 for a `since` other than `0`/`now` is an unknown position.
     func open(since: String, feed: String, limit: Int? = nil) async throws -> HTTPClientResponse {
-        let response = try await client.execute(request(since: since, feed: feed, limit: limit), deadline: .distantFuture,
-                                                logger: logger)
+        let response = try await client.execute(
+            request(since: since, feed: feed, limit: limit), deadline: .distantFuture,
+            logger: logger)
         guard response.status == .ok else {
             let body = try? await response.body.collect(upTo: 64 << 10)
             let text = body.map { String(buffer: $0) } ?? ""
@@ -338,8 +346,10 @@ public final class CouchDBChangeSource: ChangeSource {
         try await feed.hand(batch)
     }
 
-    func watched<T: Sendable>(_ chunks: HTTPClientResponse.Body,
-                              _ body: @escaping @Sendable (HTTPClientResponse.Body) async throws -> T) async throws -> T {
+    func watched<T: Sendable>(
+        _ chunks: HTTPClientResponse.Body,
+        _ body: @escaping @Sendable (HTTPClientResponse.Body) async throws -> T
+    ) async throws -> T {
         let limit = configuration.heartbeat * 2
         let activity = Activity()
         return try await withThrowingTaskGroup(of: T?.self) { group in

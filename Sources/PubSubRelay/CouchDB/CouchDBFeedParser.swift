@@ -15,8 +15,10 @@ public struct CouchDBRow: Sendable, Equatable {
     public var removed: [String]?
     public var doc: JSONObject?
 
-    public init(seq: String, id: String, rev: String?, deleted: Bool = false, removed: [String]? = nil,
-                doc: JSONObject? = nil) {
+    public init(
+        seq: String, id: String, rev: String?, deleted: Bool = false, removed: [String]? = nil,
+        doc: JSONObject? = nil
+    ) {
         self.seq = seq
         self.id = id
         self.rev = rev
@@ -73,8 +75,9 @@ public enum CouchDBFeedParser {
         if let array = object["removed"]?.arrayValue {
             removed = array.compactMap(\.stringValue)
         }
-        return CouchDBRow(seq: sinceText(seq), id: id, rev: rev, deleted: object["deleted"] == .bool(true),
-                          removed: removed, doc: object["doc"]?.objectValue)
+        return CouchDBRow(
+            seq: sinceText(seq), id: id, rev: rev, deleted: object["deleted"] == .bool(true),
+            removed: removed, doc: object["doc"]?.objectValue)
     }
 
     static func pending(_ object: JSONObject) -> UInt64? {
@@ -91,7 +94,7 @@ public enum CouchDBFeedParser {
             throw RelayError(.feed, "malformed _changes body: \(error)")
         }
         guard let object = value.objectValue, let results = object["results"]?.arrayValue,
-              let lastSeq = object["last_seq"]
+            let lastSeq = object["last_seq"]
         else { throw RelayError(.feed, "a _changes body without results and last_seq") }
         let rows = try results.map { result in
             guard let row = result.objectValue else { throw RelayError(.feed, "a _changes row is not a JSON object") }

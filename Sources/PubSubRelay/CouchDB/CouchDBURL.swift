@@ -68,7 +68,9 @@ public struct CouchDBURL: Sendable, Equatable {
     public var feedName: String { host + (port.map { ":\($0)" } ?? "") + path }
 
     /// The collection path: the database, split into `db`, `scope`, `collection` for a Sync Gateway keyspace.
-    public var collection: [String] { database.split(separator: ".", omittingEmptySubsequences: false).map(String.init) }
+    public var collection: [String] {
+        database.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+    }
 
     /// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
     static func queryEncode(_ text: String) -> String {
@@ -76,8 +78,8 @@ public struct CouchDBURL: Sendable, Equatable {
         for byte in text.utf8 {
             switch byte {
             case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"),
-                 UInt8(ascii: "~"):
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"),
+                UInt8(ascii: "~"):
                 out.unicodeScalars.append(UnicodeScalar(byte))
             default:
                 let hex = String(byte, radix: 16, uppercase: true)

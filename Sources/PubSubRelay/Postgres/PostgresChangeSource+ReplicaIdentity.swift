@@ -16,7 +16,10 @@ extension PostgresChangeSource {
             case "f": "FULL"
             case "i": "the index (\(identity.joined(separator: ", ")))"
             case "n": "NOTHING"
-            default: identity.isEmpty ? "DEFAULT, and the table has no primary key" : "the primary key (\(identity.joined(separator: ", ")))"
+            default:
+                identity.isEmpty
+                    ? "DEFAULT, and the table has no primary key"
+                    : "the primary key (\(identity.joined(separator: ", ")))"
             }
         }
 
@@ -38,8 +41,11 @@ extension PostgresChangeSource {
         /// otherwise (`public."Odd Table"`).
         static func sqlName(_ table: String) -> String {
             table.split(separator: ".", maxSplits: 1).map { part in
-                let plain = part.first.map { $0 == "_" || ("a"..."z").contains($0) } == true
-                    && part.allSatisfy { $0 == "_" || $0 == "$" || ("a"..."z").contains($0) || ("0"..."9").contains($0) }
+                let plain =
+                    part.first.map { $0 == "_" || ("a"..."z").contains($0) } == true
+                    && part.allSatisfy {
+                        $0 == "_" || $0 == "$" || ("a"..."z").contains($0) || ("0"..."9").contains($0)
+                    }
                 return plain ? String(part) : PostgresChangeSource.quoteIdentifier(String(part))
             }.joined(separator: ".")
         }
@@ -54,16 +60,17 @@ extension PostgresChangeSource {
             let quoted = table.split(separator: ".", maxSplits: 1).map { Self.quoteIdentifier(String($0)) }
                 .joined(separator: ".")
             let found = try await connection.query(
-                PostgresQuery(unsafeSQL: """
-                    SELECT c.relreplident::text, \
-                    ARRAY(SELECT a.attname::text FROM pg_attribute a \
-                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum), \
-                    ARRAY(SELECT a.attname::text FROM pg_index i \
-                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
-                          WHERE i.indrelid = c.oid AND ((c.relreplident = 'd' AND i.indisprimary) \
-                                OR (c.relreplident = 'i' AND i.indisreplident))) \
-                    FROM pg_class c WHERE c.oid = to_regclass('\(quoted.split(separator: "'", omittingEmptySubsequences: false).joined(separator: "''"))')
-                    """),
+                PostgresQuery(
+                    unsafeSQL: """
+                        SELECT c.relreplident::text, \
+                        ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum), \
+                        ARRAY(SELECT a.attname::text FROM pg_index i \
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                              WHERE i.indrelid = c.oid AND ((c.relreplident = 'd' AND i.indisprimary) \
+                                    OR (c.relreplident = 'i' AND i.indisreplident))) \
+                        FROM pg_class c WHERE c.oid = to_regclass('\(quoted.split(separator: "'", omittingEmptySubsequences: false).joined(separator: "''"))')
+                        """),
                 logger: logger)
             var identity: ReplicaIdentity?
             for try await (kind, columns, key) in found.decode((String, [String], [String]).self) {
@@ -76,7 +83,8 @@ extension PostgresChangeSource {
                 continue
             }
             if let routed = configuration.routedColumns[table],
-               let problem = identity.problem(table: table, routed: routed) {
+                let problem = identity.problem(table: table, routed: routed)
+            {
                 throw RelayError(.configuration, problem)
             }
             result[table] = identity.kind == "f" ? .some(nil) : .some(identity.identity)

@@ -32,9 +32,11 @@ public actor PostgresChangeSource: ChangeSource {
         /// table's replica identity, so that an update that moves a row and a delete can name their old audience.
         public var routedColumns: [String: Set<String>]
 
-        public init(dsn: PostgresDSN, slot: String, tables: [String], maxChangesPerPeek: Int = 5000,
-                    connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30),
-                    pollInterval: TimeAmount = .milliseconds(100), routedColumns: [String: Set<String>] = [:]) {
+        public init(
+            dsn: PostgresDSN, slot: String, tables: [String], maxChangesPerPeek: Int = 5000,
+            connectTimeout: TimeAmount = .seconds(5), queryTimeout: TimeAmount = .seconds(30),
+            pollInterval: TimeAmount = .milliseconds(100), routedColumns: [String: Set<String>] = [:]
+        ) {
             self.pollInterval = pollInterval
             self.routedColumns = routedColumns
             self.dsn = dsn
@@ -101,8 +103,10 @@ public actor PostgresChangeSource: ChangeSource {
         var end: LSN
     }
 
-    public init(configuration: Configuration, logger: Logger,
-                eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
+    public init(
+        configuration: Configuration, logger: Logger,
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) {
         self.configuration = configuration
         self.sourceID = "pg:" + configuration.slot
         self.logger = logger
@@ -112,10 +116,12 @@ public actor PostgresChangeSource: ChangeSource {
 
     /// Whether a slot name is one PostgreSQL accepts: lower-case letters, digits and underscores, at most 63.
     public static func isValidSlotName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.count <= 63 && name.utf8.allSatisfy {
-            ($0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z")) || ($0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9"))
-                || $0 == UInt8(ascii: "_")
-        }
+        !name.isEmpty && name.utf8.count <= 63
+            && name.utf8.allSatisfy {
+                ($0 >= UInt8(ascii: "a") && $0 <= UInt8(ascii: "z"))
+                    || ($0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9"))
+                    || $0 == UInt8(ascii: "_")
+            }
     }
 
     /// Updates and deletes carry the old row as far as the replica identity holds it (checked at start for the
@@ -165,10 +171,14 @@ public actor PostgresChangeSource: ChangeSource {
                 logger: logger)
             var created = "?"
             for try await lsn in rows.decode(String.self) { created = lsn }
-            logger.notice("created replication slot", metadata: [
-                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(created)"])
+            logger.notice(
+                "created replication slot",
+                metadata: [
+                    "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(created)",
+                ])
             if let checkpoint, lostReason == nil {
-                lostReason = "replication slot \(configuration.slot) was missing although checkpoint \(checkpoint) exists"
+                lostReason =
+                    "replication slot \(configuration.slot) was missing although checkpoint \(checkpoint) exists"
             }
             slot = try await readSlot(connection)
         }
@@ -181,28 +191,35 @@ public actor PostgresChangeSource: ChangeSource {
         resync = nil
         if let checkpoint {
             if let lostReason {
-                startResync(reason: lostReason + "; changes made since are lost", checkpoint: checkpoint, end: slot.confirmed)
+                startResync(
+                    reason: lostReason + "; changes made since are lost", checkpoint: checkpoint, end: slot.confirmed)
             } else if checkpoint.isWholeTransaction, checkpoint.lsn > slot.confirmed {
                 // The server crashed after our last confirm and the slot went back: skip what it replays.
                 try await advance(connection, to: checkpoint.lsn)
-            } else if checkpoint.isWholeTransaction ? checkpoint.lsn < slot.confirmed : checkpoint.lsn <= slot.confirmed {
+            } else if checkpoint.isWholeTransaction ? checkpoint.lsn < slot.confirmed : checkpoint.lsn <= slot.confirmed
+            {
                 // Confirmed by someone else, or created anew by a resync that did not finish: the changes between
                 // were never relayed. (A checkpoint inside a transaction is never confirmed to the slot: the slot
                 // stays before that transaction, which the peek replays and the assembler skips up to the index.)
                 startResync(
-                    reason: "replication slot \(configuration.slot) is at \(slot.confirmed), ahead of checkpoint \(checkpoint): the changes between were not relayed",
+                    reason:
+                        "replication slot \(configuration.slot) is at \(slot.confirmed), ahead of checkpoint \(checkpoint): the changes between were not relayed",
                     checkpoint: checkpoint, end: slot.confirmed)
             }
         } else if let lostReason {
             startResync(reason: lostReason, checkpoint: PostgresPosition(lsn: slot.confirmed), end: slot.confirmed)
         }
-        assembler = Wal2JSONAssembler(after: max(checkpoint ?? PostgresPosition(lsn: LSN(0)), PostgresPosition(lsn: confirmed)))
+        assembler = Wal2JSONAssembler(
+            after: max(checkpoint ?? PostgresPosition(lsn: LSN(0)), PostgresPosition(lsn: confirmed)))
         assembler.identityColumns = identities
     }
 
     private func startResync(reason: String, checkpoint: PostgresPosition, end: LSN) {
-        logger.error("full resync of the relayed tables", metadata: [
-            "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.reason": "\(reason)"])
+        logger.error(
+            "full resync of the relayed tables",
+            metadata: [
+                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.reason": "\(reason)",
+            ])
         resync = Resync(reason: reason, tables: configuration.tables, checkpoint: checkpoint, end: end)
     }
 
@@ -231,7 +248,11 @@ public actor PostgresChangeSource: ChangeSource {
                 var rows: [(text: String, key: [String])] = []
                 for try await row in result {
                     let cells = row.makeRandomAccess()
-                    rows.append((try cells[0].decode(String.self), try (1..<cells.count).map { try cells[$0].decode(String.self) }))
+                    rows.append(
+                        (
+                            try cells[0].decode(String.self),
+                            try (1..<cells.count).map { try cells[$0].decode(String.self) }
+                        ))
                 }
                 return rows
             }
@@ -245,9 +266,10 @@ public actor PostgresChangeSource: ChangeSource {
                     identity: [], primaryKey: primaryKey)
                 // A resync tells each row's audience of today only (`previous` is the row itself): whoever lost a
                 // row during the gap learns it from its own full sync.
-                changes.append(Change(
-                    collection: parts, id: row.id, operation: .update, seq: state.end.description + ":resync",
-                    document: row.document, extra: ["resync": .bool(true)], previous: row.document))
+                changes.append(
+                    Change(
+                        collection: parts, id: row.id, operation: .update, seq: state.end.description + ":resync",
+                        document: row.document, extra: ["resync": .bool(true)], previous: row.document))
             }
             if rows.count < pageSize {
                 state.tables.removeFirst()
@@ -261,8 +283,11 @@ public actor PostgresChangeSource: ChangeSource {
         state.announced = true
         if state.tables.isEmpty {
             resync = nil
-            logger.notice("full resync read every row; following the slot again", metadata: [
-                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(state.end)"])
+            logger.notice(
+                "full resync read every row; following the slot again",
+                metadata: [
+                    "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.lsn": "\(state.end)",
+                ])
             return ChangeBatch(changes: changes, position: state.end.description, resync: notice)
         }
         resync = state
@@ -358,12 +383,18 @@ public actor PostgresChangeSource: ChangeSource {
     private func ended(_ error: (any Error)?) -> PushFeed.Next {
         switch error {
         case let lost as ConnectionLost:
-            logger.warning("lost the connection to PostgreSQL; reconnecting", metadata: [
-                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(lost.error))"])
+            logger.warning(
+                "lost the connection to PostgreSQL; reconnecting",
+                metadata: [
+                    "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(Self.describe(lost.error))",
+                ])
             return .pause(reset: true)
         case let failed as CannotReconnect:
-            logger.warning("cannot reconnect to PostgreSQL", metadata: [
-                "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(failed.error)"])
+            logger.warning(
+                "cannot reconnect to PostgreSQL",
+                metadata: [
+                    "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.error": "\(failed.error)",
+                ])
             return .pause(reset: false)
         case let error?:
             return .stop(error)
@@ -399,15 +430,20 @@ public actor PostgresChangeSource: ChangeSource {
                         guard let lsn = LSN(lsnText) else {
                             throw RelayError(.source, "the server returned a bad LSN \(lsnText)")
                         }
-                        if case .change(let change)? = try assembler.feed(lsn: lsn, data: data) { changes.append(change) }
+                        if case .change(let change)? = try assembler.feed(lsn: lsn, data: data) {
+                            changes.append(change)
+                        }
                     }
                 }
             } catch is Deadline.Expired {
                 stream = nil
                 if starting {
                     peekTimeout = min(peekTimeout * 2, .minutes(30))
-                    logger.warning("no rows from the slot in time (a large transaction?): the next peek waits longer", metadata: [
-                        "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.timeout": "\(peekTimeout)"])
+                    logger.warning(
+                        "no rows from the slot in time (a large transaction?): the next peek waits longer",
+                        metadata: [
+                            "pubsub.relay.slot": "\(configuration.slot)", "pubsub.relay.timeout": "\(peekTimeout)",
+                        ])
                 }
                 throw Self.noAnswer(timeout)
             } catch {
@@ -531,7 +567,8 @@ public actor PostgresChangeSource: ChangeSource {
         _ timeout: TimeAmount, _ connection: PostgresConnection, _ body: () async throws -> T
     ) async throws -> T {
         do {
-            return try await Deadline.run(timeout, on: connection.eventLoop, expire: { Self.closeNow(connection) }, body)
+            return try await Deadline.run(
+                timeout, on: connection.eventLoop, expire: { Self.closeNow(connection) }, body)
         } catch is Deadline.Expired {
             throw Self.noAnswer(timeout)
         }

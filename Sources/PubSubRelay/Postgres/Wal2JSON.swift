@@ -61,10 +61,11 @@ public enum Wal2JSONRecord: Sendable, Equatable {
                 throw RelayError(.malformedWal2JSON, "wal2json \(action) row without schema or table")
             }
             let operation: Change.Operation = action == "I" ? .insert : action == "U" ? .update : .delete
-            return .row(RowChange(
-                operation: operation, schema: schema, table: table,
-                columns: try columns(object["columns"]), identity: try columns(object["identity"]),
-                primaryKey: try columns(object["pk"]).map(\.name)))
+            return .row(
+                RowChange(
+                    operation: operation, schema: schema, table: table,
+                    columns: try columns(object["columns"]), identity: try columns(object["identity"]),
+                    primaryKey: try columns(object["pk"]).map(\.name)))
         case "T":
             guard let schema = object["schema"]?.stringValue, let table = object["table"]?.stringValue else {
                 throw RelayError(.malformedWal2JSON, "wal2json T row without schema or table")
@@ -211,7 +212,10 @@ public struct Wal2JSONAssembler: Sendable {
             return nil
         case .commit(_, let nextLSN):
             guard let end = end ?? nextLSN else { return nil }
-            defer { self.end = nil; self.xid = nil }
+            defer {
+                self.end = nil
+                self.xid = nil
+            }
             let position = PostgresPosition(lsn: end)
             guard position > after else { return nil }
             after = position
@@ -219,18 +223,24 @@ public struct Wal2JSONAssembler: Sendable {
         case .row(let row):
             guard let position = nextPosition() else { return nil }
             var previous = row.previous
-            if previous == nil, row.operation == .update, case let columns?? = identityColumns[row.schema + "." + row.table] {
+            if previous == nil, row.operation == .update,
+                case let columns?? = identityColumns[row.schema + "." + row.table]
+            {
                 var unchanged = JSONObject()
                 for column in row.columns where columns.contains(column.name) { unchanged[column.name] = column.value }
                 previous = unchanged
             }
-            return .change(Change(
-                collection: [row.schema, row.table], id: row.id, operation: row.operation, seq: position.description,
-                document: row.document, extra: extra, previous: previous))
+            return .change(
+                Change(
+                    collection: [row.schema, row.table], id: row.id, operation: row.operation,
+                    seq: position.description,
+                    document: row.document, extra: extra, previous: previous))
         case .truncate(let schema, let table):
             guard let position = nextPosition() else { return nil }
-            return .change(Change(
-                collection: [schema, table], id: nil, operation: .truncate, seq: position.description, extra: extra))
+            return .change(
+                Change(
+                    collection: [schema, table], id: nil, operation: .truncate, seq: position.description, extra: extra)
+            )
         case .message:
             return nil
         }

@@ -105,12 +105,12 @@ final class AudienceMemory: Sendable {
         var loaded = Entries()
         if let bytes = try Self.read(path) {
             guard let object = try? JSONParser(maxDepth: 64).parse(bytes).objectValue,
-                  let entries = object["entries"]?.arrayValue
+                let entries = object["entries"]?.arrayValue
             else { throw RelayError(.checkpoint, "\(path) is not the relay's audience memory") }
             snapshotEpoch = object["epoch"]?.integerValue.flatMap { UInt64(exactly: $0) } ?? 0
             for entry in entries {
                 guard let pair = entry.arrayValue, pair.count == 2, let key = pair[0].stringValue,
-                      let row = pair[1].objectValue
+                    let row = pair[1].objectValue
                 else { continue }
                 Self.put(&loaded, key: key, row: row, limit: limit)
             }
@@ -128,7 +128,7 @@ final class AudienceMemory: Sendable {
                 // A line cut short by a crash in the middle of an append was never fsynced as part of a save:
                 // it belongs to a batch that was not checkpointed, and the lines after it cannot exist.
                 guard let pair = (try? JSONParser(maxDepth: 64).parse(Array(line)))?.arrayValue, pair.count == 2,
-                      let key = pair[0].stringValue
+                    let key = pair[0].stringValue
                 else { break }
                 lines += 1
                 if let row = pair[1].objectValue {
@@ -174,7 +174,10 @@ final class AudienceMemory: Sendable {
     func save() throws {
         guard let path else { return }
         let (pending, epoch, create, failure) = state.withLockedValue { s in
-            defer { s.pending = []; s.compactionError = nil }
+            defer {
+                s.pending = []
+                s.compactionError = nil
+            }
             return (s.pending, s.epoch, !s.journalExists, s.compactionError)
         }
         if let failure { throw failure }
@@ -217,7 +220,8 @@ final class AudienceMemory: Sendable {
         for item in entries.order where entries.values[item.key]?.generation == item.generation {
             items.append(.array([.string(item.key), .object(entries.values[item.key]!.row)]))
         }
-        let text = JSONObject(dictionaryLiteral: ("epoch", .number(String(epoch))), ("entries", .array(items))).jsonString
+        let text = JSONObject(dictionaryLiteral: ("epoch", .number(String(epoch))), ("entries", .array(items)))
+            .jsonString
         var failure: RelayError?
         do {
             try DurableFile.replace(path, with: Array(text.utf8), durable: true)
@@ -254,6 +258,8 @@ final class AudienceMemory: Sendable {
         let folder = open(folderPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if folder < 0 { throw DurableFile.Error(.openDirectory, path: folderPath, code: errno) }
         defer { close(folder) }
-        if fsync(folder) != 0 && errno != EINVAL { throw DurableFile.Error(.syncDirectory, path: folderPath, code: errno) }
+        if fsync(folder) != 0 && errno != EINVAL {
+            throw DurableFile.Error(.syncDirectory, path: folderPath, code: errno)
+        }
     }
 }

@@ -38,7 +38,8 @@ extension ChangeMapping {
             return Mapped(messages: [message(for: change, sourceID: sourceID)], unrouted: [])
         }
         if change.operation == .truncate {
-            return Mapped(messages: [routed(change, to: collectionChannel(for: change), sourceID: sourceID)], unrouted: [])
+            return Mapped(
+                messages: [routed(change, to: collectionChannel(for: change), sourceID: sourceID)], unrouted: [])
         }
         var unrouted: [Unrouted] = []
         var new = OrderedChannels()
@@ -59,12 +60,13 @@ extension ChangeMapping {
             let variablesOnly = route.fields.allSatisfy { field in
                 !field.documentOnly && field.path.count == 1 && change.variables[field.path[0]] != nil
             }
-            guard let oldRow = change.previous ?? (change.operation == .delete ? change.document : nil)
+            guard
+                let oldRow = change.previous ?? (change.operation == .delete ? change.document : nil)
                     ?? (variablesOnly ? [:] : nil),
-                  route.fields.allSatisfy({ field in
-                      oldRow.contains(field.path[0])
-                          || (!field.documentOnly && field.path.count == 1 && change.variables[field.path[0]] != nil)
-                  })
+                route.fields.allSatisfy({ field in
+                    oldRow.contains(field.path[0])
+                        || (!field.documentOnly && field.path.count == 1 && change.variables[field.path[0]] != nil)
+                })
             else {
                 unrouted.append(Unrouted(route: route, reason: .noPrevious))
                 continue

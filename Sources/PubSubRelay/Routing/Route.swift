@@ -43,7 +43,9 @@ public struct Route: Sendable, Hashable, CustomStringConvertible {
     /// Parses `COLLECTION=TEMPLATE`.
     public init(parsing text: String) throws(RelayError) {
         guard let equals = text.firstIndex(of: "=") else {
-            throw RelayError(.configuration, "route \(text): expected COLLECTION=/channel/{field}, e.g. public.notes=/users/{owner_id}/notes")
+            throw RelayError(
+                .configuration,
+                "route \(text): expected COLLECTION=/channel/{field}, e.g. public.notes=/users/{owner_id}/notes")
         }
         let collection = String(text[..<equals])
         guard !collection.isEmpty else { throw RelayError(.configuration, "route \(text): the collection is empty") }
@@ -101,9 +103,10 @@ public struct Route: Sendable, Hashable, CustomStringConvertible {
     }
 
     static func isFieldName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.allSatisfy { byte in
-            ChannelSegment.isKept(byte) || byte == UInt8(ascii: "$") || byte == UInt8(ascii: ":")
-        }
+        !name.isEmpty
+            && name.utf8.allSatisfy { byte in
+                ChannelSegment.isKept(byte) || byte == UInt8(ascii: "$") || byte == UInt8(ascii: ":")
+            }
     }
 
     static func isChannelByte(_ byte: UInt8) -> Bool {

@@ -29,10 +29,11 @@ extension SimperiumChangeSource.Configuration {
             throw settings.error("simperium_url", "a ws:// or wss:// URL")
         }
         let batchSize = try settings.int("batch_size", default: 100)
-        self.init(url: url, appID: appID, token: token, bucket: bucket, indexPageSize: indexPage,
-                  batchSize: max(1, batchSize), includeDocuments: try settings.needsDocuments,
-                  heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
-                  heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
+        self.init(
+            url: url, appID: appID, token: token, bucket: bucket, indexPageSize: indexPage,
+            batchSize: max(1, batchSize), includeDocuments: try settings.needsDocuments,
+            heartbeatInterval: .nanoseconds(Int64(heartbeat * 1e9)),
+            heartbeatTimeout: .nanoseconds(Int64(max(heartbeat / 2, 1) * 1e9)))
         tls = try FeedTLS(settings: settings)
     }
 
@@ -47,9 +48,12 @@ extension SimperiumChangeSource.Configuration {
     /// they are limited to letters, digits, `-`, `_` and `.`.
     public static func problem(appID: String, bucket: String) -> String? {
         func valid(_ text: String) -> Bool {
-            !text.isEmpty && text.utf8.count <= 128 && text.unicodeScalars.allSatisfy {
-                $0.isASCII && (($0.properties.isAlphabetic) || ("0"..."9").contains($0) || "-_.".unicodeScalars.contains($0))
-            }
+            !text.isEmpty && text.utf8.count <= 128
+                && text.unicodeScalars.allSatisfy {
+                    $0.isASCII
+                        && (($0.properties.isAlphabetic) || ("0"..."9").contains($0)
+                            || "-_.".unicodeScalars.contains($0))
+                }
         }
         if !valid(appID) { return "app id \(appID): letters, digits, -, _ and . only" }
         if !valid(bucket) { return "bucket \(bucket): letters, digits, -, _ and . only" }

@@ -48,10 +48,13 @@ public final class SimperiumChangeSource: ChangeSource {
         /// Which certificate authorities a `wss://` server's certificate must come from.
         public var tls = FeedTLS()
 
-        public init(url: String, appID: String, token: String, bucket: String, clientID: String = "pubsub-relay",
-                    indexPageSize: Int = 100, batchSize: Int = 100, bufferCapacity: Int = 1000,
-                    includeDocuments: Bool = false, heartbeatInterval: TimeAmount = .seconds(20), heartbeatTimeout: TimeAmount = .seconds(10),
-                    reconnectDelay: TimeAmount = .milliseconds(100), maxReconnectDelay: TimeAmount = .seconds(5)) {
+        public init(
+            url: String, appID: String, token: String, bucket: String, clientID: String = "pubsub-relay",
+            indexPageSize: Int = 100, batchSize: Int = 100, bufferCapacity: Int = 1000,
+            includeDocuments: Bool = false, heartbeatInterval: TimeAmount = .seconds(20),
+            heartbeatTimeout: TimeAmount = .seconds(10),
+            reconnectDelay: TimeAmount = .milliseconds(100), maxReconnectDelay: TimeAmount = .seconds(5)
+        ) {
             self.url = url
             self.appID = appID
             self.token = token
@@ -91,8 +94,10 @@ public final class SimperiumChangeSource: ChangeSource {
     private let state = NIOLockedValueBox(State())
     private let eventLoopGroup: any EventLoopGroup
 
-    public init(configuration: Configuration, logger: Logger,
-                eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
+    public init(
+        configuration: Configuration, logger: Logger,
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton
+    ) {
         self.configuration = configuration
         self.sourceID = "simperium:\(configuration.appID)/\(configuration.bucket)"
         self.logger = logger
@@ -146,8 +151,10 @@ public final class SimperiumChangeSource: ChangeSource {
     /// One connection, resuming after `resumeFrom` ("" or nil: the full index first); why it ended is kept on the
     /// session.
     private func connect(resumeFrom: String?) async throws {
-        let session = SimperiumSession(configuration: configuration, resumeFrom: resumeFrom, feed: feed,
-                                       logger: logger) { self.finishStarting(nil) }
+        let session = SimperiumSession(
+            configuration: configuration, resumeFrom: resumeFrom, feed: feed,
+            logger: logger
+        ) { self.finishStarting(nil) }
         state.withLockedValue { $0.session = session }
         do {
             try await WebSocketClient.connect(
@@ -179,10 +186,12 @@ public final class SimperiumChangeSource: ChangeSource {
             return .stop(failure)
         }
         let delay = session.authenticated ? backoff.initial : backoff.current
-        logger.warning("simperium: connection lost; reconnecting", metadata: [
-            "pubsub.relay.source": "\(sourceID)", "pubsub.relay.error": "\(Self.describe(error))",
-            "pubsub.relay.delay_ms": "\(Backoff.milliseconds(delay))",
-        ])
+        logger.warning(
+            "simperium: connection lost; reconnecting",
+            metadata: [
+                "pubsub.relay.source": "\(sourceID)", "pubsub.relay.error": "\(Self.describe(error))",
+                "pubsub.relay.delay_ms": "\(Backoff.milliseconds(delay))",
+            ])
         return .pause(reset: session.authenticated)
     }
 
@@ -230,8 +239,10 @@ final class SimperiumSession: Sendable {
     let onAuthenticated: @Sendable () -> Void
     private let activity = NIOLockedValueBox(Activity())
 
-    init(configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, feed: PushFeed,
-         logger: Logger, onAuthenticated: @escaping @Sendable () -> Void) {
+    init(
+        configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, feed: PushFeed,
+        logger: Logger, onAuthenticated: @escaping @Sendable () -> Void
+    ) {
         self.configuration = configuration
         self.resumeFrom = resumeFrom
         self.feed = feed
@@ -250,9 +261,11 @@ final class SimperiumSession: Sendable {
 
     func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async throws {
         do {
-            try await outbound.write(.text(SimperiumMessage.initialize(
-                clientID: configuration.clientID, token: configuration.token, appID: configuration.appID,
-                bucket: configuration.bucket)))
+            try await outbound.write(
+                .text(
+                    SimperiumMessage.initialize(
+                        clientID: configuration.clientID, token: configuration.token, appID: configuration.appID,
+                        bucket: configuration.bucket)))
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await self.read(inbound: inbound, outbound: outbound) }
                 group.addTask { try await self.heartbeat(outbound: outbound) }
@@ -277,7 +290,8 @@ final class SimperiumSession: Sendable {
                     if now - sent > configuration.heartbeatTimeout {
                         throw RelayError(
                             .source,
-                            "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms")
+                            "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms"
+                        )
                     }
                     return nil
                 }
@@ -341,8 +355,9 @@ final class SimperiumSession: Sendable {
                         // The version no longer exists (`e:…\n?`): the entity changed again or was deleted since, and
                         // that later change follows in the feed. Handed out without its document, it would be routed
                         // as an entity without fields (its audience told `left`): only its position is kept.
-                        logger.debug("simperium: an entity version is gone; its change is skipped, a later one follows",
-                                     metadata: ["pubsub.relay.entity": "\(key)"])
+                        logger.debug(
+                            "simperium: an entity version is gone; its change is skipped, a later one follows",
+                            metadata: ["pubsub.relay.entity": "\(key)"])
                         entry.change = nil
                     }
                 }
@@ -355,7 +370,7 @@ final class SimperiumSession: Sendable {
         /// Hands `entry` on, after its document when documents are wanted.
         func enqueue(_ entry: SimperiumEntry, version: Int64?) async throws {
             guard configuration.includeDocuments, let change = entry.change, change.operation != .delete,
-                  let id = change.id, let version
+                let id = change.id, let version
             else {
                 if held.isEmpty { try await put(entry) } else { held.append((entry, nil)) }
                 return
@@ -405,7 +420,8 @@ final class SimperiumSession: Sendable {
 
             case .unknownVersion:
                 guard phase == .catchingUp else { throw RelayError(.simperiumProtocol, "unexpected unknown cv reply") }
-                let reason = "the server does not know change version \(requested ?? "?") (cv:?): full index of bucket \(bucket)"
+                let reason =
+                    "the server does not know change version \(requested ?? "?") (cv:?): full index of bucket \(bucket)"
                 logger.error("simperium: \(reason)")
                 resync = Resync(reason: reason)
                 indexCurrent = nil
@@ -426,8 +442,9 @@ final class SimperiumSession: Sendable {
                         collection: [bucket], id: entry.id, operation: .update, seq: "ev:\(entry.version)",
                         extra: ["rev": .number(String(entry.version)), "resync": true], variables: variables)
                     let position = last && offset == page.entries.count - 1 ? current : startPosition
-                    try await enqueue(SimperiumEntry(change: change, position: position, resync: resync),
-                                      version: entry.version)
+                    try await enqueue(
+                        SimperiumEntry(change: change, position: position, resync: resync),
+                        version: entry.version)
                     resync = nil
                 }
                 if let mark = page.mark {
@@ -444,16 +461,21 @@ final class SimperiumSession: Sendable {
                 phase = .live
                 for change in changes {
                     if let code = change.error {
-                        logger.warning("simperium: the server reported an error for a change", metadata: [
-                            "pubsub.relay.id": "\(change.id)", "pubsub.relay.code": "\(code)"])
+                        logger.warning(
+                            "simperium: the server reported an error for a change",
+                            metadata: [
+                                "pubsub.relay.id": "\(change.id)", "pubsub.relay.code": "\(code)",
+                            ])
                         continue
                     }
                     var extra: JSONObject = [:]
                     if let version = change.endVersion { extra["rev"] = .number(String(version)) }
-                    try await enqueue(SimperiumEntry(
-                        change: Change(collection: [bucket], id: change.id, operation: change.changeOperation,
-                                       seq: change.cv, extra: extra, variables: variables),
-                        position: change.cv), version: change.endVersion)
+                    try await enqueue(
+                        SimperiumEntry(
+                            change: Change(
+                                collection: [bucket], id: change.id, operation: change.changeOperation,
+                                seq: change.cv, extra: extra, variables: variables),
+                            position: change.cv), version: change.endVersion)
                 }
 
             case .entity(let key, let data):

@@ -40,8 +40,10 @@ public struct SimperiumChange: Sendable, Hashable {
     /// Set when the server reports an error for a change (405, 409, 412, 440) instead of a change.
     public var error: Int64?
 
-    public init(id: String, cv: String, endVersion: Int64?, sourceVersion: Int64?, operation: String,
-                clientID: String? = nil, diff: JSONValue? = nil, error: Int64? = nil) {
+    public init(
+        id: String, cv: String, endVersion: Int64?, sourceVersion: Int64?, operation: String,
+        clientID: String? = nil, diff: JSONValue? = nil, error: Int64? = nil
+    ) {
         self.id = id
         self.cv = cv
         self.endVersion = endVersion
@@ -62,9 +64,10 @@ public struct SimperiumChange: Sendable, Hashable {
     init(json value: JSONValue) throws {
         guard let object = value.objectValue else { throw RelayError(.simperiumProtocol, "a change is not an object") }
         if let code = object["error"], !code.isNull {
-            self.init(id: object["id"]?.stringValue ?? "", cv: object["cv"]?.stringValue ?? "", endVersion: nil,
-                      sourceVersion: nil, operation: object["o"]?.stringValue ?? "",
-                      error: code.integerValue ?? -1)
+            self.init(
+                id: object["id"]?.stringValue ?? "", cv: object["cv"]?.stringValue ?? "", endVersion: nil,
+                sourceVersion: nil, operation: object["o"]?.stringValue ?? "",
+                error: code.integerValue ?? -1)
             return
         }
         guard let id = object["id"]?.stringValue, !id.isEmpty else {
@@ -83,8 +86,9 @@ public struct SimperiumChange: Sendable, Hashable {
             }
             return int
         }
-        self.init(id: id, cv: cv, endVersion: try version("ev"), sourceVersion: try version("sv"),
-                  operation: operation, clientID: object["clientid"]?.stringValue, diff: object["v"])
+        self.init(
+            id: id, cv: cv, endVersion: try version("ev"), sourceVersion: try version("sv"),
+            operation: operation, clientID: object["clientid"]?.stringValue, diff: object["v"])
     }
 }
 
@@ -114,7 +118,8 @@ public enum SimperiumMessage {
         var rest = Substring(text)
         var channel: Int?
         if let colon = rest.firstIndex(of: ":"), !rest[..<colon].isEmpty,
-           rest[..<colon].allSatisfy({ $0.isASCII && $0.isNumber }) {
+            rest[..<colon].allSatisfy({ $0.isASCII && $0.isNumber })
+        {
             guard let number = Int(rest[..<colon]) else {
                 throw RelayError(.simperiumProtocol, "bad channel prefix in \(preview(text))")
             }
@@ -172,7 +177,7 @@ public enum SimperiumMessage {
             }
             let entries = try index.map { value -> SimperiumIndexEntry in
                 guard let entry = value.objectValue, let id = entry["id"]?.stringValue,
-                      let version = entry["v"]?.integerValue
+                    let version = entry["v"]?.integerValue
                 else { throw RelayError(.simperiumProtocol, "index entry without id and v: \(value.jsonString)") }
                 return SimperiumIndexEntry(id: id, version: version)
             }
@@ -192,8 +197,10 @@ public enum SimperiumMessage {
     }
 
     /// `0:init:{…}`: opens a bucket with a token.
-    public static func initialize(channel: Int = 0, clientID: String, token: String, appID: String, bucket: String,
-                                  library: String = "pubsub-relay", version: String = "1") -> String {
+    public static func initialize(
+        channel: Int = 0, clientID: String, token: String, appID: String, bucket: String,
+        library: String = "pubsub-relay", version: String = "1"
+    ) -> String {
         let object: JSONObject = [
             "api": 1, "clientid": .string(clientID), "token": .string(token), "app_id": .string(appID),
             "name": .string(bucket), "library": .string(library), "version": .string(version),
@@ -210,7 +217,9 @@ public enum SimperiumMessage {
     public static func changesSince(channel: Int = 0, cv: String) -> String { "\(channel):cv:\(cv)" }
 
     /// `0:e:<id>.<v>`: one entity version.
-    public static func entity(channel: Int = 0, id: String, version: Int64) -> String { "\(channel):e:\(id).\(version)" }
+    public static func entity(channel: Int = 0, id: String, version: Int64) -> String {
+        "\(channel):e:\(id).\(version)"
+    }
 
     /// `h:<n>`, without a channel.
     public static func heartbeat(_ count: Int64) -> String { "h:\(count)" }

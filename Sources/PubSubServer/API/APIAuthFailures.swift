@@ -50,7 +50,8 @@ struct APIAuthFailures: Sendable {
     private mutating func makeRoom(now: NIODeadline) {
         entries = entries.filter { now < $0.value.start + settings.window }
         while entries.count >= settings.maxAddresses,
-              let oldest = entries.min(by: { $0.value.start < $1.value.start })?.key {
+            let oldest = entries.min(by: { $0.value.start < $1.value.start })?.key
+        {
             entries[oldest] = nil
         }
     }

@@ -12,7 +12,9 @@ extension ServerAPI {
         headers.add(name: "Cache-Control", value: "no-store")
         headers.add(
             name: "Content-Security-Policy",
-            value: "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+            value:
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        )
         headers.add(name: "Referrer-Policy", value: "no-referrer")
         let status: HTTPResponseStatus = Self.authorized(head.headers, key: key) ? .ok : .unauthorized
         return Response(status: status, headers: headers, body: ByteBuffer(string: AdminPage.html))

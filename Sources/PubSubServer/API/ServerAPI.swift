@@ -130,7 +130,8 @@ struct ServerAPI: Sendable {
         return broker.publishFromAPI(channel: channel, data: data, ext: object["ext"], now: now, on: loop).map {
             switch $0 {
             case .failure(let problem): return Self.error(.badRequest, problem.message)
-            case .success(let position): return Self.json(.ok, .object(["position": position.map(JSONValue.string) ?? .null]))
+            case .success(let position):
+                return Self.json(.ok, .object(["position": position.map(JSONValue.string) ?? .null]))
             }
         }
     }
@@ -193,7 +194,9 @@ struct ServerAPI: Sendable {
         return broker.kick(clientId, on: loop).map { Self.json(.ok, .object(["disconnected": .bool($0)])) }
     }
 
-    private func channels(_ query: Query, queries: any EngineQueries, on loop: any EventLoop) -> EventLoopFuture<Response> {
+    private func channels(_ query: Query, queries: any EngineQueries, on loop: any EventLoop) -> EventLoopFuture<
+        Response
+    > {
         let pattern = query["pattern"]
         if let pattern, !Channel.isValidNameOrPattern(pattern) {
             return loop.makeSucceededFuture(Self.error(.badRequest, "invalid pattern"))
@@ -247,7 +250,8 @@ struct ServerAPI: Sendable {
             var messages: [JSONValue] = []
             for (name, event) in page.events {
                 // The bytes subscribers got, `[{…}]`: data and position are read from them as sent.
-                guard let fields = (try? JSONParser(maxDepth: depth).parse(event))?.arrayValue?.first?.objectValue else { continue }
+                guard let fields = (try? JSONParser(maxDepth: depth).parse(event))?.arrayValue?.first?.objectValue
+                else { continue }
                 var entry: JSONObject = ["channel": .string(name), "data": fields["data"] ?? .null]
                 entry["position"] = fields["ext"]?.objectValue?["position"] ?? .null
                 messages.append(.object(entry))
@@ -286,7 +290,9 @@ struct ServerAPI: Sendable {
     // MARK: Helpers
 
     private func parseObject(_ body: ByteBuffer?) -> Result<JSONObject, ResponseError> {
-        guard let body, body.readableBytes > 0 else { return .failure(.init(Self.error(.badRequest, "a JSON body is required"))) }
+        guard let body, body.readableBytes > 0 else {
+            return .failure(.init(Self.error(.badRequest, "a JSON body is required")))
+        }
         do {
             guard let object = try JSONParser(maxDepth: maxJSONDepth).parse(body).objectValue else {
                 return .failure(.init(Self.error(.badRequest, "the body must be a JSON object")))
@@ -420,9 +426,10 @@ final class RecentErrors: Sendable {
     func json() -> JSONValue {
         let all = entries.withLockedValue { Array($0) }
         return .object([
-            "errors": .array(all.reversed().map {
-                .object(["at": .string(WallClock.iso8601(milliseconds: $0.at)), "kind": .string($0.kind.rawValue)])
-            })
+            "errors": .array(
+                all.reversed().map {
+                    .object(["at": .string(WallClock.iso8601(milliseconds: $0.at)), "kind": .string($0.kind.rawValue)])
+                })
         ])
     }
 }

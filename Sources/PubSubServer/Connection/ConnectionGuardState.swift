@@ -163,14 +163,18 @@ struct ConnectionGuardState {
     /// The request's end has been decoded: its body is read.
     mutating func requestEnd(now: NIODeadline) {
         guard case .request(_, let responded, let lastRead) = phase else { return }
-        phase = responded ? Self.idle(now: now, timeouts) : .request(bodyComplete: true, responded: false, lastRead: lastRead)
+        phase =
+            responded
+            ? Self.idle(now: now, timeouts) : .request(bodyComplete: true, responded: false, lastRead: lastRead)
     }
 
     /// The response's end has been sent (its write completed): the connection is idle from now on.
     mutating func responseEnd(now: NIODeadline) {
         guard case .request(let bodyComplete, _, let lastRead) = phase else { return }
         bytesWhileAwaitingResponse = false
-        phase = bodyComplete ? Self.idle(now: now, timeouts) : .request(bodyComplete: false, responded: true, lastRead: lastRead)
+        phase =
+            bodyComplete
+            ? Self.idle(now: now, timeouts) : .request(bodyComplete: false, responded: true, lastRead: lastRead)
     }
 
     /// The connection is a WebSocket now.

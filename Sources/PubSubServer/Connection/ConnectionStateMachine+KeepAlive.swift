@@ -55,7 +55,9 @@ extension ConnectionStateMachine {
         }
 
         /// A WebSocket is timed here from now on: the connection guard's state, handed over after the upgrade.
-        mutating func handedOver(_ guardState: ConnectionGuardState, isWritable: Bool, unsentBytes: Int, now: NIODeadline) {
+        mutating func handedOver(
+            _ guardState: ConnectionGuardState, isWritable: Bool, unsentBytes: Int, now: NIODeadline
+        ) {
             var guardState = guardState
             guardState.upgraded(now: now)
             guardState.writabilityChanged(isWritable: isWritable, unsentBytes: unsentBytes, now: now)

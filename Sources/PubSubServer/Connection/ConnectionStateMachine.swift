@@ -319,13 +319,15 @@ struct ConnectionStateMachine {
             if !backlog.isEmpty || detach != nil {
                 state = .idle
                 let failure = detach == .overflow ? BayeuxError(.queueOverflow, pending.clientId) : nil
-                var answer = Answer(connect: pending, replies: replies, events: backlog, failure: failure, takeEvents: false)
+                var answer = Answer(
+                    connect: pending, replies: replies, events: backlog, failure: failure, takeEvents: false)
                 answer.kicked = detach == .kicked
                 return .answer(answer)
             }
             if quiescing {
                 state = .idle
-                return .answer(Answer(connect: pending, replies: replies, events: .noEvents, failure: nil, takeEvents: true))
+                return .answer(
+                    Answer(connect: pending, replies: replies, events: .noEvents, failure: nil, takeEvents: true))
             }
             state = .parked(Parked(connect: HeldConnect(pending), replies: replies))
             return .hold(pending.hold, previous: nil, replies: [], events: .noEvents)
@@ -373,7 +375,10 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: events, failure: nil, takeEvents: false))
+            return .answer(
+                Answer(
+                    connect: parked.connect.connect, replies: parked.replies, events: events, failure: nil,
+                    takeEvents: false))
         case .awaiting(var backlog, let detach):
             state = .modifying
             backlog.append(contentsOf: events)
@@ -420,7 +425,8 @@ struct ConnectionStateMachine {
     /// A persistent connection's delivery: written at once, or kept while not writable; past `maxQueue`, `.drop`
     /// (the caller fills in the client).
     private static func deliver(
-        _ events: CircularBuffer<WireEvent>, to backlog: inout CircularBuffer<WireEvent>, isWritable: Bool, maxQueue: Int
+        _ events: CircularBuffer<WireEvent>, to backlog: inout CircularBuffer<WireEvent>, isWritable: Bool,
+        maxQueue: Int
     ) -> DeliverAction {
         if isWritable, backlog.isEmpty { return .write(events) }
         backlog.append(contentsOf: events)
@@ -493,7 +499,10 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+            return .answer(
+                Answer(
+                    connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil,
+                    takeEvents: true))
         case .socket(var socket):
             guard socket.held != nil else { return .none }
             state = .modifying
@@ -610,7 +619,10 @@ struct ConnectionStateMachine {
         switch state {
         case .parked(let parked):
             state = .idle
-            return .answer(Answer(connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil, takeEvents: true))
+            return .answer(
+                Answer(
+                    connect: parked.connect.connect, replies: parked.replies, events: .noEvents, failure: nil,
+                    takeEvents: true))
         case .socket(var socket):
             let answer = Self.take(&socket.held)
             state = .closing(attached: socket.clientId, closeSent: false)

@@ -61,7 +61,11 @@ struct TimerQueue {
             heap.swapAt(index, last)
             heap.removeLast()
             heap[index].owner.timerQueueIndex = index
-            if index > 0, heap[index].deadline < heap[(index - 1) / 2].deadline { siftUp(index) } else { siftDown(index) }
+            if index > 0, heap[index].deadline < heap[(index - 1) / 2].deadline {
+                siftUp(index)
+            } else {
+                siftDown(index)
+            }
         }
         // An emptied queue gives its array back (a burst of connections should not stay reserved).
         if heap.isEmpty { heap = [] }

@@ -1,11 +1,11 @@
 import NIOCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// What a listening socket does when `accept` fails, as a pure state machine (`AcceptBackoffStateTests`); the
@@ -195,7 +195,8 @@ struct AcceptBackoffState {
         if let current = burst {
             if now >= current.lastFailure + settings.quietPeriod {
                 burst = nil
-                action.report = .ended(failures: current.failures, shed: current.shed, lasted: current.lastFailure - current.began)
+                action.report = .ended(
+                    failures: current.failures, shed: current.shed, lasted: current.lastFailure - current.began)
             } else {
                 action.report = dueReport(now: now)
             }

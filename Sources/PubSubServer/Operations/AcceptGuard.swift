@@ -2,11 +2,11 @@ import Logging
 import NIOCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Drives an `AcceptBackoffState` for one listening socket: first in the listener's pipeline (before NIO's
@@ -148,11 +148,11 @@ final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOSche
     private func openReserve() -> Bool {
         guard reserve < 0 else { return true }
         #if canImport(Darwin)
-        reserve = Darwin.open("/dev/null", O_RDONLY | O_CLOEXEC)
+            reserve = Darwin.open("/dev/null", O_RDONLY | O_CLOEXEC)
         #elseif canImport(Musl)
-        reserve = Musl.open("/dev/null", O_RDONLY | O_CLOEXEC)
+            reserve = Musl.open("/dev/null", O_RDONLY | O_CLOEXEC)
         #else
-        reserve = Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
+            reserve = Glibc.open("/dev/null", O_RDONLY | O_CLOEXEC)
         #endif
         return reserve >= 0
     }
@@ -160,11 +160,11 @@ final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOSche
     private func closeReserve() {
         guard reserve >= 0 else { return }
         #if canImport(Darwin)
-        _ = Darwin.close(reserve)
+            _ = Darwin.close(reserve)
         #elseif canImport(Musl)
-        _ = Musl.close(reserve)
+            _ = Musl.close(reserve)
         #else
-        _ = Glibc.close(reserve)
+            _ = Glibc.close(reserve)
         #endif
         reserve = -1
     }
@@ -175,7 +175,8 @@ final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOSche
         guard let report else { return }
         var metadata: Logger.Metadata = [
             "pubsub.listener": "\(context?.channel.localAddress?.description ?? "?")",
-            "pubsub.fd.limit": "\(DescriptorLimit.current().map { $0.soft == Int.max ? "unlimited" : String($0.soft) } ?? "?")",
+            "pubsub.fd.limit":
+                "\(DescriptorLimit.current().map { $0.soft == Int.max ? "unlimited" : String($0.soft) } ?? "?")",
             "pubsub.connections": "\(operations.openConnections)",
         ]
         switch report {
@@ -194,7 +195,8 @@ final class AcceptGuard: ChannelInboundHandler, RemovableChannelHandler, NIOSche
             metadata["pubsub.accept.failures"] = "\(failures)"
             metadata["pubsub.accept.shed"] = "\(shed)"
             let milliseconds = lasted.nanoseconds / 1_000_000
-            metadata["pubsub.accept.lasted"] = "\(milliseconds / 1000).\(String(1000 + milliseconds % 1000).dropFirst()) s"
+            metadata["pubsub.accept.lasted"] =
+                "\(milliseconds / 1000).\(String(1000 + milliseconds % 1000).dropFirst()) s"
             operations.logger.notice("accepting connections again", metadata: metadata)
         }
     }

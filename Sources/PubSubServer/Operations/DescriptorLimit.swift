@@ -1,9 +1,9 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The process's file descriptor limit (`RLIMIT_NOFILE`): every connection, listener, Redis or PostgreSQL
@@ -80,7 +80,8 @@ public struct DescriptorLimit: Sendable, Equatable {
         guard let target = before.raiseTarget(nrOpen: readNrOpen()) else {
             return Raise(before: before, after: before, failure: nil)
         }
-        var limit = rlimit(rlim_cur: rlim_t(target), rlim_max: before.hard == Int.max ? Self.infinity : rlim_t(before.hard))
+        var limit = rlimit(
+            rlim_cur: rlim_t(target), rlim_max: before.hard == Int.max ? Self.infinity : rlim_t(before.hard))
         guard setrlimit(Self.resource, &limit) == 0 else {
             let reason = String(cString: strerror(errno))
             return Raise(before: before, after: before, failure: "setrlimit: \(reason)")
@@ -106,8 +107,8 @@ public struct DescriptorLimit: Sendable, Equatable {
     private static let infinity = rlim_t.max
 
     #if os(Linux)
-    private static let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        private static let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
     #else
-    private static let resource = RLIMIT_NOFILE
+        private static let resource = RLIMIT_NOFILE
     #endif
 }

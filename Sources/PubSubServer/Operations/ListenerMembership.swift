@@ -1,7 +1,7 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #endif
 
 /// Whether this process listens on a port it shares with others (`--reuse-port`): the kernel spreads new
@@ -88,13 +88,13 @@ struct ListenerMembership: Sendable, Equatable {
     /// port (`net.ipv4.tcp_migrate_req`, Linux 5.14); else it resets them. Nil when it cannot tell.
     static func kernelMigratesQueuedConnections() -> Bool? {
         #if canImport(Glibc) || canImport(Musl)
-        guard let file = fopen("/proc/sys/net/ipv4/tcp_migrate_req", "r") else { return nil }
-        defer { fclose(file) }
-        let first = fgetc(file)
-        guard first >= CInt(UInt8(ascii: "0")), first <= CInt(UInt8(ascii: "9")) else { return nil }
-        return first != CInt(UInt8(ascii: "0"))
+            guard let file = fopen("/proc/sys/net/ipv4/tcp_migrate_req", "r") else { return nil }
+            defer { fclose(file) }
+            let first = fgetc(file)
+            guard first >= CInt(UInt8(ascii: "0")), first <= CInt(UInt8(ascii: "9")) else { return nil }
+            return first != CInt(UInt8(ascii: "0"))
         #else
-        return nil
+            return nil
         #endif
     }
 }

@@ -74,7 +74,8 @@ private struct DescribedPrometheusFactory: CoreMetrics.MetricsFactory {
         registry.makeGauge(descriptor: descriptor(label), labels: dimensions)
     }
 
-    func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any CoreMetrics.RecorderHandler {
+    func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any CoreMetrics.RecorderHandler
+    {
         guard !aggregate else { return plain.makeRecorder(label: label, dimensions: dimensions, aggregate: true) }
         return registry.makeGauge(descriptor: descriptor(label), labels: dimensions)
     }

@@ -111,7 +111,8 @@ extension PubSubServer {
             try shared.operations.reloadTLS()
             shared.logger.info("TLS certificate reloaded")
         } catch {
-            shared.logger.error("TLS certificate reload failed; keeping the current one", metadata: ["pubsub.error": "\(error)"])
+            shared.logger.error(
+                "TLS certificate reload failed; keeping the current one", metadata: ["pubsub.error": "\(error)"])
             throw error
         }
     }
@@ -142,7 +143,8 @@ extension PubSubServer {
         }
         let left = operations.openConnections
         if left > 0 {
-            shared.logger.notice("closing connections still open at the end of the drain", metadata: ["pubsub.connections": "\(left)"])
+            shared.logger.notice(
+                "closing connections still open at the end of the drain", metadata: ["pubsub.connections": "\(left)"])
             operations.closeConnections()
         }
         operations.stopTimers()
@@ -172,9 +174,10 @@ final class OperationsHTTPHandler: ChannelInboundHandler {
         case .head(let head):
             self.head = head
             body = nil
-            tooLarge = head.headers.first(name: "content-length").flatMap(Int.init).map {
-                $0 > shared.configuration.maxRequestBytes
-            } ?? false
+            tooLarge =
+                head.headers.first(name: "content-length").flatMap(Int.init).map {
+                    $0 > shared.configuration.maxRequestBytes
+                } ?? false
         case .body(var chunk):
             guard !tooLarge else { return }
             if (body?.readableBytes ?? 0) + chunk.readableBytes > shared.configuration.maxRequestBytes {

@@ -102,10 +102,11 @@ final class PublishRateLimiter: Sendable {
     private let state: NIOLockedValueBox<(ip: TokenBuckets?, token: TokenBuckets?)>
 
     init(_ limits: Limits) {
-        state = NIOLockedValueBox((
-            limits.perIP.map { TokenBuckets(limit: $0, window: limits.window) },
-            limits.perToken.map { TokenBuckets(limit: $0, window: limits.window) }
-        ))
+        state = NIOLockedValueBox(
+            (
+                limits.perIP.map { TokenBuckets(limit: $0, window: limits.window) },
+                limits.perToken.map { TokenBuckets(limit: $0, window: limits.window) }
+            ))
     }
 
     enum Scope: String, Sendable {

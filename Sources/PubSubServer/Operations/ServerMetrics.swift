@@ -1,15 +1,16 @@
 import Bayeux
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import CoreMetrics
 import NIOConcurrencyHelpers
 import NIOCore
 import PubSubCore
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// Counters kept by the handlers of one event loop and touched on that loop only: plain integers, no atomics
 /// and no locks on the data path. `/metrics` collects them from every loop at scrape time.
@@ -63,7 +64,8 @@ struct LoopCounterTable: Sendable {
     func collect(on loop: any EventLoop) -> EventLoopFuture<LoopCounters.Snapshot> {
         let reads = table.values.map { entry in entry.loop.submit { entry.counters.snapshot } }
         return EventLoopFuture.whenAllSucceed(reads, on: loop).map { snapshots in
-            var total = LoopCounters.Snapshot(bytesOut: 0, clients: [Int](repeating: 0, count: ConnectionType.allCases.count))
+            var total = LoopCounters.Snapshot(
+                bytesOut: 0, clients: [Int](repeating: 0, count: ConnectionType.allCases.count))
             for s in snapshots {
                 total.bytesOut &+= s.bytesOut
                 for i in total.clients.indices { total.clients[i] += s.clients[i] }
@@ -141,10 +143,12 @@ final class ServerMetrics: Sendable {
         self.backend = backend
         let r = backend
         connectionsOpen = r.gauge("pubsub_connections", help: "Open TCP connections on the broker port.")
-        connectionsAccepted = r.counter("pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
+        connectionsAccepted = r.counter(
+            "pubsub_connections_accepted_total", help: "Connections accepted on the broker port.")
         let refusedHelp =
             "Connections answered 503: max_connections when --max-connections were open, descriptors when no file descriptor was left (accepted through the reserve descriptor)."
-        connectionsRefused = r.counter("pubsub_connections_refused_total", [("reason", "max_connections")], help: refusedHelp)
+        connectionsRefused = r.counter(
+            "pubsub_connections_refused_total", [("reason", "max_connections")], help: refusedHelp)
         connectionsShed = r.counter("pubsub_connections_refused_total", [("reason", "descriptors")], help: refusedHelp)
         var acceptErrors: [CInt: Counter] = [:]
         for (code, name) in [(EMFILE, "EMFILE"), (ENFILE, "ENFILE"), (ENOBUFS, "ENOBUFS"), (ENOMEM, "ENOMEM")] {
@@ -153,28 +157,38 @@ final class ServerMetrics: Sendable {
                 help: "Accepts that failed on a listening socket, by errno; each one backs off or sheds a connection.")
         }
         self.acceptErrors = acceptErrors
-        descriptorLimit = r.gauge("pubsub_file_descriptor_limit", help: "The soft file descriptor limit (RLIMIT_NOFILE) of the process; 0 when unlimited.")
+        descriptorLimit = r.gauge(
+            "pubsub_file_descriptor_limit",
+            help: "The soft file descriptor limit (RLIMIT_NOFILE) of the process; 0 when unlimited.")
         if let limit = DescriptorLimit.current() { descriptorLimit.set(limit.soft == Int.max ? 0 : Double(limit.soft)) }
         maxConnections = r.gauge("pubsub_max_connections", help: "The --max-connections in force; 0 when unlimited.")
         clients = ConnectionType.allCases.map {
             r.gauge(
                 "pubsub_clients", [("transport", $0.rawValue)],
-                help: "Clients attached now by transport: open WebSockets and EventSource streams, held long-poll connects.")
+                help:
+                    "Clients attached now by transport: open WebSockets and EventSource streams, held long-poll connects."
+            )
         }
         sessions = r.gauge("pubsub_sessions", help: "Bayeux sessions (client ids) alive in the engine.")
         subscriptions = r.gauge("pubsub_subscriptions", help: "Subscriptions of all sessions.")
         channels = r.gauge("pubsub_channels", help: "Channels and patterns with at least one subscriber.")
-        queueDepth = r.gauge("pubsub_queue_depth", help: "Events waiting in per-client queues, summed over all sessions.")
+        queueDepth = r.gauge(
+            "pubsub_queue_depth", help: "Events waiting in per-client queues, summed over all sessions.")
         published = r.counter("pubsub_messages_published_total", help: "Messages published.")
         delivered = r.counter(
             "pubsub_messages_delivered_total",
             help: "Events queued for delivery to subscribers (one per recipient).")
-        bytesOut = r.counter("pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
-        slowConsumerDrops = r.counter("pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
-        sessionsExpired = r.counter("pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
+        bytesOut = r.counter(
+            "pubsub_bytes_out_total", help: "Payload bytes written: HTTP bodies, EventSource events, WebSocket frames.")
+        slowConsumerDrops = r.counter(
+            "pubsub_slow_consumer_drops_total", help: "Clients dropped because their queue overflowed.")
+        sessionsExpired = r.counter(
+            "pubsub_sessions_expired_total", help: "Sessions removed after no connect for twice the timeout.")
         resent = r.counter(
             "pubsub_events_resent_total",
-            help: "Events sent again because the connection they were written to was lost before the client confirmed them.")
+            help:
+                "Events sent again because the connection they were written to was lost before the client confirmed them."
+        )
         var errors: [RequestErrorKind: Counter] = [:]
         for kind in RequestErrorKind.allCases {
             errors[kind] = r.counter(
@@ -183,12 +197,14 @@ final class ServerMetrics: Sendable {
         }
         requestErrors = errors
         rateLimited = [
-            .ip: HandlerCounter(r.counter(
-                "pubsub_publish_rate_limited_total", [("scope", "ip")],
-                help: "HTTP publish requests answered 429, by the limit that refused them.")),
-            .token: HandlerCounter(r.counter(
-                "pubsub_publish_rate_limited_total", [("scope", "token")],
-                help: "HTTP publish requests answered 429, by the limit that refused them.")),
+            .ip: HandlerCounter(
+                r.counter(
+                    "pubsub_publish_rate_limited_total", [("scope", "ip")],
+                    help: "HTTP publish requests answered 429, by the limit that refused them.")),
+            .token: HandlerCounter(
+                r.counter(
+                    "pubsub_publish_rate_limited_total", [("scope", "token")],
+                    help: "HTTP publish requests answered 429, by the limit that refused them.")),
         ]
         ready = r.gauge("pubsub_ready", help: "1 while the broker accepts connections and its engine is ready.")
         draining = r.gauge("pubsub_draining", help: "1 while the broker drains before exiting.")
@@ -196,15 +212,19 @@ final class ServerMetrics: Sendable {
             "pubsub_tls_certificate_not_after_seconds",
             help: "Expiry of the served TLS certificate, seconds since the epoch (0 without TLS).")
         tlsReloads = r.counter("pubsub_tls_reloads_total", [("result", "ok")], help: "Certificate reloads (SIGHUP).")
-        tlsReloadFailures = r.counter("pubsub_tls_reloads_total", [("result", "failed")], help: "Certificate reloads (SIGHUP).")
-        let apiAuthHelp = "Server API requests refused for their key: wrong or missing (401), or too many failures from one address (429)."
+        tlsReloadFailures = r.counter(
+            "pubsub_tls_reloads_total", [("result", "failed")], help: "Certificate reloads (SIGHUP).")
+        let apiAuthHelp =
+            "Server API requests refused for their key: wrong or missing (401), or too many failures from one address (429)."
         apiAuthFailures = r.counter("pubsub_api_auth_refused_total", [("reason", "wrong_key")], help: apiAuthHelp)
         apiAuthThrottled = r.counter("pubsub_api_auth_refused_total", [("reason", "throttled")], help: apiAuthHelp)
         let memory = ProcessMemory.current()
         heapAllocated = memory.heapAllocated.map { _ in
             r.gauge(
                 "pubsub_heap_allocated_bytes",
-                help: "Bytes allocated with malloc and not freed (glibc mallinfo2 uordblks + hblkhd): the heap in use, without page granularity.")
+                help:
+                    "Bytes allocated with malloc and not freed (glibc mallinfo2 uordblks + hblkhd): the heap in use, without page granularity."
+            )
         }
         resident = memory.resident.map { _ in
             r.gauge("process_resident_memory_bytes", help: "Resident memory size in bytes (VmRSS).")
@@ -261,12 +281,14 @@ final class ServerMetrics: Sendable {
         let backend = self.backend
         engineMetrics.withLockedValue { known in
             for sample in samples {
-                var entry = known[sample.name] ?? {
-                    switch sample.kind {
-                    case .counter: (backend.counter(sample.name, help: sample.help), nil, 0)
-                    case .gauge: (nil, backend.gauge(sample.name, help: sample.help), 0)
-                    }
-                }()
+                var entry =
+                    known[sample.name]
+                    ?? {
+                        switch sample.kind {
+                        case .counter: (backend.counter(sample.name, help: sample.help), nil, 0)
+                        case .gauge: (nil, backend.gauge(sample.name, help: sample.help), 0)
+                        }
+                    }()
                 if let counter = entry.counter, sample.value > entry.seen {
                     counter.increment(by: Int64(clamping: sample.value - entry.seen))
                 }

@@ -41,7 +41,8 @@ final class ServerOperations: Sendable {
     private let membership: NIOLockedValueBox<ListenerMembership?>
     private let listenerControl = NIOLockedValueBox<(@Sendable (ListenerMembership.Action) -> Void)?>(nil)
     /// Refusals not yet logged: one log line per burst, not one per refused connection or request.
-    private let refusalLog = NIOLockedValueBox<(connections: Int, publishes: Int, lastLogged: NIODeadline?)>((0, 0, nil))
+    private let refusalLog = NIOLockedValueBox<(connections: Int, publishes: Int, lastLogged: NIODeadline?)>(
+        (0, 0, nil))
     /// Connections shed at the descriptor ceiling and not yet set up (`markShed`, `refuseIfShed`).
     private let shed = NIOLockedValueBox<Set<ObjectIdentifier>>([])
     private let shedPending = ManagedAtomic(0)
@@ -77,7 +78,8 @@ final class ServerOperations: Sendable {
         var shedTimeouts = timeouts
         shedTimeouts.header = min(shedTimeouts.header, .seconds(1))
         shedTimeouts.lingerTime = min(shedTimeouts.lingerTime, .seconds(1))
-        self.shedGuardSettings = ConnectionGuardSettings(timeouts: shedTimeouts, pingInterval: .seconds(30), logger: logger)
+        self.shedGuardSettings = ConnectionGuardSettings(
+            timeouts: shedTimeouts, pingInterval: .seconds(30), logger: logger)
         metrics.maxConnections.set(Double(configuration.maxConnections))
         if configuration.publishLimitPerIP != nil || configuration.publishLimitPerToken != nil {
             limiter = PublishRateLimiter(
@@ -113,7 +115,9 @@ final class ServerOperations: Sendable {
 
     // MARK: Listeners and timers
 
-    func setInheritedMetricsSocket(_ descriptor: CInt?) { listeners.withLockedValue { $0.inheritedMetrics = descriptor } }
+    func setInheritedMetricsSocket(_ descriptor: CInt?) {
+        listeners.withLockedValue { $0.inheritedMetrics = descriptor }
+    }
     var inheritedMetricsSocket: CInt? { listeners.withLockedValue { $0.inheritedMetrics } }
 
     func addListeners(_ channels: [any Channel], metrics: Bool) {
@@ -358,7 +362,9 @@ final class ServerOperations: Sendable {
         }
         let previous = NIOLockedValueBox<(published: UInt64, delivered: UInt64, at: NIODeadline)>(
             (engine.statistics.published, engine.statistics.queued, .now()))
-        let status = first.scheduleRepeatedTask(initialDelay: configuration.statusInterval, delay: configuration.statusInterval) {
+        let status = first.scheduleRepeatedTask(
+            initialDelay: configuration.statusInterval, delay: configuration.statusInterval
+        ) {
             [self] _ in
             let stats = engine.statistics
             let now = NIODeadline.now()
@@ -437,7 +443,8 @@ final class RefusingHandler: ChannelInboundHandler {
         headers.add(name: "Content-Length", value: String(text.utf8.count))
         headers.add(name: "Connection", value: "close")
         context.write(
-            wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+            wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))),
+            promise: nil)
         if head.method != .HEAD {
             context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
         }

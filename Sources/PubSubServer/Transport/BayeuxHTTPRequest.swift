@@ -22,14 +22,18 @@ enum BayeuxHTTPRequest {
             var headers = HTTPHeaders()
             headers.add(name: "Allow", value: "GET, POST, OPTIONS")
             headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-            self = .respond(HTTPResponse(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n")))
+            self = .respond(
+                HTTPResponse(
+                    status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n")))
         } else if let refusal = Self.browserAccessRefusal(head, configuration: configuration, logger: logger) {
             var forbidden = HTTPResponse.text(.forbidden, refusal)
             forbidden.crossOrigin = false
             self = .respond(forbidden)
         } else if head.method == .OPTIONS || head.headers.contains(name: "access-control-request-method") {
             self = .respond(Self.preflight(head))
-        } else if head.method == .GET, head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") }) {
+        } else if head.method == .GET,
+            head.headers["accept"].contains(where: { $0.lowercased().contains("text/event-stream") })
+        {
             guard case .bayeuxWithSuffix(let clientId) = request.route, !clientId.isEmpty else {
                 self = .badRequest("EventSource URL must end in the client id")
                 return
@@ -62,7 +66,8 @@ enum BayeuxHTTPRequest {
         var headers = HTTPHeaders()
         headers.add(name: "Access-Control-Allow-Credentials", value: "true")
         headers.add(
-            name: "Access-Control-Allow-Headers", value: "Accept, Authorization, Content-Type, Pragma, X-Requested-With")
+            name: "Access-Control-Allow-Headers", value: "Accept, Authorization, Content-Type, Pragma, X-Requested-With"
+        )
         headers.add(name: "Access-Control-Allow-Methods", value: "POST, GET")
         let origin = head.headers.first(name: "origin") ?? head.headers.first(name: "referer") ?? "*"
         headers.add(name: "Access-Control-Allow-Origin", value: origin)

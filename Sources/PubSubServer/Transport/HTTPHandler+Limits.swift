@@ -52,17 +52,21 @@ extension HTTPHandler {
             shared.logger.debug("connection closed mid-request", metadata: ["pubsub.remote": "\(remote)"])
         case is HTTPParserError:
             metrics.error(.badRequest)
-            shared.logger.info("malformed HTTP request", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
+            shared.logger.info(
+                "malformed HTTP request", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
         case let ssl as NIOSSLError:
             if case .handshakeFailed = ssl { return true }  // logged by TLSErrorLogger
             metrics.error(.connection)
-            shared.logger.debug("TLS connection ended", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
+            shared.logger.debug(
+                "TLS connection ended", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
         case is IOError:
             metrics.error(.connection)
-            shared.logger.debug("connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
+            shared.logger.debug(
+                "connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
         default:
             metrics.error(.connection)
-            shared.logger.info("connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
+            shared.logger.info(
+                "connection error", metadata: ["pubsub.remote": "\(remote)", "pubsub.error": "\(error)"])
         }
         return true
     }

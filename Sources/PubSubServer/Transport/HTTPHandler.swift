@@ -45,7 +45,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // After a 413 the rest of the body is cut off: that problem has been reported already.
-        if reportConnectionError(error, context: context, alreadyReported: reader.rejected) { context.close(promise: nil) }
+        if reportConnectionError(error, context: context, alreadyReported: reader.rejected) {
+            context.close(promise: nil)
+        }
     }
 
     /// Also on a WebSocket upgrade, which takes this handler out of the pipeline.
@@ -71,7 +73,10 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
         case .reading: break
         case .tooLarge: rejectTooLarge(context: context)
         case .request(let head, let body):
-            route(RoutedRequest(head: head, body: body, route: route(of: head), peerAddress: peerAddress(context: context)), context: context)
+            route(
+                RoutedRequest(
+                    head: head, body: body, route: route(of: head), peerAddress: peerAddress(context: context)),
+                context: context)
         }
     }
 
@@ -102,7 +107,8 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
         shared.logger.info(
             "request body over the limit",
             metadata: ["pubsub.limit": "\(shared.configuration.maxRequestBytes)"])
-        respond(.text(.payloadTooLarge, "Request body too large (limit \(shared.configuration.maxRequestBytes) bytes)\n"),
+        respond(
+            .text(.payloadTooLarge, "Request body too large (limit \(shared.configuration.maxRequestBytes) bytes)\n"),
             close: true)
     }
 
@@ -160,7 +166,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
             }
             rateLimitHeaders = limits.headers
         }
-        let connectionType: ConnectionType = jsonp != nil ? .callbackPolling
+        let connectionType: ConnectionType =
+            jsonp != nil
+            ? .callbackPolling
             : head.headers.contains(name: "origin") ? .crossOriginLongPolling : .longPolling
         driver.handle(
             elements,
@@ -211,7 +219,9 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
     /// The end of a stream.
     func close(_ reason: ConnectionStateMachine.CloseReason) {
         guard let context, driver.sendingClose() else { return }
-        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+            context.close(promise: nil)
+        }
     }
 
     func resumeReading() { context?.read() }

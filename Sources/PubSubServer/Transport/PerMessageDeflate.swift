@@ -39,7 +39,9 @@ enum PerMessageDeflate {
                 guard value == "15" else { return false }
             case "client_max_window_bits":
                 // Inflating with a 15-bit window reads a stream made with any smaller one: nothing to answer.
-                guard value == nil || (value.flatMap(Int.init).map { (8...15).contains($0) } ?? false) else { return false }
+                guard value == nil || (value.flatMap(Int.init).map { (8...15).contains($0) } ?? false) else {
+                    return false
+                }
             default:
                 return false
             }

@@ -18,7 +18,8 @@ enum Route: Equatable {
     case notFound
 
     init(path rawPath: String, mount: String) {
-        let path = rawPath.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init)
+        let path =
+            rawPath.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init)
             ?? rawPath
         if path == "/healthz" {
             self = .health

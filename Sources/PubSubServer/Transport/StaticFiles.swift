@@ -18,7 +18,8 @@ enum StaticFiles {
         guard method == .GET || method == .HEAD else {
             headers.add(name: "Allow", value: "GET, HEAD")
             headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
-            return HTTPResponse(status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
+            return HTTPResponse(
+                status: .methodNotAllowed, headers: headers, body: ByteBuffer(string: "Method not allowed\n"))
         }
         headers.add(name: "ETag", value: BrowserClient.etag)
         headers.add(name: "Last-Modified", value: BrowserClient.lastModified)

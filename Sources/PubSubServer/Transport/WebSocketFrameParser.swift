@@ -192,7 +192,9 @@ enum WebSocketFrameHeader {
 
     /// Writes the header of a final frame of `opcode` carrying `count` bytes at `index`; returns its length.
     @discardableResult
-    static func set(opcode: WebSocketOpcode, payloadLength count: Int, in buffer: inout ByteBuffer, at index: Int) -> Int {
+    static func set(opcode: WebSocketOpcode, payloadLength count: Int, in buffer: inout ByteBuffer, at index: Int)
+        -> Int
+    {
         let first = 0x80 | UInt8(webSocketOpcode: opcode)
         buffer.setInteger(first, at: index)
         if count <= 125 {
@@ -224,7 +226,8 @@ enum WebSocketFrameHeader {
     }
 
     /// A buffer holding only the header.
-    static func buffer(opcode: WebSocketOpcode, payloadLength count: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
+    static func buffer(opcode: WebSocketOpcode, payloadLength count: Int, allocator: ByteBufferAllocator) -> ByteBuffer
+    {
         var header = allocator.buffer(capacity: maxLength)
         let written = set(opcode: opcode, payloadLength: count, in: &header, at: 0)
         header.moveWriterIndex(to: written)

@@ -31,7 +31,8 @@ extension WebSocketHandler {
     /// With compression, the replies go in a frame of their own and each event in its own frame: its compressed
     /// frame, shared with every recipient, or its plain one. False (nothing written) when no event has a
     /// compressed frame: everything then goes in one plain frame, as without compression.
-    func writeCompressed(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) -> Bool {
+    func writeCompressed(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) -> Bool
+    {
         guard events.contains(where: { $0.compressed != nil }) else { return false }
         var bytes = 0
         if !replies.isEmpty {

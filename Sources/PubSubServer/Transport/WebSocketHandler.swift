@@ -95,7 +95,9 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         parsing = true
         defer { parsing = false }
         do {
-            while !driver.closeSent, !driver.isHandlingFrame, let frame = try parser.next() { handleFrame(frame, context: context) }
+            while !driver.closeSent, !driver.isHandlingFrame, let frame = try parser.next() {
+                handleFrame(frame, context: context)
+            }
         } catch {
             frameError(error, context: context)
         }
@@ -122,9 +124,12 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         switch error {
         case .tooLarge: fail(.messageTooLarge, .websocketTooLarge, "websocket message over the limit", context: context)
         case .protocolError: fail(.protocolError, .websocketProtocol, "websocket protocol error", context: context)
-        case .invalidUTF8: fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket text not UTF-8", context: context)
+        case .invalidUTF8:
+            fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket text not UTF-8", context: context)
         case .corruptCompression:
-            fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket message does not inflate", context: context)
+            fail(
+                .dataInconsistentWithMessage, .websocketProtocol, "websocket message does not inflate", context: context
+            )
         }
     }
 
@@ -235,7 +240,8 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     func abort(_ reason: ConnectionGuardState.CloseReason) {
         guard let context else { return }
         let remote = context.channel.remoteAddress?.description ?? "?"
-        shared.logger.debug("closing connection", metadata: ["pubsub.reason": "\(reason.rawValue)", "pubsub.remote": "\(remote)"])
+        shared.logger.debug(
+            "closing connection", metadata: ["pubsub.reason": "\(reason.rawValue)", "pubsub.remote": "\(remote)"])
         context.close(promise: nil)
     }
 
@@ -263,7 +269,8 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
         promise: EventLoopPromise<Void>? = nil
     ) {
-        let (first, rest) = WebSocketFrameHeader.frame(opcode: opcode, payload: payload, allocator: context.channel.allocator)
+        let (first, rest) = WebSocketFrameHeader.frame(
+            opcode: opcode, payload: payload, allocator: context.channel.allocator)
         guard let rest else { return context.writeAndFlush(wrapOutboundOut(.byteBuffer(first)), promise: promise) }
         context.write(wrapOutboundOut(.byteBuffer(first)), promise: nil)
         context.writeAndFlush(wrapOutboundOut(.byteBuffer(rest)), promise: promise)

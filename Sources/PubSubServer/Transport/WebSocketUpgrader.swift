@@ -29,7 +29,9 @@ final class WebSocketUpgrader: HTTPServerProtocolUpgrader, Sendable {
         self.upgradePipeline = upgradePipeline
     }
 
-    func buildUpgradeResponse(channel: any Channel, upgradeRequest: HTTPRequestHead, initialResponseHeaders: HTTPHeaders)
+    func buildUpgradeResponse(
+        channel: any Channel, upgradeRequest: HTTPRequestHead, initialResponseHeaders: HTTPHeaders
+    )
         -> EventLoopFuture<HTTPHeaders>
     {
         let keys = upgradeRequest.headers["Sec-WebSocket-Key"]

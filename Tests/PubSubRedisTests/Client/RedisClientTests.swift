@@ -1,8 +1,9 @@
-import NIOCore
 import NIOConcurrencyHelpers
+import NIOCore
 import NIOPosix
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubRedis
 
 /// The client against a real redis-server: AUTH and SELECT from the URL, pipelining, pub/sub, reconnect.
@@ -21,7 +22,8 @@ import PubSubTesting
         defer { server.stop() }
         let client = try await connected("redis://:s3cret@127.0.0.1:\(server.port)/3")
         #expect(client.isConnected)
-        let replies = try await client.send((1...100).map { _ in RESPCommand("INCR", "n") } + [RESPCommand("GET", "n")]).get()
+        let replies = try await client.send((1...100).map { _ in RESPCommand("INCR", "n") } + [RESPCommand("GET", "n")])
+            .get()
         #expect(replies.prefix(100).map { $0.int } == (1...100).map { Int64($0) })
         #expect(replies.last?.string == "100")
         let other = try await connected("redis://:s3cret@127.0.0.1:\(server.port)/0")
@@ -99,7 +101,8 @@ import PubSubTesting
         defer { replica.stop() }
         let readOnly = NIOLockedValueBox(0)
         let client = RedisClient(
-            configuration: try RedisConfiguration(url: replica.url), eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            configuration: try RedisConfiguration(url: replica.url),
+            eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
             onRedirect: { message in if message.hasPrefix("READONLY") { readOnly.withLockedValue { $0 += 1 } } })
         client.start()
         _ = try await waitUntil(timeout: .seconds(3)) { client.isConnected }

@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// The command timeout: no reply for `timeout` while the loop could read, not "a command older than `timeout`".

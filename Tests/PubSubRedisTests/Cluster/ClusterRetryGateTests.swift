@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// The order of scripts while Redis Cluster refuses them, without sockets: jobs are names, the test plays the

@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// Slots, the slot map, and the decisions of finding and following the engine's slot, without sockets.
@@ -31,17 +32,22 @@ import Testing
 
     @Test func readsTheNodeList() throws {
         let plain = try RedisClusterConfiguration.parse("127.0.0.1:7000, 127.0.0.2 ,[::1]:7001")
-        #expect(plain.seeds == [
-            RedisEndpoint(host: "127.0.0.1", port: 7000), RedisEndpoint(host: "127.0.0.2", port: 6379),
-            RedisEndpoint(host: "::1", port: 7001),
-        ])
+        #expect(
+            plain.seeds == [
+                RedisEndpoint(host: "127.0.0.1", port: 7000), RedisEndpoint(host: "127.0.0.2", port: 6379),
+                RedisEndpoint(host: "::1", port: 7001),
+            ])
         #expect(!plain.connection.tls && plain.connection.password == nil)
         let secure = try RedisClusterConfiguration.parse("rediss://:pw@a:7000,rediss://:pw@b:7000")
         #expect(secure.connection.tls && secure.connection.password == "pw")
-        #expect(throws: RedisClusterConfiguration.ParseError.self) { try RedisClusterConfiguration.parse("rediss://a,redis://b") }
+        #expect(throws: RedisClusterConfiguration.ParseError.self) {
+            try RedisClusterConfiguration.parse("rediss://a,redis://b")
+        }
         #expect(throws: RedisClusterConfiguration.ParseError.self) { try RedisClusterConfiguration.parse(" , ") }
         #expect(throws: RedisClusterConfiguration.ParseError.self) { try RedisClusterConfiguration.parse("a:notaport") }
-        #expect(throws: RedisClusterConfiguration.ParseError.self) { try RedisClusterConfiguration.parse("redis://a:7000/2") }
+        #expect(throws: RedisClusterConfiguration.ParseError.self) {
+            try RedisClusterConfiguration.parse("redis://a:7000/2")
+        }
     }
 
     func bulk(_ s: String) -> RESPValue { .bulkString(ByteBuffer(string: s)) }
@@ -61,17 +67,24 @@ import Testing
         #expect(map.master(of: 5461) == RedisEndpoint(host: "10.9.9.9", port: 7001))
         #expect(map.master(of: 16383) == RedisEndpoint(host: "10.9.9.9", port: 7002))
         #expect(map.nodes.count == 4 && map.nodes.last == r1)
-        #expect(ClusterSlotMap.parse(.array([.array([.integer(0), .integer(16384), node("a", 1)])]), askedHost: "x") == nil)
-        #expect(ClusterSlotMap.parse(.array([.array([.integer(9), .integer(1), node("a", 1)])]), askedHost: "x") == nil)
-        #expect(ClusterSlotMap.parse(.array([.array([.integer(0), .integer(1), node("a", 0)])]), askedHost: "x") == nil)
+        #expect(
+            ClusterSlotMap.parse(.array([.array([.integer(0), .integer(16384), node("a", 1)])]), askedHost: "x") == nil)
+        #expect(
+            ClusterSlotMap.parse(.array([.array([.integer(9), .integer(1), node("a", 1)])]), askedHost: "x") == nil)
+        #expect(
+            ClusterSlotMap.parse(.array([.array([.integer(0), .integer(1), node("a", 0)])]), askedHost: "x") == nil)
         #expect(ClusterSlotMap.parse(.integer(1), askedHost: "x") == nil)
         // A partial map: the slot is in no range.
-        let partial = try #require(ClusterSlotMap.parse(.array([.array([.integer(0), .integer(10), node("a", 1)])]), askedHost: "x"))
+        let partial = try #require(
+            ClusterSlotMap.parse(.array([.array([.integer(0), .integer(10), node("a", 1)])]), askedHost: "x"))
         #expect(partial.master(of: 11) == nil)
     }
 
     @Test func parsesRedirections() {
-        #expect(ClusterStateMachine.parseRedirect("MOVED 4003 127.0.0.1:7101")! == (4003, RedisEndpoint(host: "127.0.0.1", port: 7101)))
+        #expect(
+            ClusterStateMachine.parseRedirect("MOVED 4003 127.0.0.1:7101")! == (
+                4003, RedisEndpoint(host: "127.0.0.1", port: 7101)
+            ))
         #expect(ClusterStateMachine.parseRedirect("ASK 1 [::1]:7000")! == (1, RedisEndpoint(host: "::1", port: 7000)))
         #expect(ClusterStateMachine.parseRedirect("MOVED 16384 a:1") == nil)
         #expect(ClusterStateMachine.parseRedirect("MOVED 1 a:0") == nil)
@@ -143,7 +156,9 @@ import Testing
     @Test func shardedScriptsPublishToTheShard() {
         for script in RedisScripts.all + [RedisEngine.reseatScript, RedisPresenceScripts.channels] {
             #expect(!script.sharded.source.contains("redis.call('PUBLISH'"))
-            #expect(script.sharded.source.replacing("redis.call('SPUBLISH'", with: "redis.call('PUBLISH'") == script.plain.source)
+            #expect(
+                script.sharded.source.replacing("redis.call('SPUBLISH'", with: "redis.call('PUBLISH'")
+                    == script.plain.source)
             #expect(script.sharded.sha != script.plain.sha || !script.plain.source.contains("PUBLISH'"))
         }
         #expect(RedisScripts.publish.sharded.source.contains("redis.call('SPUBLISH'"))
@@ -158,8 +173,11 @@ import Testing
         #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 3) == .milliseconds(80))
         #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 9) == .milliseconds(500))
         #expect(ClusterStateMachine.retryDelay(after: ask, attempt: 10) == nil)
-        for message in ["TRYAGAIN Multiple keys request during rehashing of slot", "MOVED 1 a:1", "CLUSTERDOWN The cluster is down"] {
-            #expect(ClusterStateMachine.retryDelay(after: RedisError(.server, message), attempt: 0) != nil, "\(message)")
+        for message in [
+            "TRYAGAIN Multiple keys request during rehashing of slot", "MOVED 1 a:1", "CLUSTERDOWN The cluster is down",
+        ] {
+            #expect(
+                ClusterStateMachine.retryDelay(after: RedisError(.server, message), attempt: 0) != nil, "\(message)")
         }
         // Errors of the script itself, or a lost connection (the script may have run): not again.
         #expect(ClusterStateMachine.retryDelay(after: RedisError(.server, "ERR user_script:1: bad"), attempt: 0) == nil)

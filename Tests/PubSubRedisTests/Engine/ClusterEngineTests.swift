@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -139,7 +140,8 @@ import PubSubTesting
     @Test func resumeWorksAcrossNodes() async throws {
         try await withCluster(.redis, nodes: 2) { cluster in
             let (a, b) = (cluster.nodes[0], cluster.nodes[1])
-            let handshake = try await a.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let handshake = try await a.reply(
+                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
             let token = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
             _ = try await a.publish("/r", "1")
             _ = try await b.publish("/r", "2")
@@ -164,11 +166,13 @@ import PubSubTesting
             try await a.settle()
             let first = try #require(try await a.connect(cid)?.result.events.first)
             let token = try #require(
-                try JSONParser().parse(first.json).arrayValue?[0].objectValue?["ext"]?.objectValue?["position"]?.stringValue)
+                try JSONParser().parse(first.json).arrayValue?[0].objectValue?["ext"]?.objectValue?["position"]?
+                    .stringValue)
             var noHistory = cluster.configuration
             noHistory.historySize = 0
             let engine = RedisEngine(
-                configuration: noHistory, settings: RedisEngineConfiguration(redis: try RedisConfiguration(url: cluster.server!.url)))
+                configuration: noHistory,
+                settings: RedisEngineConfiguration(redis: try RedisConfiguration(url: cluster.server!.url)))
             try await engine.start(timeout: .seconds(10)).get()
             let other = Node(broker: Broker(configuration: noHistory, engine: engine), redis: engine, loop: a.loop)
             _ = try await other.publish("/h", "2")
@@ -246,9 +250,13 @@ import PubSubTesting
             let c = try #require(try await b.connect(cid))
             #expect(c.result.status == .ok)
             #expect(NIODeadline.now() - started < .seconds(2))
-            let handedOver = c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! }
+            let handedOver = c.result.events.map {
+                try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]!
+            }
             let abandoned = b.redis!.redisStatistics.abandonedHandoffs
-            #expect(handedOver == ["queued on a"] && abandoned == 0 || handedOver == [] && abandoned == 1, "\(handedOver) \(abandoned)")
+            #expect(
+                handedOver == ["queued on a"] && abandoned == 0 || handedOver == [] && abandoned == 1,
+                "\(handedOver) \(abandoned)")
             _ = try await b.publish("/h", #""live""#)
             try await b.settle()
             #expect(try await b.receive(cid) == ["live"])

@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -34,7 +35,10 @@ extension EngineConformanceTests {
                 Issue.record("not a connect: \(again)")
                 return
             }
-            #expect(c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! } == [1, 2, 3])
+            #expect(
+                c.result.events.map { try! JSONParser().parse($0.json).arrayValue![0].objectValue!["data"]! } == [
+                    1, 2, 3,
+                ])
             // On the same live connection, nothing goes out twice.
             _ = try await h.publish("/r", "4")
             try await h.settle()
@@ -70,7 +74,8 @@ extension EngineConformanceTests {
         try await withCluster(kind) { cluster in
             let h = cluster.first
             let handshake = try await h.reply(
-                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"],"ext":{"ack":true}}"#)
+                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"],"ext":{"ack":true}}"#
+            )
             #expect(handshake["ext"]?.objectValue?["ack"] == .bool(true))
             let cid = try #require(handshake["clientId"]?.stringValue)
             _ = try await h.subscribe(cid, "/r")

@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -24,7 +25,10 @@ import PubSubTesting
             _ = try await other.subscribe(b, "/room")
             for node in cluster.nodes {
                 let counts = try await node.queries.channels(on: node.loop).get()
-                #expect(Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) }) == ["/room": 2, "/jobs/**": 1])
+                #expect(
+                    Dictionary(uniqueKeysWithValues: counts.map { ($0.channel, $0.subscribers) }) == [
+                        "/room": 2, "/jobs/**": 1,
+                    ])
                 let present = try await node.queries.presence(of: "/room", now: node.now, on: node.loop).get()
                 #expect(Set(present.map(\.clientId)) == [a, b])
                 #expect(present.allSatisfy { $0.user == nil })
@@ -62,7 +66,9 @@ import PubSubTesting
             _ = try await h.subscribe(a, "/jobs/**")
             _ = try await h.subscribe(b, "/room")
             _ = try await send(
-                RESPCommand("DEL", .string(p + "pidx"), .string(p + "chans"), .string(p + "m:/room"), .string(p + "m:/jobs/**")))
+                RESPCommand(
+                    "DEL", .string(p + "pidx"), .string(p + "chans"), .string(p + "m:/room"), .string(p + "m:/jobs/**"))
+            )
             #expect(try await counts() == ["/room": 2, "/jobs/**": 1])
             #expect(try await present("/room") == [a, b])
             #expect(try await send(RESPCommand("EXISTS", .string(p + "pidx"))).int == 1)
@@ -120,14 +126,19 @@ import PubSubTesting
                 ).get()
                 positions.append(try #require(try position.get()))
             }
-            let recent = try await h.queries.history(of: "/h", since: positions[2], limit: 10, now: h.now, on: h.loop).get()
+            let recent = try await h.queries.history(of: "/h", since: positions[2], limit: 10, now: h.now, on: h.loop)
+                .get()
             #expect(recent.recovered && !recent.truncated)
-            #expect(recent.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [3, 4])
-            let paged = try await h.queries.history(of: "/h", since: positions[2], limit: 1, now: h.now, on: h.loop).get()
+            #expect(
+                recent.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [3, 4])
+            let paged = try await h.queries.history(of: "/h", since: positions[2], limit: 1, now: h.now, on: h.loop)
+                .get()
             #expect(paged.recovered && paged.truncated && paged.events.count == 1)
-            let old = try await h.queries.history(of: "/h", since: positions[0], limit: 10, now: h.now, on: h.loop).get()
+            let old = try await h.queries.history(of: "/h", since: positions[0], limit: 10, now: h.now, on: h.loop)
+                .get()
             #expect(!old.recovered && old.events.count == 3)
-            let garbage = try await h.queries.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop).get()
+            let garbage = try await h.queries.history(of: "/h", since: "nonsense", limit: 10, now: h.now, on: h.loop)
+                .get()
             #expect(!garbage.recovered && garbage.events.isEmpty)
             // Well-formed tokens this broker never made (of its epoch): each names some 64-bit sequence, about
             // half of them beyond what a signed integer holds. Answered, never a crash.
@@ -137,14 +148,20 @@ import PubSubTesting
                 let page = try await h.queries.history(of: "/h", since: forged, limit: 10, now: h.now, on: h.loop).get()
                 #expect(!page.recovered)
             }
-            let wildcard = try await h.queries.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop).get()
+            let wildcard = try await h.queries.history(of: "/*", since: positions[3], limit: 10, now: h.now, on: h.loop)
+                .get()
             // Over shards, an event's position speaks for its own shard only: `/*` spans them all.
             #expect(wildcard.recovered == (kind != .redisShards) && wildcard.events.map(\.channel) == ["/h"])
             // The engine's position (the handshake's) speaks for every shard.
             let now = try #require(h.engine.position)
-            _ = try await h.broker.publishFromAPI(channel: "/h", data: JSONValue(5), ext: nil, now: h.now, on: h.loop).get()
+            _ = try await h.broker.publishFromAPI(channel: "/h", data: JSONValue(5), ext: nil, now: h.now, on: h.loop)
+                .get()
             let since = try await h.queries.history(of: "/*", since: now, limit: 10, now: h.now, on: h.loop).get()
-            #expect(since.recovered && since.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [5])
+            #expect(
+                since.recovered
+                    && since.events.map { try! JSONParser().parse($0.event).arrayValue![0].objectValue!["data"]! } == [
+                        5
+                    ])
         }
     }
 

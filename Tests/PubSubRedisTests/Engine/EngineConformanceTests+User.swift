@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -72,9 +73,11 @@ import PubSubTesting
             try await engine.setGrant(cid, grant: SessionGrant(user: "42").encoded, on: h.loop).get()
             // As after a Redis restart that lost the data: the session is registered again without its fields.
             _ = try await engine.commands.send(
-                RESPCommand("HDEL", .string(engine.keyPrefix + "c:" + cid), "user", "grant")).get()
+                RESPCommand("HDEL", .string(engine.keyPrefix + "c:" + cid), "user", "grant")
+            ).get()
             #expect(try await engine.user(of: cid, on: h.loop).get() == "42")
-            #expect(try await engine.grant(of: cid, on: h.loop).get().flatMap(SessionGrant.init(encoded:))?.user == "42")
+            #expect(
+                try await engine.grant(of: cid, on: h.loop).get().flatMap(SessionGrant.init(encoded:))?.user == "42")
         }
     }
 }

@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -18,7 +19,9 @@ import PubSubTesting
             let second = try #require(try await h.connect(cid, sink: sink))
             #expect(!second.result.answerNow && second.result.attached)
             #expect(try await h.subscribe(cid, "/foo/*")["successful"] == true)
-            #expect(try await h.reply(#"{"channel":"/foo/bar","data":{"hello":"world"},"clientId":"\#(cid)","id":"18"}"#)["successful"] == true)
+            #expect(
+                try await h.reply(#"{"channel":"/foo/bar","data":{"hello":"world"},"clientId":"\#(cid)","id":"18"}"#)[
+                    "successful"] == true)
             try await h.settle()
             #expect(sink.events == [json(#"{"channel":"/foo/bar","data":{"hello":"world"},"id":"18"}"#)])
         }
@@ -43,7 +46,8 @@ import PubSubTesting
             let h = cluster.first
             let cid = try await h.handshake()
             _ = try await h.connect(cid)
-            let reply = try await h.reply(#"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/a/b","/a/*","/x/**","/**"]}"#)
+            let reply = try await h.reply(
+                #"{"channel":"/meta/subscribe","clientId":"\#(cid)","subscription":["/a/b","/a/*","/x/**","/**"]}"#)
             #expect(reply["successful"] == true)
             _ = try await h.publish("/a/zz", #""a""#)
             _ = try await h.publish("/x/y/z", #""x""#)
@@ -69,7 +73,9 @@ import PubSubTesting
             #expect(try await h.subscribe(cid, "/a")["successful"] == true)
             #expect(try await h.subscribe(cid, "/b")["successful"] == true)
             #expect(try await h.subscribe(cid, "/c")["error"] == "403:/c:Subscription limit reached")
-            #expect(try await h.reply(#"{"channel":"/meta/unsubscribe","clientId":"\#(cid)","subscription":"/a"}"#)["successful"] == true)
+            #expect(
+                try await h.reply(#"{"channel":"/meta/unsubscribe","clientId":"\#(cid)","subscription":"/a"}"#)[
+                    "successful"] == true)
             #expect(try await h.subscribe(cid, "/c")["successful"] == true)
             _ = try await h.publish("/a", "1")
             _ = try await h.publish("/c", "2")
@@ -115,7 +121,9 @@ import PubSubTesting
             #expect(try await h.reply(#"{"channel":"/meta/disconnect","clientId":"\#(cid)"}"#)["successful"] == true)
             try await h.settle()
             #expect(sink.detaches == [.disconnected])
-            #expect(try await h.reply(#"{"channel":"/meta/disconnect","clientId":"\#(cid)"}"#)["error"] == .string("401:\(cid):Unknown client"))
+            #expect(
+                try await h.reply(#"{"channel":"/meta/disconnect","clientId":"\#(cid)"}"#)["error"]
+                    == .string("401:\(cid):Unknown client"))
         }
     }
 
@@ -153,7 +161,8 @@ import PubSubTesting
                 Issue.record("no event")
                 return
             }
-            let token = try JSONParser().parse(last.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+            let token = try JSONParser().parse(last.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!
+                .stringValue!
             _ = try await h.reply(#"{"channel":"/meta/disconnect","clientId":"\#(cid)"}"#)
             _ = try await h.publish("/room/a", "2")
             _ = try await h.publish("/other", "99")
@@ -178,7 +187,8 @@ import PubSubTesting
     func aTokenOlderThanTheHistoryIsNotRecovered(_ kind: EngineKind) async throws {
         try await withCluster(kind, configuration: BrokerConfiguration(historySize: 3)) { cluster in
             let h = cluster.first
-            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let handshake = try await h.reply(
+                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
             let token = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
             for i in 1...5 { _ = try await h.publish("/a", "\(i)") }
             let cid = try await h.handshake()
@@ -199,11 +209,13 @@ import PubSubTesting
             for i in 1...3 { _ = try await h.publish("/p", "\(i)") }
             try await h.settle()
             let events = try #require(try await h.connect(cid)).result.events.map {
-                try JSONParser().parse($0.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!.stringValue!
+                try JSONParser().parse($0.json).arrayValue![0].objectValue!["ext"]!.objectValue!["position"]!
+                    .stringValue!
             }
             #expect(events.count == 3)
             #expect(events.allSatisfy { $0.hasPrefix("2.") })
-            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let handshake = try await h.reply(
+                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
             let position = handshake["ext"]?.objectValue?["position"]?.stringValue
             if let map = h.sharded?.map {
                 // One part per shard; /p's shard's part is its last event's position.
@@ -227,7 +239,8 @@ import PubSubTesting
             cluster in
             let h = cluster.first
             let pad = String(repeating: "x", count: 1000)
-            let handshake = try await h.reply(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
+            let handshake = try await h.reply(
+                #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#)
             let start = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
             let cid = try await h.handshake()
             _ = try await h.connect(cid)
@@ -269,7 +282,9 @@ import PubSubTesting
             #expect(got == [7])
             if let redis = h.redis {
                 // The byte total kept in Redis is the sum of what its history list holds.
-                let list = try await redis.commands.send(RESPCommand("LRANGE", .string(redis.keyPrefix + "history"), "0", "-1")).get()
+                let list = try await redis.commands.send(
+                    RESPCommand("LRANGE", .string(redis.keyPrefix + "history"), "0", "-1")
+                ).get()
                 let total = try await redis.commands.send(RESPCommand("GET", .string(redis.keyPrefix + "hbytes"))).get()
                 let sum = (list.array ?? []).reduce(0) { $0 + ($1.buffer?.readableBytes ?? 0) }
                 #expect(list.array?.count == 1)

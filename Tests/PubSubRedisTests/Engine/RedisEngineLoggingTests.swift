@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import PubSubTesting
 import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -26,7 +27,8 @@ import Testing
         let lines = NIOLockedValueBox<[(String, Logger.Metadata)]>([])
         let configuration = BrokerConfiguration(maxQueue: 3)
         let engine = RedisEngine(
-            configuration: configuration, settings: RedisEngineConfiguration(redis: try RedisConfiguration(url: server.url)),
+            configuration: configuration,
+            settings: RedisEngineConfiguration(redis: try RedisConfiguration(url: server.url)),
             logger: Logger(label: "test") { _ in Handler(lines: lines) })
         try await engine.start(timeout: .seconds(10)).get()
         let loop = engine.commands.eventLoop

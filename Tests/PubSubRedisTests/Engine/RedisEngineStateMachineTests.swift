@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// The Redis engine's phases, driven without sockets.
@@ -79,7 +80,9 @@ import Testing
             return
         }
         #expect(again != fill)
-        #expect(m.fillFinished(again, .init()) == .resume(buffered: [event(1), event(2)], found: .init(), sessionsAtCut: []))
+        #expect(
+            m.fillFinished(again, .init())
+                == .resume(buffered: [event(1), event(2)], found: .init(), sessionsAtCut: []))
     }
 
     @Test func aCutDuringAFillStartsItAgainOnceSubscribed() {

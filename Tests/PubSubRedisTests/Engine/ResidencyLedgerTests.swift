@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// Which connects skip the `touch` script, and the batches (expiry refreshes, then a barrier) that replace it.

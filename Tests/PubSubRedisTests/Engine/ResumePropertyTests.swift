@@ -1,7 +1,8 @@
 import Bayeux
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -32,7 +33,8 @@ import PubSubTesting
                     let id = handshake["clientId"]!.stringValue!
                     let now = try #require(handshake["ext"]?.objectValue?["position"]?.stringValue)
                     _ = try await nodes[n].connect(id)
-                    let reply = try await nodes[n].subscribe(id, "/a/*", ext: resume.map { #"{"resume":"\#($0)"}"# } ?? "")
+                    let reply = try await nodes[n].subscribe(
+                        id, "/a/*", ext: resume.map { #"{"resume":"\#($0)"}"# } ?? "")
                     let flag = reply["ext"]?.objectValue?["resume"]?.objectValue?["recovered"]
                     let recovered: Bool? = flag == .bool(true) ? true : flag == .bool(false) ? false : nil
                     // A recovered client goes on from its own token; one that was not starts over from "now".

@@ -1,6 +1,7 @@
 import NIOCore
-import Testing
 import PubSubTesting
+import Testing
+
 @testable import PubSubRedis
 
 @Suite struct RESPEncoderTests {
@@ -20,10 +21,14 @@ import PubSubTesting
         #expect(bytes(RESPCommand("PING")) == "*1\r\n$4\r\nPING\r\n")
         #expect(bytes(RESPCommand("SET", "k", "v")) == "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
         #expect(bytes(RESPCommand("INCRBY", "k", .integer(-42))) == "*3\r\n$6\r\nINCRBY\r\n$1\r\nk\r\n$3\r\n-42\r\n")
-        #expect(bytes(RESPCommand("X", .integer(0), .integer(Int64.min))) == "*3\r\n$1\r\nX\r\n$1\r\n0\r\n$20\r\n-9223372036854775808\r\n")
+        #expect(
+            bytes(RESPCommand("X", .integer(0), .integer(Int64.min)))
+                == "*3\r\n$1\r\nX\r\n$1\r\n0\r\n$20\r\n-9223372036854775808\r\n")
         #expect(bytes(RESPCommand("ECHO", "")) == "*2\r\n$4\r\nECHO\r\n$0\r\n\r\n")
         // Binary-safe: CRLF and non-ASCII inside an argument are length-prefixed, not escaped.
-        #expect(bytes(RESPCommand("ECHO", .bytes(ByteBuffer(bytes: [0x0D, 0x0A, 0x00, 0xFF])))) == "*2\r\n$4\r\nECHO\r\n$4\r\n\r\n\u{0}\u{FFFD}\r\n")
+        #expect(
+            bytes(RESPCommand("ECHO", .bytes(ByteBuffer(bytes: [0x0D, 0x0A, 0x00, 0xFF]))))
+                == "*2\r\n$4\r\nECHO\r\n$4\r\n\r\n\u{0}\u{FFFD}\r\n")
         #expect(bytes(RESPCommand("ECHO", "é")) == "*2\r\n$4\r\nECHO\r\n$2\r\né\r\n")
     }
 
@@ -36,7 +41,9 @@ import PubSubTesting
         #expect(bytes(.bulkString(ByteBuffer(string: "hello"))) == "$5\r\nhello\r\n")
         #expect(bytes(.array(nil)) == "*-1\r\n")
         #expect(bytes(.array([])) == "*0\r\n")
-        #expect(bytes(.array([.integer(1), .array([.bulkString(ByteBuffer(string: "a"))])])) == "*2\r\n:1\r\n*1\r\n$1\r\na\r\n")
+        #expect(
+            bytes(.array([.integer(1), .array([.bulkString(ByteBuffer(string: "a"))])]))
+                == "*2\r\n:1\r\n*1\r\n$1\r\na\r\n")
     }
 }
 
@@ -63,7 +70,10 @@ import PubSubTesting
         #expect(try value("$4\r\na\r\nb\r\n") == .bulkString(ByteBuffer(string: "a\r\nb")))
         #expect(
             try value("*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nabc\r\n")
-                == .array([.bulkString(ByteBuffer(string: "message")), .bulkString(ByteBuffer(string: "ch")), .bulkString(ByteBuffer(string: "abc"))]))
+                == .array([
+                    .bulkString(ByteBuffer(string: "message")), .bulkString(ByteBuffer(string: "ch")),
+                    .bulkString(ByteBuffer(string: "abc")),
+                ]))
         #expect(try value("*2\r\n*1\r\n:1\r\n*-1\r\n") == .array([.array([.integer(1)]), .array(nil)]))
     }
 
@@ -124,8 +134,10 @@ import PubSubTesting
 
     @Test func roundTrip() throws {
         let values: [RESPValue] = [
-            .array([.integer(-7), .bulkString(nil), .error("E"), .simpleString(ByteBuffer(string: "s")),
-                .array([.bulkString(ByteBuffer(bytes: [0, 13, 10, 255]))]), .array(nil), .array([])]),
+            .array([
+                .integer(-7), .bulkString(nil), .error("E"), .simpleString(ByteBuffer(string: "s")),
+                .array([.bulkString(ByteBuffer(bytes: [0, 13, 10, 255]))]), .array(nil), .array([]),
+            ])
         ]
         for v in values {
             var buffer = ByteBuffer()
@@ -187,8 +199,10 @@ import PubSubTesting
         #expect(full.redacted == "redis://:***@example.test:6380/3")
     }
 
-    @Test(arguments: ["http://x", "redis://h:0", "redis://h:99999", "redis://h:1/x", "redis://:%zz@h", "redis://h:port",
-                      "redis://[::1", "redis://[::1]x", "redis://h:+80"])
+    @Test(arguments: [
+        "http://x", "redis://h:0", "redis://h:99999", "redis://h:1/x", "redis://:%zz@h", "redis://h:port",
+        "redis://[::1", "redis://[::1]x", "redis://h:+80",
+    ])
     func rejects(_ url: String) {
         #expect(throws: RedisConfiguration.URLError.self) { try RedisConfiguration(url: url) }
     }

@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import PubSubTesting
 import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 
@@ -32,10 +33,12 @@ import Testing
         _ = try await waitUntil(timeout: .seconds(15), interval: .milliseconds(50)) {
             let replicas = try? await probe.send(RESPCommand("SENTINEL", "REPLICAS", "mymaster")).get()
             let link = try? await RedisClient.request(
-                [RESPCommand("INFO", "replication")], configuration: RedisConfiguration(), to: RedisEndpoint(host: "127.0.0.1", port: replica.port),
+                [RESPCommand("INFO", "replication")], configuration: RedisConfiguration(),
+                to: RedisEndpoint(host: "127.0.0.1", port: replica.port),
                 on: loop
             ).get()
-            known = (replicas?.array?.isEmpty == false) && (link?.first?.string?.contains("master_link_status:up") ?? false)
+            known =
+                (replicas?.array?.isEmpty == false) && (link?.first?.string?.contains("master_link_status:up") ?? false)
             return known
         }
         #expect(known)

@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubRedis
 
 /// Discovery and failover decisions, driven without sockets.
@@ -95,25 +96,33 @@ import Testing
 
     @Test func parsesSentinelReplies() {
         #expect(
-            SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379 10.0.1.2 6380")! == ("mymaster", RedisEndpoint(host: "10.0.1.2", port: 6380)))
+            SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379 10.0.1.2 6380")! == (
+                "mymaster", RedisEndpoint(host: "10.0.1.2", port: 6380)
+            ))
         #expect(SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379") == nil)
         #expect(SentinelStateMachine.parseSwitchMaster("mymaster 10.0.1.1 6379 10.0.1.2 99999") == nil)
-        let address = RESPValue.array([.bulkString(ByteBuffer(string: "10.0.1.2")), .bulkString(ByteBuffer(string: "6380"))])
-        #expect(SentinelStateMachine.parseMasterAddress(address) == .master(RedisEndpoint(host: "10.0.1.2", port: 6380)))
+        let address = RESPValue.array([
+            .bulkString(ByteBuffer(string: "10.0.1.2")), .bulkString(ByteBuffer(string: "6380")),
+        ])
+        #expect(
+            SentinelStateMachine.parseMasterAddress(address) == .master(RedisEndpoint(host: "10.0.1.2", port: 6380)))
         #expect(SentinelStateMachine.parseMasterAddress(.array(nil)) == .unknownName)
         #expect(SentinelStateMachine.parseMasterAddress(.error("ERR no such")) == .failed("ERR no such"))
         #expect(SentinelStateMachine.parseMasterAddress(.integer(1)) != .unknownName)
-        #expect(SentinelStateMachine.parseRole(.array([.bulkString(ByteBuffer(string: "master")), .integer(0)])) == "master")
+        #expect(
+            SentinelStateMachine.parseRole(.array([.bulkString(ByteBuffer(string: "master")), .integer(0)])) == "master"
+        )
         #expect(SentinelStateMachine.parseRole(.integer(1)) == nil)
     }
 
     @Test func readsTheSentinelListAndTheMasterName() throws {
         let (plain, master) = try RedisSentinelConfiguration.parse(
             sentinels: "127.0.0.1:26379, 127.0.0.2 ,[::1]:26380", masterName: "mymaster")
-        #expect(plain.sentinels == [
-            RedisEndpoint(host: "127.0.0.1", port: 26379), RedisEndpoint(host: "127.0.0.2", port: 26379),
-            RedisEndpoint(host: "::1", port: 26380),
-        ])
+        #expect(
+            plain.sentinels == [
+                RedisEndpoint(host: "127.0.0.1", port: 26379), RedisEndpoint(host: "127.0.0.2", port: 26379),
+                RedisEndpoint(host: "::1", port: 26380),
+            ])
         #expect(plain.masterName == "mymaster")
         #expect(!master.tls && master.password == nil && master.database == 0)
         #expect(!plain.sentinelConnection.tls)

@@ -2,6 +2,7 @@ import Bayeux
 import NIOCore
 import PubSubTesting
 import Testing
+
 @testable import PubSubCore
 @testable import PubSubRedis
 

@@ -4,6 +4,7 @@ import NIOPosix
 import PubSubCore
 import PubSubTesting
 import Testing
+
 @testable import PubSubRedis
 
 /// The fan-in of a connection over shards, driven through its proxies as the shards' local stores drive them

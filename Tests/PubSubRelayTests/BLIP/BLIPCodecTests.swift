@@ -1,5 +1,5 @@
-import Testing
 import PubSubTesting
+import Testing
 
 @testable import PubSubRelay
 
@@ -37,8 +37,10 @@ import PubSubTesting
     /// Second frame: flags 0x00 (last), the rest of `[[13,"doc1","1-a"],[14,"doc2","2-b",true]]`.
     static let changesFrame2: [UInt8] = [
         0x01, 0x00,
-        0x33, 0x2C, 0x22, 0x64, 0x6F, 0x63, 0x31, 0x22, 0x2C, 0x22, 0x31, 0x2D, 0x61, 0x22, 0x5D, 0x2C,  // 3,"doc1","1-a"],
-        0x5B, 0x31, 0x34, 0x2C, 0x22, 0x64, 0x6F, 0x63, 0x32, 0x22, 0x2C, 0x22, 0x32, 0x2D, 0x62, 0x22,  // [14,"doc2","2-b"
+        // 3,"doc1","1-a"],
+        0x33, 0x2C, 0x22, 0x64, 0x6F, 0x63, 0x31, 0x22, 0x2C, 0x22, 0x31, 0x2D, 0x61, 0x22, 0x5D, 0x2C,
+        // [14,"doc2","2-b"
+        0x5B, 0x31, 0x34, 0x2C, 0x22, 0x64, 0x6F, 0x63, 0x32, 0x22, 0x2C, 0x22, 0x32, 0x2D, 0x62, 0x22,
         0x2C, 0x74, 0x72, 0x75, 0x65, 0x5D, 0x5D,  // ,true]]
         0x14, 0xD9, 0x27, 0xF7,
     ]
@@ -70,7 +72,8 @@ import PubSubTesting
         #expect(BLIPVarint.encode(50000) == [0xD0, 0x86, 0x03])
         #expect(BLIPVarint.encode(UInt64.max) == [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01])
         var offset = 0
-        #expect(BLIPVarint.read([0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], at: &offset) == UInt64.max)
+        #expect(
+            BLIPVarint.read([0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], at: &offset) == UInt64.max)
         offset = 0
         #expect(BLIPVarint.read([0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02], at: &offset) == nil)
         offset = 0
@@ -80,9 +83,11 @@ import PubSubTesting
     @Test func encodesTheSubChangesRequestByteForByte() throws {
         var encoder = BLIPFrameEncoder()
         let number = encoder.nextRequestNumber()
-        let message = BLIPMessage(type: .request, number: number, properties: [
-            ("Profile", "subChanges"), ("since", "\"12::34\""), ("continuous", "true"), ("batch", "200"),
-        ])
+        let message = BLIPMessage(
+            type: .request, number: number,
+            properties: [
+                ("Profile", "subChanges"), ("since", "\"12::34\""), ("continuous", "true"), ("batch", "200"),
+            ])
         #expect(try encoder.frames(for: message) == [Self.subChangesFrame])
     }
 
@@ -93,8 +98,9 @@ import PubSubTesting
         // The ERR frame from a fresh checksum: same header and payload as the golden one (whose CRC continues the
         // server's stream), and the CRC of the payload alone.
         var fresh = BLIPFrameEncoder()
-        let error = BLIPMessage(type: .error, number: 2, properties: [("Error-Domain", "HTTP"), ("Error-Code", "400")],
-                                body: Array("Invalid sequence".utf8))
+        let error = BLIPMessage(
+            type: .error, number: 2, properties: [("Error-Domain", "HTTP"), ("Error-Code", "400")],
+            body: Array("Invalid sequence".utf8))
         let frames = try fresh.frames(for: error)
         #expect(frames.count == 1)
         #expect(frames[0].dropLast(4).elementsEqual(Self.errorFrame.dropLast(4)))
@@ -103,8 +109,9 @@ import PubSubTesting
 
     @Test func splitsLongMessagesWithMoreComing() throws {
         var encoder = BLIPFrameEncoder(maxFramePayload: 20)
-        let changes = BLIPMessage(type: .request, number: 1, properties: [("Profile", "changes")],
-                                  body: Array(#"[[13,"doc1","1-a"],[14,"doc2","2-b",true]]"#.utf8))
+        let changes = BLIPMessage(
+            type: .request, number: 1, properties: [("Profile", "changes")],
+            body: Array(#"[[13,"doc1","1-a"],[14,"doc2","2-b",true]]"#.utf8))
         let frames = try encoder.frames(for: changes)
         #expect(frames.map(\.count) == [2 + 20 + 4, 2 + 20 + 4, 2 + 19 + 4])
         #expect(frames.map { $0[1] } == [0x40, 0x40, 0x00])
@@ -121,9 +128,13 @@ import PubSubTesting
         #expect(try decoder.receive(Self.replyFrame) == [.message(BLIPMessage(type: .response, number: 1))])
         #expect(try decoder.receive(Self.changesFrame1) == [])
         let changes = try decoder.receive(Self.changesFrame2)
-        #expect(changes == [.message(BLIPMessage(
-            type: .request, number: 1, properties: [("Profile", "changes")],
-            body: Array(#"[[13,"doc1","1-a"],[14,"doc2","2-b",true]]"#.utf8)))])
+        #expect(
+            changes == [
+                .message(
+                    BLIPMessage(
+                        type: .request, number: 1, properties: [("Profile", "changes")],
+                        body: Array(#"[[13,"doc1","1-a"],[14,"doc2","2-b",true]]"#.utf8)))
+            ])
         let error = try decoder.receive(Self.errorFrame)
         guard case .message(let message)? = error.first else {
             Issue.record("no ERR message")
@@ -133,8 +144,13 @@ import PubSubTesting
         #expect(message["Error-Domain"] == "HTTP" && message["Error-Code"] == "400")
         #expect(message.errorDescription == "HTTP 400 Invalid sequence")
         let compressed = try decoder.receive(Self.compressedFrame)
-        #expect(compressed == [.message(BLIPMessage(type: .response, number: 3, flags: .compressed,
-                                                    body: Array("hello hello hello hello".utf8)))])
+        #expect(
+            compressed == [
+                .message(
+                    BLIPMessage(
+                        type: .response, number: 3, flags: .compressed,
+                        body: Array("hello hello hello hello".utf8)))
+            ])
         #expect(try decoder.receive(Self.ackFrame) == [.ack(.request, number: 5, received: 50000)])
         #expect(decoder.checksum.value == 0x56E5_E95A)
     }
@@ -145,8 +161,10 @@ import PubSubTesting
         func frame(_ flags: UInt8, _ payload: [UInt8]) -> [UInt8] {
             crc.update(payload)
             let value = crc.value
-            return [0x01, flags] + payload + [UInt8(value >> 24), UInt8(value >> 16 & 0xFF), UInt8(value >> 8 & 0xFF),
-                                              UInt8(value & 0xFF)]
+            return [0x01, flags] + payload + [
+                UInt8(value >> 24), UInt8(value >> 16 & 0xFF), UInt8(value >> 8 & 0xFF),
+                UInt8(value & 0xFF),
+            ]
         }
         let request = [0x0A] + Array("Profile\0x\0".utf8) + Array("[1,2,3]".utf8)
         let reply = [0x00] + Array("reply body".utf8)
@@ -160,10 +178,11 @@ import PubSubTesting
         for frame in frames {
             for case .message(let message) in try decoder.receive(frame) { messages.append(message) }
         }
-        #expect(messages == [
-            BLIPMessage(type: .response, number: 1, body: Array("reply body".utf8)),
-            BLIPMessage(type: .request, number: 1, properties: [("Profile", "x")], body: Array("[1,2,3]".utf8)),
-        ])
+        #expect(
+            messages == [
+                BLIPMessage(type: .response, number: 1, body: Array("reply body".utf8)),
+                BLIPMessage(type: .request, number: 1, properties: [("Profile", "x")], body: Array("[1,2,3]".utf8)),
+            ])
     }
 
     @Test func compressedMultiFrameMessagesRoundTripAndAskForACKs() throws {
@@ -171,9 +190,11 @@ import PubSubTesting
         var decoder = BLIPFrameDecoder()
         // Hardly compressible: random document ids, so the frames stay large after deflate.
         var random = SeededGenerator(seed: 42)
-        let body = (0..<8000).map { "[\($0),\"\(String(random.next(), radix: 36))\",\"1-abcdef\"]" }.joined(separator: ",")
-        let message = BLIPMessage(type: .request, number: 7, properties: [("Profile", "changes")],
-                                  body: Array("[\(body)]".utf8))
+        let body = (0..<8000).map { "[\($0),\"\(String(random.next(), radix: 36))\",\"1-abcdef\"]" }.joined(
+            separator: ",")
+        let message = BLIPMessage(
+            type: .request, number: 7, properties: [("Profile", "changes")],
+            body: Array("[\(body)]".utf8))
         let frames = try encoder.frames(for: message, compress: true)
         #expect(frames.count > 10)
         #expect(frames.allSatisfy { $0[1] & 0x08 != 0 })
@@ -210,7 +231,9 @@ import PubSubTesting
             var decoder = BLIPFrameDecoder(maxMessageSize: 1 << 16)
             let frames = round % 3 == 0 ? 1 : 4
             for _ in 0..<frames {
-                var frame = (0..<Int.random(in: 0...64, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                var frame = (0..<Int.random(in: 0...64, using: &generator)).map { _ in
+                    UInt8.random(in: 0...255, using: &generator)
+                }
                 if round % 2 == 0, frame.count > 2 { frame[1] = UInt8.random(in: 0...0x7F, using: &generator) }
                 do { _ = try decoder.receive(frame) } catch is RelayError {} catch {
                     Issue.record("unexpected error type \(error)")

@@ -3,11 +3,11 @@ import Logging
 import RelayFakes
 import Testing
 
+@testable import PubSubRelay
+
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubRelay
 
 /// `pubsub relay blip --route`: with routes the source asks Sync Gateway for every revision's body (its reply to
 /// `changes` is `[[], …]`, and the bodies come in `rev` messages) without `--include-doc`; each change goes to its
@@ -19,8 +19,11 @@ import Testing
 
     static func source(_ server: BLIPSourceTests.Server) throws -> BLIPChangeSource {
         // What `pubsub relay blip --route …` gives the source: routes need the documents.
-        let settings = FeedSettings(["sg_url": .string("ws://127.0.0.1:\(server.port)/db"), "batch": 3,
-                                     "route": .array(routes.map { .string($0.description) })], context: "feeds[0]")
+        let settings = FeedSettings(
+            [
+                "sg_url": .string("ws://127.0.0.1:\(server.port)/db"), "batch": 3,
+                "route": .array(routes.map { .string($0.description) }),
+            ], context: "feeds[0]")
         var configuration = try BLIPChangeSource.Configuration(settings: settings)
         configuration.reconnectDelay = .milliseconds(20)
         return BLIPChangeSource(configuration: configuration, logger: RoutedRelay.quiet)
@@ -28,10 +31,12 @@ import Testing
 
     @Test func routesAskForTheRevisionBodiesWithoutIncludeDoc() throws {
         let routed = try BLIPChangeSource.Configuration(
-            settings: FeedSettings(["sg_url": "ws://sg:4984/db", "route": ["db=/users/{doc.owner}/notes"]],
-                                   context: "feeds[0]"))
+            settings: FeedSettings(
+                ["sg_url": "ws://sg:4984/db", "route": ["db=/users/{doc.owner}/notes"]],
+                context: "feeds[0]"))
         #expect(routed.includeDocuments)
-        let plain = try BLIPChangeSource.Configuration(settings: FeedSettings(["sg_url": "ws://sg:4984/db"], context: "feeds[0]"))
+        let plain = try BLIPChangeSource.Configuration(
+            settings: FeedSettings(["sg_url": "ws://sg:4984/db"], context: "feeds[0]"))
         #expect(!plain.includeDocuments)
     }
 
@@ -42,8 +47,9 @@ import Testing
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
-        var relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher,
-                                      directory: directory)
+        var relay = RoutedRelay.start(
+            try Self.source(server), routes: Self.routes, publisher: publisher,
+            directory: directory)
         fake.put("n1", body: ["owner": "a", "body": "1"])
         try await RoutedRelay.waitFor(1, publisher, "the insert")
         fake.put("n1", body: ["owner": "a", "body": "2"])
@@ -55,20 +61,22 @@ import Testing
         try await relay.stop(directory: directory, publisher: publisher)
         // A new relay process: what it remembers of n1 (owner b) comes from <checkpoint>.audience. Sync Gateway's
         // tombstone has no fields.
-        relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher, directory: directory)
+        relay = RoutedRelay.start(
+            try Self.source(server), routes: Self.routes, publisher: publisher, directory: directory)
         fake.put("n1", deleted: true, body: [:])
         try await RoutedRelay.waitFor(8, publisher, "the delete")
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "insert n1 /users/a/notes",
-            "update n1 /users/a/notes",
-            "update n1 /users/a/notes left",
-            "update n1 /users/b/notes joined",
-            "insert s1 /users/b/notes",
-            "insert s1 /users/a/shared",
-            "insert s1 /users/b/shared",
-            "delete n1 /users/b/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "insert n1 /users/a/notes",
+                "update n1 /users/a/notes",
+                "update n1 /users/a/notes left",
+                "update n1 /users/b/notes joined",
+                "insert s1 /users/b/notes",
+                "insert s1 /users/a/shared",
+                "insert s1 /users/b/shared",
+                "delete n1 /users/b/notes",
+            ])
         #expect(fake.revsSent == 5, "one rev message per entry, the tombstone's too")
         #expect(fake.protocolErrors == [])
     }
@@ -88,20 +96,22 @@ import Testing
         fake.put("bare", body: ["owner": "c"])
         fake.put("bare", deleted: true)
         fake.put("marker", body: ["owner": "m"])
-        let relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher,
-                                      directory: directory)
+        let relay = RoutedRelay.start(
+            try Self.source(server), routes: Self.routes, publisher: publisher,
+            directory: directory)
         try await RoutedRelay.waitFor(2, publisher, "the first sync")
         fake.put("moved", body: ["owner": "a"])
         try await RoutedRelay.waitFor(3, publisher, "the insert")
         fake.put("moved", deleted: true, body: ["owner": "z"])
         try await RoutedRelay.waitFor(4, publisher, "the delete")
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "delete kept /users/c/notes",
-            "insert marker /users/m/notes",
-            "insert moved /users/a/notes",
-            "delete moved /users/a/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "delete kept /users/c/notes",
+                "insert marker /users/m/notes",
+                "insert moved /users/a/notes",
+                "delete moved /users/a/notes",
+            ])
     }
 
     /// A revision Sync Gateway no longer has (`norev`, superseded meanwhile) is skipped rather than routed as a
@@ -114,8 +124,9 @@ import Testing
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
-        let relay = RoutedRelay.start(try Self.source(server), routes: Self.routes, publisher: publisher,
-                                      directory: directory)
+        let relay = RoutedRelay.start(
+            try Self.source(server), routes: Self.routes, publisher: publisher,
+            directory: directory)
         fake.put("n1", body: ["owner": "a"])
         try await RoutedRelay.waitFor(1, publisher, "the insert")
         let skipped = fake.put("n1", body: ["owner": "b"], bodyLost: true)
@@ -126,8 +137,9 @@ import Testing
         fake.put("n1", body: ["owner": "b", "body": "again"])
         try await RoutedRelay.waitFor(3, publisher, "the next revision")
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "insert n1 /users/a/notes", "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "insert n1 /users/a/notes", "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
+            ])
     }
 }

@@ -26,12 +26,16 @@ import Testing
             return Server(fake: fake, task: task, port: port.withLockedValue { $0 }!)
         }
 
-        func source(batch: Int = 200, channels: [String] = [], user: String? = nil,
-                    heartbeat: Duration = .seconds(5)) throws -> BLIPChangeSource {
+        func source(
+            batch: Int = 200, channels: [String] = [], user: String? = nil,
+            heartbeat: Duration = .seconds(5)
+        ) throws -> BLIPChangeSource {
             let url = try BLIPURL("ws://\(user.map { "\($0):secret@" } ?? "")127.0.0.1:\(port)/db")
-            return BLIPChangeSource(configuration: .init(url: url, channels: channels, batch: batch,
-                                                         heartbeat: heartbeat, reconnectDelay: .milliseconds(20)),
-                                    logger: quiet)
+            return BLIPChangeSource(
+                configuration: .init(
+                    url: url, channels: channels, batch: batch,
+                    heartbeat: heartbeat, reconnectDelay: .milliseconds(20)),
+                logger: quiet)
         }
 
         func stop() async {
@@ -46,8 +50,9 @@ import Testing
         let task: Task<Void, any Error>
 
         static func start(_ source: BLIPChangeSource, _ publisher: FakePublisher, checkpoint: String) -> Running {
-            let relay = Relay(source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
-                              logger: quiet)
+            let relay = Relay(
+                source: source, publisher: publisher, store: FileCheckpointStore(path: checkpoint),
+                logger: quiet)
             return Running(source: source, task: Task { try await relay.run() })
         }
 
@@ -59,7 +64,8 @@ import Testing
         }
     }
 
-    static func eventually(_ what: String, timeout: Duration = .seconds(30), _ condition: () async -> Bool) async throws {
+    static func eventually(_ what: String, timeout: Duration = .seconds(30), _ condition: () async -> Bool) async throws
+    {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             if await condition() { return }
@@ -102,7 +108,8 @@ import Testing
         try await run.stop()
 
         let messages = publisher.published.withLockedValue { $0 }
-        #expect(messages.map(\.channel) == ["/changes/db/a", "/changes/db/b", "/changes/db/c$2Fd$20e", "/changes/db/live"])
+        #expect(
+            messages.map(\.channel) == ["/changes/db/a", "/changes/db/b", "/changes/db/c$2Fd$20e", "/changes/db/live"])
         let data = messages.map { $0.data.objectValue! }
         #expect(data.map { $0["op"]!.stringValue! } == ["insert", "update", "delete", "insert"])
         #expect(data.map { $0["seq"]!.stringValue! } == ["1", "3", "5", "\(seq)"])
@@ -239,8 +246,9 @@ import Testing
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
-        let run = Running.start(try server.source(heartbeat: .milliseconds(200)), publisher,
-                                checkpoint: directory + "/checkpoint")
+        let run = Running.start(
+            try server.source(heartbeat: .milliseconds(200)), publisher,
+            checkpoint: directory + "/checkpoint")
         try await Self.eventually("the first sync") { ids(publisher).count == 5 && server.fake.changesAnswered == 1 }
         // The peer goes silent (no pong, no FIN): the client's pings go unanswered and it reconnects.
         server.fake.stallConnections()
@@ -300,17 +308,24 @@ import Testing
     }
 
     @Test func configurationFileFeeds() throws {
-        let settings = FeedSettings(["source": "blip", "sg_url": "ws://u:p@sg.local:4984/db", "channel": ["a", "b"],
-                                     "batch": 10, "active_only": true], context: "feeds[0]")
+        let settings = FeedSettings(
+            [
+                "source": "blip", "sg_url": "ws://u:p@sg.local:4984/db", "channel": ["a", "b"],
+                "batch": 10, "active_only": true,
+            ], context: "feeds[0]")
         let source = try FeedKind.blip.makeSource(settings, logger: Self.quiet)
         #expect(source.sourceID == "blip:sg.local:4984/db")
         let configuration = try BLIPChangeSource.Configuration(settings: settings)
         #expect(configuration.channels == ["a", "b"] && configuration.batch == 10 && configuration.activeOnly)
         #expect(configuration.url.basicAuthorization == "Basic dTpw")  // base64("u:p")
-        #expect { try FeedKind.blip.makeSource(FeedSettings(["sg_url": "http://x/db"], context: "feeds[1]"), logger: Self.quiet) }
-            throws: { "\($0)".hasPrefix("feeds[1].sg_url: ") }
-        #expect { try FeedKind.blip.makeSource(FeedSettings(["sg_url": "ws://x/db", "bach": 1], context: "feeds[2]"), logger: Self.quiet) }
-            throws: { "\($0)".hasPrefix("feeds[2].bach: unknown setting") }
+        #expect {
+            try FeedKind.blip.makeSource(
+                FeedSettings(["sg_url": "http://x/db"], context: "feeds[1]"), logger: Self.quiet)
+        } throws: { "\($0)".hasPrefix("feeds[1].sg_url: ") }
+        #expect {
+            try FeedKind.blip.makeSource(
+                FeedSettings(["sg_url": "ws://x/db", "bach": 1], context: "feeds[2]"), logger: Self.quiet)
+        } throws: { "\($0)".hasPrefix("feeds[2].bach: unknown setting") }
     }
 
     @Test func badURLsAreRefused() {

@@ -18,13 +18,14 @@ import Testing
         ]) {
             events += try parser.feed(chunk)
         }
-        #expect(events == [
-            .heartbeat,
-            .row(CouchDBRow(seq: "1", id: "a", rev: "1-x")),
-            .heartbeat,
-            .row(CouchDBRow(seq: "2-g1AAAAbc", id: "b/c", rev: "3-y", deleted: true)),
-            .end(lastSeq: "2-g1AAAAbc", pending: 7),
-        ])
+        #expect(
+            events == [
+                .heartbeat,
+                .row(CouchDBRow(seq: "1", id: "a", rev: "1-x")),
+                .heartbeat,
+                .row(CouchDBRow(seq: "2-g1AAAAbc", id: "b/c", rev: "3-y", deleted: true)),
+                .end(lastSeq: "2-g1AAAAbc", pending: 7),
+            ])
         #expect(!parser.lines.hasPartialLine)
         _ = try parser.feed(ByteBuffer(string: "{\"seq\":3,"))
         #expect(parser.lines.hasPartialLine)
@@ -39,14 +40,16 @@ import Testing
 
     @Test func longpollBodyWithHeartbeatNewlinesInsideTheJSON() throws {
         // CouchDB 3's bytes: `{"results":[\n`, heartbeats while waiting, rows joined by `,\r\n`, then the tail.
-        let body = "{\"results\":[\n\n\n{\"seq\":\"12::34\",\"id\":\"a\",\"changes\":[{\"rev\":\"2-z\"}]},\r\n"
+        let body =
+            "{\"results\":[\n\n\n{\"seq\":\"12::34\",\"id\":\"a\",\"changes\":[{\"rev\":\"2-z\"}]},\r\n"
             + "{\"seq\":35,\"id\":\"b\",\"removed\":[\"ch1\"],\"changes\":[{\"rev\":\"3-q\"}]}"
             + "\n],\n\"last_seq\":35,\"pending\":0}\n"
         let list = try CouchDBFeedParser.list(Array(body.utf8))
-        #expect(list.rows == [
-            CouchDBRow(seq: "12::34", id: "a", rev: "2-z"),
-            CouchDBRow(seq: "35", id: "b", rev: "3-q", removed: ["ch1"]),
-        ])
+        #expect(
+            list.rows == [
+                CouchDBRow(seq: "12::34", id: "a", rev: "2-z"),
+                CouchDBRow(seq: "35", id: "b", rev: "3-q", removed: ["ch1"]),
+            ])
         #expect(list.lastSeq == "35" && list.pending == 0)
         // PouchDB Server leaves out `pending`; an empty wait is only heartbeats.
         let empty = try CouchDBFeedParser.list(Array("{\"results\":[\n\n\n\n],\n\"last_seq\":9}\n".utf8))
@@ -58,16 +61,18 @@ import Testing
         var parser = EventSourceFeedParser()
         var events: [CouchDBFeedEvent] = []
         for chunk in chunks([
-            "event: heartbeat\ndata: \n\n", "data: {\"seq\":\"5-g1\",\"id\":\"x\",\"changes\":[{\"rev\":\"1-a\"}]}\nid: \"5-g",
+            "event: heartbeat\ndata: \n\n",
+            "data: {\"seq\":\"5-g1\",\"id\":\"x\",\"changes\":[{\"rev\":\"1-a\"}]}\nid: \"5-g",
             "1\"\n\n: a comment\n\r\n", "data: {\"id\":\"y\",\"changes\":[{\"rev\":\"1-b\"}]}\r\nid: 6\r\n\r\n",
         ]) {
             events += try parser.feed(chunk)
         }
-        #expect(events == [
-            .heartbeat,
-            .row(CouchDBRow(seq: "5-g1", id: "x", rev: "1-a")),
-            .row(CouchDBRow(seq: "6", id: "y", rev: "1-b")),
-        ])
+        #expect(
+            events == [
+                .heartbeat,
+                .row(CouchDBRow(seq: "5-g1", id: "x", rev: "1-a")),
+                .row(CouchDBRow(seq: "6", id: "y", rev: "1-b")),
+            ])
     }
 
     @Test func rowsBecomeChangesWithOpRevAndRemoved() {
@@ -90,8 +95,10 @@ import Testing
         let keyspace = try CouchDBURL("http://[::1]:4984/travel.inventory.hotels/")
         #expect(keyspace.collection == ["travel", "inventory", "hotels"] && keyspace.host == "[::1]")
         #expect(keyspace.feedName == "[::1]:4984/travel.inventory.hotels")
-        for bad in ["couch.example/db", "http://host:99999/db", "http://host", "http://host/", "http://host/db?x=1",
-                    "http://host/db/_changes", "ftp://host/db"] {
+        for bad in [
+            "couch.example/db", "http://host:99999/db", "http://host", "http://host/", "http://host/db?x=1",
+            "http://host/db/_changes", "ftp://host/db",
+        ] {
             expectRelayError(.invalidURL, "\(bad)") { try CouchDBURL(bad) }
         }
         let unclosed = expectRelayError(.invalidURL) { try CouchDBURL("http://u@[::1:5984/db") }
@@ -108,15 +115,18 @@ import Testing
     }
 
     @Test func configFileFeedReadsTheCLISettingsInSnakeCase() throws {
-        let configuration = try CouchDBChangeSource.Configuration(settings: try settings("""
-            {"source":"couchdb","db_url":"http://u:p@127.0.0.1:5984/sg.inv.hotels","feed":"longpoll","heartbeat":30000,
-             "channel":["a","b"],"since":"now","max_batch":50,"include_doc":true}
-            """))
+        let configuration = try CouchDBChangeSource.Configuration(
+            settings: try settings(
+                """
+                {"source":"couchdb","db_url":"http://u:p@127.0.0.1:5984/sg.inv.hotels","feed":"longpoll","heartbeat":30000,
+                 "channel":["a","b"],"since":"now","max_batch":50,"include_doc":true}
+                """))
         #expect(configuration.feed == .longpoll && configuration.heartbeat == .seconds(30))
         #expect(configuration.channels == ["a", "b"] && configuration.initialSince == "now")
         #expect(configuration.maxBatch == 50 && configuration.includeDocs && configuration.url.user == "u")
         let bad: [(String, String)] = [
-            (#"{"db_url":"ftp://x/db"}"#, "feeds[0].db_url"), (#"{"db_url":"http://h/db","feed":"normal"}"#, "feeds[0].feed"),
+            (#"{"db_url":"ftp://x/db"}"#, "feeds[0].db_url"),
+            (#"{"db_url":"http://h/db","feed":"normal"}"#, "feeds[0].feed"),
             (#"{"db_url":"http://h/db","since":"5"}"#, "feeds[0].since"), (#"{}"#, "feeds[0].db_url"),
             (#"{"db_url":"http://h/db","heartbeat":0}"#, "feeds[0].heartbeat"),
         ]

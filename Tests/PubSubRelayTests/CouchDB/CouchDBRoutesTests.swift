@@ -5,11 +5,11 @@ import NIOCore
 import RelayFakes
 import Testing
 
+@testable import PubSubRelay
+
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubRelay
 
 /// The real relay loop with routes over a document source, its checkpoint and audience memory in `directory`, as
 /// `pubsub relay <source> --route …` runs it. Also used by the BLIP and Simperium route tests.
@@ -19,12 +19,15 @@ struct RoutedRelay {
     let source: any ChangeSource
     let task: Task<Void, any Error>
 
-    static func start(_ source: any ChangeSource, routes: [Route], publisher: FakePublisher, directory: String,
-                      includeDocument: Bool = false, memory: Int = 100) -> RoutedRelay {
+    static func start(
+        _ source: any ChangeSource, routes: [Route], publisher: FakePublisher, directory: String,
+        includeDocument: Bool = false, memory: Int = 100
+    ) -> RoutedRelay {
         let relay = Relay(
             source: source, publisher: publisher, store: FileCheckpointStore(path: directory + "/checkpoint"),
-            configuration: .init(mapping: ChangeMapping(includeDocument: includeDocument, routes: routes),
-                                 audiencePath: directory + "/checkpoint.audience", rememberedDocuments: memory),
+            configuration: .init(
+                mapping: ChangeMapping(includeDocument: includeDocument, routes: routes),
+                audiencePath: directory + "/checkpoint.audience", rememberedDocuments: memory),
             logger: quiet)
         return RoutedRelay(source: source, task: Task { try await relay.run() })
     }
@@ -75,24 +78,30 @@ struct RoutedRelay {
 
     static func source(_ fake: CouchDBFake, feed: CouchDBChangeSource.Feed) throws -> CouchDBChangeSource {
         // What `pubsub relay couchdb --route …` gives the source: routes need the documents.
-        let settings = FeedSettings(["db_url": .string(fake.url), "feed": .string(feed.rawValue), "heartbeat": 200,
-                                     "route": .array(routes.map { .string($0.description) })], context: "feeds[0]")
+        let settings = FeedSettings(
+            [
+                "db_url": .string(fake.url), "feed": .string(feed.rawValue), "heartbeat": 200,
+                "route": .array(routes.map { .string($0.description) }),
+            ], context: "feeds[0]")
         var configuration = try CouchDBChangeSource.Configuration(settings: settings)
         configuration.maxBatch = 3
         return CouchDBChangeSource(configuration: configuration, logger: RoutedRelay.quiet)
     }
 
     @Test func routesReadTheDocumentsWithoutIncludeDoc() throws {
-        let settings = FeedSettings(["db_url": "http://127.0.0.1:5984/db", "route": "db=/users/{doc.owner}/notes"],
-                                    context: "feeds[0]")
+        let settings = FeedSettings(
+            ["db_url": "http://127.0.0.1:5984/db", "route": "db=/users/{doc.owner}/notes"],
+            context: "feeds[0]")
         #expect(try CouchDBChangeSource.Configuration(settings: settings).includeDocs)
         let plain = try CouchDBChangeSource.Configuration(
             settings: FeedSettings(["db_url": "http://127.0.0.1:5984/db"], context: "feeds[0]"))
         #expect(!plain.includeDocs)
     }
 
-    @Test(arguments: [FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .longpoll),
-                      FeedCase(flavour: .syncGateway, feed: .continuous)])
+    @Test(arguments: [
+        FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .longpoll),
+        FeedCase(flavour: .syncGateway, feed: .continuous),
+    ])
     func eachDocumentReachesItsAudienceAcrossAMoveARestartAndATombstone(_ feedCase: FeedCase) async throws {
         let fake = try await CouchDBFake.start(store: CouchDBFakeStore(flavour: feedCase.flavour))
         let directory = temporaryDirectory()
@@ -100,8 +109,9 @@ struct RoutedRelay {
         let publisher = FakePublisher(journal: Journal())
         let store = fake.store
         do {
-            var relay = RoutedRelay.start(try Self.source(fake, feed: feedCase.feed), routes: Self.routes,
-                                          publisher: publisher, directory: directory)
+            var relay = RoutedRelay.start(
+                try Self.source(fake, feed: feedCase.feed), routes: Self.routes,
+                publisher: publisher, directory: directory)
             var rev = try store.put("n1", ["owner": "a", "body": "1"])
             try await RoutedRelay.waitFor(1, publisher, "the insert")
             rev = try store.put("n1", ["owner": "a", "body": "2"], rev: rev)
@@ -112,8 +122,9 @@ struct RoutedRelay {
             try await RoutedRelay.waitFor(7, publisher, "the shared document")
             // A new relay process: what it remembers of n1 (owner b) comes from <checkpoint>.audience.
             try await relay.stop(directory: directory, publisher: publisher)
-            relay = RoutedRelay.start(try Self.source(fake, feed: feedCase.feed), routes: Self.routes,
-                                      publisher: publisher, directory: directory)
+            relay = RoutedRelay.start(
+                try Self.source(fake, feed: feedCase.feed), routes: Self.routes,
+                publisher: publisher, directory: directory)
             try store.delete("n1", rev: rev)
             try await RoutedRelay.waitFor(8, publisher, "the delete")
             try await relay.stop(directory: directory, publisher: publisher)
@@ -123,16 +134,17 @@ struct RoutedRelay {
         }
         await fake.stop()
         #expect(!store.feedQueries.isEmpty && store.feedQueries.allSatisfy { $0.contains("include_docs=true") })
-        #expect(RoutedRelay.lines(publisher) == [
-            "insert n1 /users/a/notes",
-            "update n1 /users/a/notes",
-            "update n1 /users/a/notes left",
-            "update n1 /users/b/notes joined",
-            "insert s1 /users/b/notes",
-            "insert s1 /users/a/shared",
-            "insert s1 /users/b/shared",
-            "delete n1 /users/b/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "insert n1 /users/a/notes",
+                "update n1 /users/a/notes",
+                "update n1 /users/a/notes left",
+                "update n1 /users/b/notes joined",
+                "insert s1 /users/b/notes",
+                "insert s1 /users/a/shared",
+                "insert s1 /users/b/shared",
+                "delete n1 /users/b/notes",
+            ])
     }
 
     /// CouchDB keeps a tombstone's fields when a document is deleted with a body (`{"_deleted": true, "owner": …}`).
@@ -149,8 +161,9 @@ struct RoutedRelay {
             try store.delete("kept", rev: try store.put("kept", ["owner": "c"]), body: ["owner": "c"])
             try store.delete("bare", rev: try store.put("bare", ["owner": "c"]))
             try store.put("marker", ["owner": "m"])
-            let relay = RoutedRelay.start(try Self.source(fake, feed: .continuous), routes: Self.routes,
-                                          publisher: publisher, directory: directory)
+            let relay = RoutedRelay.start(
+                try Self.source(fake, feed: .continuous), routes: Self.routes,
+                publisher: publisher, directory: directory)
             try await RoutedRelay.waitFor(2, publisher, "the first sync")
             let rev = try store.put("moved", ["owner": "a"])
             try await RoutedRelay.waitFor(3, publisher, "the insert")
@@ -162,11 +175,12 @@ struct RoutedRelay {
             throw error
         }
         await fake.stop()
-        #expect(RoutedRelay.lines(publisher) == [
-            "delete kept /users/c/notes",
-            "insert marker /users/m/notes",
-            "insert moved /users/a/notes",
-            "delete moved /users/a/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "delete kept /users/c/notes",
+                "insert marker /users/m/notes",
+                "insert moved /users/a/notes",
+                "delete moved /users/a/notes",
+            ])
     }
 }

@@ -42,16 +42,19 @@ final class CouchDBHarness: Sendable {
 
     /// Starts a relay (a fresh source resuming from the checkpoint file).
     @discardableResult
-    func startRelay(feed: CouchDBChangeSource.Feed = .continuous, channels: [String] = [], includeDocs: Bool = false,
-                    heartbeat: TimeAmount = .milliseconds(200)) throws -> RecordingSource {
+    func startRelay(
+        feed: CouchDBChangeSource.Feed = .continuous, channels: [String] = [], includeDocs: Bool = false,
+        heartbeat: TimeAmount = .milliseconds(200)
+    ) throws -> RecordingSource {
         var logger = Logger(label: "test.couchdb")
         logger.logLevel = .critical
         let configuration = CouchDBChangeSource.Configuration(
             url: try CouchDBURL(fake.url), feed: feed, heartbeat: heartbeat, channels: channels,
             includeDocs: includeDocs, maxBatch: 7)
         let source = RecordingSource(CouchDBChangeSource(configuration: configuration, logger: logger))
-        let relay = Relay(source: source, publisher: publisher, store: checkpoint,
-                          configuration: .init(mapping: ChangeMapping(includeDocument: includeDocs)), logger: logger)
+        let relay = Relay(
+            source: source, publisher: publisher, store: checkpoint,
+            configuration: .init(mapping: ChangeMapping(includeDocument: includeDocs)), logger: logger)
         let task = Task { try await relay.run() }
         running.withLockedValue { $0.append((source, task)) }
         return source
@@ -95,15 +98,18 @@ final class CouchDBHarness: Sendable {
     func expectStableKeys(sourceLocation: SourceLocation = #_sourceLocation) {
         var keys: [String: Set<String>] = [:]
         for data in published {
-            keys[data["id"]!.stringValue! + "|" + data["seq"]!.stringValue!, default: []].insert(data["key"]!.stringValue!)
+            keys[data["id"]!.stringValue! + "|" + data["seq"]!.stringValue!, default: []].insert(
+                data["key"]!.stringValue!)
         }
         #expect(keys.values.allSatisfy { $0.count == 1 }, sourceLocation: sourceLocation)
     }
 }
 
 /// Runs `body` against a fresh harness and always shuts it down.
-func withHarness(_ flavour: CouchDBFakeStore.Flavour, database: String = "db",
-                 _ body: (CouchDBHarness) async throws -> Void) async throws {
+func withHarness(
+    _ flavour: CouchDBFakeStore.Flavour, database: String = "db",
+    _ body: (CouchDBHarness) async throws -> Void
+) async throws {
     let harness = try await CouchDBHarness(flavour, database: database)
     do {
         try await body(harness)
@@ -139,8 +145,9 @@ let allFeedCases: [FeedCase] = [
             try h.startRelay(feed: feedCase.feed, includeDocs: true)
             // Only the latest change of each document is in the feed, in seq order.
             try await h.eventually("the first sync") { h.published.count >= 3 }
-            #expect(h.published.map { [$0["id"]!.stringValue!, $0["op"]!.stringValue!] }
-                == [["b/c d", "insert"], ["a", "update"], ["c", "delete"]])
+            #expect(
+                h.published.map { [$0["id"]!.stringValue!, $0["op"]!.stringValue!] }
+                    == [["b/c d", "insert"], ["a", "update"], ["c", "delete"]])
             let first = h.published[1]
             #expect(first["rev"]?.stringValue?.hasPrefix("2-") == true)
             #expect(first["doc"]?.objectValue?["n"] == 3 && first["collection"] == "db")
@@ -184,8 +191,10 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
-    @Test(arguments: [FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .eventsource),
-                      FeedCase(flavour: .syncGateway, feed: .longpoll)])
+    @Test(arguments: [
+        FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .eventsource),
+        FeedCase(flavour: .syncGateway, feed: .longpoll),
+    ])
     func missingHeartbeatReconnectsFromTheConfirmedPosition(_ feedCase: FeedCase) async throws {
         try await withHarness(feedCase.flavour) { h in
             try h.store.put("a")
@@ -204,9 +213,11 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
-    @Test(arguments: [FeedCase(flavour: .integer, feed: .continuous), FeedCase(flavour: .opaque, feed: .continuous),
-                      FeedCase(flavour: .syncGateway, feed: .continuous), FeedCase(flavour: .opaque, feed: .eventsource),
-                      FeedCase(flavour: .opaque, feed: .longpoll)])
+    @Test(arguments: [
+        FeedCase(flavour: .integer, feed: .continuous), FeedCase(flavour: .opaque, feed: .continuous),
+        FeedCase(flavour: .syncGateway, feed: .continuous), FeedCase(flavour: .opaque, feed: .eventsource),
+        FeedCase(flavour: .opaque, feed: .longpoll),
+    ])
     func droppedConnectionMidLineResumesWithoutAGap(_ feedCase: FeedCase) async throws {
         try await withHarness(feedCase.flavour) { h in
             try h.startRelay(feed: feedCase.feed, heartbeat: .milliseconds(150))
@@ -233,8 +244,10 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
-    @Test(arguments: [FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .eventsource),
-                      FeedCase(flavour: .opaque, feed: .longpoll)])
+    @Test(arguments: [
+        FeedCase(flavour: .opaque, feed: .continuous), FeedCase(flavour: .integer, feed: .eventsource),
+        FeedCase(flavour: .opaque, feed: .longpoll),
+    ])
     func malformedRowReconnectsWithoutAGap(_ feedCase: FeedCase) async throws {
         try await withHarness(feedCase.flavour) { h in
             try h.startRelay(feed: feedCase.feed, heartbeat: .milliseconds(150))
@@ -261,7 +274,8 @@ let allFeedCases: [FeedCase] = [
             logger.logLevel = .critical
             try h.store.put("old")
             let source = CouchDBChangeSource(
-                configuration: .init(url: try CouchDBURL(h.fake.url), heartbeat: .milliseconds(150), initialSince: "now"),
+                configuration: .init(
+                    url: try CouchDBURL(h.fake.url), heartbeat: .milliseconds(150), initialSince: "now"),
                 logger: logger)
             try await source.start(after: nil)
             try await h.eventually("the feed") { h.store.feedRequests.count >= 2 }
@@ -300,7 +314,9 @@ let allFeedCases: [FeedCase] = [
             for i in 0..<6 { try h.store.put("d\(i)") }
             try h.startRelay(heartbeat: .milliseconds(150))
             try await h.eventually("the first sync") { h.published.count == 6 }
-            try await h.eventually("the checkpoint") { (try? h.checkpoint.load())?.position == h.published.last!["seq"]!.stringValue }
+            try await h.eventually("the checkpoint") {
+                (try? h.checkpoint.load())?.position == h.published.last!["seq"]!.stringValue
+            }
             var faults = CouchDBFakeStore.Faults()
             faults.replayRows = 3
             h.store.setFaults(faults)
@@ -314,14 +330,18 @@ let allFeedCases: [FeedCase] = [
         }
     }
 
-    @Test(arguments: [FeedCase(flavour: .integer, feed: .continuous), FeedCase(flavour: .opaque, feed: .continuous),
-                      FeedCase(flavour: .syncGateway, feed: .continuous), FeedCase(flavour: .opaque, feed: .longpoll)])
+    @Test(arguments: [
+        FeedCase(flavour: .integer, feed: .continuous), FeedCase(flavour: .opaque, feed: .continuous),
+        FeedCase(flavour: .syncGateway, feed: .continuous), FeedCase(flavour: .opaque, feed: .longpoll),
+    ])
     func unknownSinceStartsAFullResync(_ feedCase: FeedCase) async throws {
         try await withHarness(feedCase.flavour) { h in
             for i in 0..<3 { try h.store.put("d\(i)") }
             try h.startRelay(feed: feedCase.feed)
             try await h.eventually("the first sync") { h.published.count == 3 }
-            try await h.eventually("the checkpoint") { (try? h.checkpoint.load())?.position == h.published.last!["seq"]!.stringValue }
+            try await h.eventually("the checkpoint") {
+                (try? h.checkpoint.load())?.position == h.published.last!["seq"]!.stringValue
+            }
             await h.stopRelays()
             try h.store.put("d3")
             h.store.forgetHistory()
@@ -421,8 +441,10 @@ let allFeedCases: [FeedCase] = [
             let removal = h.published[1]
             #expect(removal["id"] == "h1" && removal["op"] == "delete" && removal["removed"] == ["paris"])
             #expect(removal["collection"] == "travel.inventory.hotels")
-            let channel = ChangeMapping().channel(for: Change(collection: ["travel", "inventory", "hotels"], id: "h1",
-                                                              operation: .delete, seq: "1"))
+            let channel = ChangeMapping().channel(
+                for: Change(
+                    collection: ["travel", "inventory", "hotels"], id: "h1",
+                    operation: .delete, seq: "1"))
             #expect(h.publisher.published.withLockedValue { $0[1].channel } == channel)
             #expect(!h.publishedIDs.contains("h2"))
         }
@@ -439,8 +461,9 @@ let allFeedCases: [FeedCase] = [
         #expect(error?.message.contains("authentication refused") == true)
         await refused.close()
         let source = CouchDBChangeSource(
-            configuration: .init(url: try CouchDBURL("http://relay:s3cr%3At@127.0.0.1:\(fake.port)/db"),
-                                 heartbeat: .milliseconds(200)), logger: logger)
+            configuration: .init(
+                url: try CouchDBURL("http://relay:s3cr%3At@127.0.0.1:\(fake.port)/db"),
+                heartbeat: .milliseconds(200)), logger: logger)
         try await source.start(after: nil)
         var batch: ChangeBatch?
         for _ in 0..<40 where batch == nil { batch = try await source.next() }
@@ -457,7 +480,8 @@ let allFeedCases: [FeedCase] = [
                 configuration: .init(url: try CouchDBURL("http://127.0.0.1:\(h.fake.port)/nope")), logger: logger)
             await expectRelayError(.source) { try await missing.start(after: nil) }
             await missing.close()
-            let down = CouchDBChangeSource(configuration: .init(url: try CouchDBURL("http://127.0.0.1:1/db")), logger: logger)
+            let down = CouchDBChangeSource(
+                configuration: .init(url: try CouchDBURL("http://127.0.0.1:1/db")), logger: logger)
             await expectRelayError(.source) { try await down.start(after: nil) }
             await down.close()
         }

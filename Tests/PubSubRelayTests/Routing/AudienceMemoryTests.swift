@@ -3,11 +3,11 @@ import Logging
 import NIOConcurrencyHelpers
 import Testing
 
+@testable import PubSubRelay
+
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubRelay
 
 /// A document source gives no old values: deletes (tombstones) and moves are routed by what the relay remembers,
 /// which survives a restart and is bounded.
@@ -16,7 +16,11 @@ import Testing
 
     static func doc(_ id: String, _ op: Change.Operation, owner: String?, seq: String) -> Change {
         var document: JSONObject = ["_id": .string(id)]
-        if op == .delete { document["_deleted"] = true } else { document["owner"] = owner.map(JSONValue.string) ?? .null }
+        if op == .delete {
+            document["_deleted"] = true
+        } else {
+            document["owner"] = owner.map(JSONValue.string) ?? .null
+        }
         return Change(collection: ["notes"], id: id, operation: op, seq: seq, document: document)
     }
 
@@ -26,8 +30,9 @@ import Testing
         let publisher = FakePublisher(journal: journal)
         let relay = Relay(
             source: source, publisher: publisher, store: FileCheckpointStore(path: directory + "/checkpoint"),
-            configuration: .init(mapping: ChangeMapping(routes: [Self.route]), audiencePath: directory + "/checkpoint.audience",
-                                 rememberedDocuments: limit),
+            configuration: .init(
+                mapping: ChangeMapping(routes: [Self.route]), audiencePath: directory + "/checkpoint.audience",
+                rememberedDocuments: limit),
             logger: Logger(label: "test"))
         try await relay.start()
         while try await relay.step() != nil {}
@@ -43,21 +48,27 @@ import Testing
     @Test func aTombstoneAndAMoveAreRoutedByTheRememberedValuesAcrossARestart() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let first = try await run([
-            ChangeBatch(changes: [Self.doc("n1", .insert, owner: "a", seq: "1"), Self.doc("n2", .insert, owner: "b", seq: "2")],
-                        position: "2"),
-        ], directory: directory)
+        let first = try await run(
+            [
+                ChangeBatch(
+                    changes: [
+                        Self.doc("n1", .insert, owner: "a", seq: "1"), Self.doc("n2", .insert, owner: "b", seq: "2"),
+                    ],
+                    position: "2")
+            ], directory: directory)
         #expect(first == ["insert n1 /users/a/notes", "insert n2 /users/b/notes"])
         // A new process: what it remembers comes from the file.
-        let second = try await run([
-            ChangeBatch(changes: [Self.doc("n1", .update, owner: "b", seq: "3")], position: "3"),
-            ChangeBatch(changes: [Self.doc("n2", .delete, owner: nil, seq: "4")], position: "4"),
-            ChangeBatch(changes: [Self.doc("n1", .delete, owner: nil, seq: "5")], position: "5"),
-        ], directory: directory)
-        #expect(second == [
-            "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
-            "delete n2 /users/b/notes", "delete n1 /users/b/notes",
-        ])
+        let second = try await run(
+            [
+                ChangeBatch(changes: [Self.doc("n1", .update, owner: "b", seq: "3")], position: "3"),
+                ChangeBatch(changes: [Self.doc("n2", .delete, owner: nil, seq: "4")], position: "4"),
+                ChangeBatch(changes: [Self.doc("n1", .delete, owner: nil, seq: "5")], position: "5"),
+            ], directory: directory)
+        #expect(
+            second == [
+                "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
+                "delete n2 /users/b/notes", "delete n1 /users/b/notes",
+            ])
     }
 
     /// Past its bound the least recently changed document is forgotten: its delete cannot be routed, and that is
@@ -65,11 +76,16 @@ import Testing
     @Test func theMemoryIsBoundedAndAForgottenDocumentsDeleteGoesNowhere() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let published = try await run([
-            ChangeBatch(changes: (0..<5).map { Self.doc("n\($0)", .insert, owner: "u\($0)", seq: "\($0)") }, position: "5"),
-            ChangeBatch(changes: [Self.doc("n0", .delete, owner: nil, seq: "6"), Self.doc("n4", .delete, owner: nil, seq: "7")],
-                        position: "7"),
-        ], directory: directory, limit: 3)
+        let published = try await run(
+            [
+                ChangeBatch(
+                    changes: (0..<5).map { Self.doc("n\($0)", .insert, owner: "u\($0)", seq: "\($0)") }, position: "5"),
+                ChangeBatch(
+                    changes: [
+                        Self.doc("n0", .delete, owner: nil, seq: "6"), Self.doc("n4", .delete, owner: nil, seq: "7"),
+                    ],
+                    position: "7"),
+            ], directory: directory, limit: 3)
         #expect(published.suffix(1) == ["delete n4 /users/u4/notes"])
         #expect(!published.contains { $0.hasPrefix("delete n0") })
         let memory = AudienceMemory(limit: 3, path: directory + "/checkpoint.audience")
@@ -154,7 +170,9 @@ import Testing
         let memory = AudienceMemory(limit: 300, path: path)
         // Past the limit (the oldest forgotten), deletes, and enough saves to compact several times.
         for round in 0..<40 {
-            for i in 0..<100 { memory.remember(Self.change("n\(round * 37 + i)", owner: "r\(round)"), routes: [Self.route]) }
+            for i in 0..<100 {
+                memory.remember(Self.change("n\(round * 37 + i)", owner: "r\(round)"), routes: [Self.route])
+            }
             memory.remember(Self.change("n\(round * 37)", owner: nil), routes: [Self.route])
             try memory.save()
             // Wait for a running compaction before the next check (a condition, with a deadline).

@@ -1,5 +1,6 @@
 import Bayeux
 import Testing
+
 @testable import PubSubRelay
 
 /// Routes: the grammar, the escaping of values into segments, and what each change becomes.
@@ -22,11 +23,14 @@ import Testing
         #expect(array.fields == [Route.Field(path: ["members"], documentOnly: true, fansOut: true)])
         #expect(Self.channels(column, #"{"owner_id":"u1","body":"x"}"#) == .channels(["/users/u1/notes"]))
         #expect(Self.channels(path, #"{"org":{"id":7}}"#) == .channels(["/orgs/7/docs"]))
-        #expect(Self.channels(array, #"{"members":["a","b","a",null]}"#) == .channels(["/teams/a/notes", "/teams/b/notes"]))
+        #expect(
+            Self.channels(array, #"{"members":["a","b","a",null]}"#) == .channels(["/teams/a/notes", "/teams/b/notes"]))
         let user = try Self.route("notes=/users/{user}/notes")
-        #expect(Self.channels(user, #"{"user":"doc"}"#, variables: ["user": "me@x"]) == .channels(["/users/me@x/notes"]))
+        #expect(
+            Self.channels(user, #"{"user":"doc"}"#, variables: ["user": "me@x"]) == .channels(["/users/me@x/notes"]))
         let docUser = try Self.route("notes=/users/{doc.user}/notes")
-        #expect(Self.channels(docUser, #"{"user":"doc"}"#, variables: ["user": "me@x"]) == .channels(["/users/doc/notes"]))
+        #expect(
+            Self.channels(docUser, #"{"user":"doc"}"#, variables: ["user": "me@x"]) == .channels(["/users/doc/notes"]))
     }
 
     /// No value can make a wildcard, another channel, a `/meta` channel or an empty segment.
@@ -82,12 +86,15 @@ import Testing
 
     static let mapping = ChangeMapping(
         prefix: "/changes", includeDocument: true,
-        routes: [try! Route(parsing: "public.notes=/users/{owner_id}/notes"),
-                 try! Route(parsing: "public.notes=/teams/{team_id}/notes")])
+        routes: [
+            try! Route(parsing: "public.notes=/users/{owner_id}/notes"),
+            try! Route(parsing: "public.notes=/teams/{team_id}/notes"),
+        ])
 
     static func change(_ op: Change.Operation, _ document: String?, previous: String? = nil) -> Change {
-        Change(collection: ["public", "notes"], id: "n1", operation: op, seq: "0/1:1",
-               document: document.map(row), previous: previous.map(row))
+        Change(
+            collection: ["public", "notes"], id: "n1", operation: op, seq: "0/1:1",
+            document: document.map(row), previous: previous.map(row))
     }
 
     static func summary(_ mapped: ChangeMapping.Mapped) -> [String] {
@@ -100,7 +107,8 @@ import Testing
     }
 
     @Test func anInsertGoesToEveryRouteOfTheNewRow() {
-        let mapped = Self.mapping.messages(for: Self.change(.insert, #"{"id":1,"owner_id":"a","team_id":"t"}"#), sourceID: "pg:s")
+        let mapped = Self.mapping.messages(
+            for: Self.change(.insert, #"{"id":1,"owner_id":"a","team_id":"t"}"#), sourceID: "pg:s")
         #expect(Self.summary(mapped) == ["/users/a/notes doc", "/teams/t/notes doc"])
         #expect(mapped.unrouted.isEmpty)
         #expect(Set(mapped.messages.map(\.key)).count == 2, "each channel's message has its own key")
@@ -110,8 +118,9 @@ import Testing
     /// A move tells the old audience first that the row left (without the new values), then the new one.
     @Test func anUpdateThatMovesARowTellsBothAudiences() {
         let mapped = Self.mapping.messages(
-            for: Self.change(.update, #"{"id":1,"owner_id":"b","team_id":"t"}"#,
-                             previous: #"{"id":1,"owner_id":"a","team_id":"t","body":"secret of a"}"#),
+            for: Self.change(
+                .update, #"{"id":1,"owner_id":"b","team_id":"t"}"#,
+                previous: #"{"id":1,"owner_id":"a","team_id":"t","body":"secret of a"}"#),
             sourceID: "pg:s")
         #expect(Self.summary(mapped) == ["/users/a/notes left", "/users/b/notes joined doc", "/teams/t/notes doc"])
         #expect(mapped.unrouted.isEmpty)
@@ -119,7 +128,8 @@ import Testing
 
     @Test func anUpdateThatStaysTellsItsAudienceOnly() {
         let mapped = Self.mapping.messages(
-            for: Self.change(.update, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#),
+            for: Self.change(
+                .update, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#),
             sourceID: "pg:s")
         #expect(Self.summary(mapped) == ["/users/a/notes doc", "/teams/t/notes doc"])
     }
@@ -127,12 +137,16 @@ import Testing
     /// NULL to a value joins, a value to NULL leaves; the NULL side is counted only where it would have published.
     @Test func anUpdateToOrFromNullJoinsOrLeaves() {
         let gone = Self.mapping.messages(
-            for: Self.change(.update, #"{"id":1,"owner_id":null,"team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#),
+            for: Self.change(
+                .update, #"{"id":1,"owner_id":null,"team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#
+            ),
             sourceID: "pg:s")
         #expect(Self.summary(gone) == ["/users/a/notes left", "/teams/t/notes doc"])
         #expect(gone.unrouted.map(\.reason) == [.null])
         let came = Self.mapping.messages(
-            for: Self.change(.update, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":null,"team_id":"t"}"#),
+            for: Self.change(
+                .update, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":null,"team_id":"t"}"#
+            ),
             sourceID: "pg:s")
         #expect(Self.summary(came) == ["/users/a/notes joined doc", "/teams/t/notes doc"])
         #expect(came.unrouted.isEmpty)
@@ -140,7 +154,8 @@ import Testing
 
     @Test func aDeleteGoesToTheOldRowsAudience() {
         let mapped = Self.mapping.messages(
-            for: Self.change(.delete, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#),
+            for: Self.change(
+                .delete, #"{"id":1,"owner_id":"a","team_id":"t"}"#, previous: #"{"id":1,"owner_id":"a","team_id":"t"}"#),
             sourceID: "pg:s")
         #expect(Self.summary(mapped) == ["/users/a/notes doc", "/teams/t/notes doc"])
         #expect(mapped.messages.allSatisfy { $0.data.objectValue?["op"] == "delete" })
@@ -154,15 +169,17 @@ import Testing
         #expect(tombstone.unrouted.map(\.reason) == [.noPrevious, .noPrevious])
         let keyOnly = Self.mapping.messages(
             for: Self.change(.update, #"{"id":1,"owner_id":"b","team_id":"t"}"#, previous: #"{"id":1}"#), sourceID: "s")
-        #expect(Self.summary(keyOnly) == ["/users/b/notes joined doc", "/teams/t/notes joined doc"],
-                "the client may not have the row: it is told to add it")
+        #expect(
+            Self.summary(keyOnly) == ["/users/b/notes joined doc", "/teams/t/notes joined doc"],
+            "the client may not have the row: it is told to add it")
         #expect(keyOnly.unrouted.map(\.reason) == [.noPrevious, .noPrevious])
     }
 
     /// A route of source variables only (Simperium's `{user}`) routes a delete without any old values.
     @Test func aVariablesOnlyRouteNeedsNoOldValues() throws {
         let mapping = ChangeMapping(routes: [try Route(parsing: "notes=/users/{user}/notes")])
-        let delete = Change(collection: ["notes"], id: "e1", operation: .delete, seq: "cv1", variables: ["user": "a@b.c"])
+        let delete = Change(
+            collection: ["notes"], id: "e1", operation: .delete, seq: "cv1", variables: ["user": "a@b.c"])
         let mapped = mapping.messages(for: delete, sourceID: "s")
         #expect(mapped.messages.map(\.channel) == ["/users/a@b$2Ec/notes"])
         #expect(mapped.unrouted.isEmpty)
@@ -175,7 +192,8 @@ import Testing
     }
 
     @Test func aCollectionWithoutRoutesKeepsTheLayout() {
-        let change = Change(collection: ["public", "other"], id: "x y", operation: .insert, seq: "1", document: ["a": 1])
+        let change = Change(
+            collection: ["public", "other"], id: "x y", operation: .insert, seq: "1", document: ["a": 1])
         let mapped = Self.mapping.messages(for: change, sourceID: "s")
         #expect(Self.summary(mapped) == ["/changes/public/other/x$20y doc"])
         #expect(mapped.messages[0].key == ChangeMapping.key(sourceID: "s", change: change))
@@ -183,16 +201,20 @@ import Testing
 
     @Test func twoRoutesGivingOneChannelSendOneMessage() throws {
         let mapping = ChangeMapping(routes: [try Route(parsing: "t.n=/u/{a}"), try Route(parsing: "t.n=/u/{b}")])
-        let change = Change(collection: ["t", "n"], id: "1", operation: .insert, seq: "1", document: ["a": "x", "b": "x"])
+        let change = Change(
+            collection: ["t", "n"], id: "1", operation: .insert, seq: "1", document: ["a": "x", "b": "x"])
         #expect(mapping.messages(for: change, sourceID: "s").messages.map(\.channel) == ["/u/x"])
     }
 
     /// An array field: members added join, members removed leave, those kept are told of the update.
     @Test func aFanOutUpdateTellsWhoJoinedAndWhoLeft() throws {
         let mapping = ChangeMapping(routes: [try Route(parsing: "db=/users/{doc.members[]}/docs")])
-        let change = Change(collection: ["db"], id: "d", operation: .update, seq: "2",
-                            document: Self.row(#"{"members":["a","c"]}"#), previous: Self.row(#"{"members":["a","b"]}"#))
-        #expect(Self.summary(mapping.messages(for: change, sourceID: "s")) ==
-                ["/users/b/docs left", "/users/a/docs", "/users/c/docs joined"])
+        let change = Change(
+            collection: ["db"], id: "d", operation: .update, seq: "2",
+            document: Self.row(#"{"members":["a","c"]}"#), previous: Self.row(#"{"members":["a","b"]}"#))
+        #expect(
+            Self.summary(mapping.messages(for: change, sourceID: "s")) == [
+                "/users/b/docs left", "/users/a/docs", "/users/c/docs joined",
+            ])
     }
 }

@@ -3,26 +3,31 @@ import Logging
 import RelayFakes
 import Testing
 
+@testable import PubSubRelay
+
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubRelay
 
 /// `pubsub relay simperium --route`: with routes the source fetches every entity version (`e:<id>.<v>`) without
 /// `--include-doc`; each change goes to its entity's audience only, across a move, a restart and a delete (which
 /// carries no data: it goes by the remembered values); `{user}` is the user the token authenticated as.
 @Suite(.serialized, .timeLimit(.minutes(1))) struct SimperiumRoutesTests {
     static let routes = [
-        try! Route(parsing: "notes=/users/{doc.owner}/notes"), try! Route(parsing: "notes=/users/{doc.members[]}/shared"),
+        try! Route(parsing: "notes=/users/{doc.owner}/notes"),
+        try! Route(parsing: "notes=/users/{doc.members[]}/shared"),
     ]
 
-    static func source(port: Int, token: String = "secret-token", routes: [Route] = routes) throws -> SimperiumChangeSource {
+    static func source(port: Int, token: String = "secret-token", routes: [Route] = routes) throws
+        -> SimperiumChangeSource
+    {
         // What `pubsub relay simperium --route …` gives the source: routes need the documents.
-        let settings = FeedSettings([
-            "app_id": "test-app", "token": .string(token), "bucket": "notes", "simperium_url": .string("ws://127.0.0.1:\(port)"),
-            "route": .array(routes.map { .string($0.description) }),
-        ], context: "feeds[0]")
+        let settings = FeedSettings(
+            [
+                "app_id": "test-app", "token": .string(token), "bucket": "notes",
+                "simperium_url": .string("ws://127.0.0.1:\(port)"),
+                "route": .array(routes.map { .string($0.description) }),
+            ], context: "feeds[0]")
         return SimperiumChangeSource(configuration: try .init(settings: settings), logger: RoutedRelay.quiet)
     }
 
@@ -50,8 +55,9 @@ import Testing
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
-        var relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
-                                      directory: directory)
+        var relay = RoutedRelay.start(
+            try Self.source(port: port), routes: Self.routes, publisher: publisher,
+            directory: directory)
         try await Self.waitForCheckpoint(directory, fake.head(bucket: "notes"))  // the empty bucket indexed
         fake.put(bucket: "notes", id: "n1", data: ["owner": "a", "body": "1"])
         try await RoutedRelay.waitFor(1, publisher, "the insert")
@@ -63,21 +69,23 @@ import Testing
         try await RoutedRelay.waitFor(7, publisher, "the shared entity")
         try await relay.stop(directory: directory, publisher: publisher)
         // A new relay process: what it remembers of n1 (owner b) comes from <checkpoint>.audience.
-        relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
-                                  directory: directory)
+        relay = RoutedRelay.start(
+            try Self.source(port: port), routes: Self.routes, publisher: publisher,
+            directory: directory)
         fake.delete(bucket: "notes", id: "n1")
         try await RoutedRelay.waitFor(8, publisher, "the delete")
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "insert n1 /users/a/notes",
-            "update n1 /users/a/notes",
-            "update n1 /users/a/notes left",
-            "update n1 /users/b/notes joined",
-            "insert s1 /users/b/notes",
-            "insert s1 /users/a/shared",
-            "insert s1 /users/b/shared",
-            "delete n1 /users/b/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "insert n1 /users/a/notes",
+                "update n1 /users/a/notes",
+                "update n1 /users/a/notes left",
+                "update n1 /users/b/notes joined",
+                "insert s1 /users/b/notes",
+                "insert s1 /users/a/shared",
+                "insert s1 /users/b/shared",
+                "delete n1 /users/b/notes",
+            ])
     }
 
     /// `{user}`: every change of the bucket (the index, inserts, updates, deletes) goes to the token user's channel,
@@ -90,8 +98,9 @@ import Testing
         let publisher = FakePublisher(journal: Journal())
         fake.put(bucket: "notes", id: "x1", data: ["text": "indexed"])
         let routes = [try Route(parsing: "notes=/users/{user}/notes")]
-        let relay = RoutedRelay.start(try Self.source(port: port, token: "t", routes: routes), routes: routes,
-                                      publisher: publisher, directory: directory)
+        let relay = RoutedRelay.start(
+            try Self.source(port: port, token: "t", routes: routes), routes: routes,
+            publisher: publisher, directory: directory)
         try await RoutedRelay.waitFor(1, publisher, "the index")
         fake.put(bucket: "notes", id: "x2", data: ["text": "new"])
         fake.put(bucket: "notes", id: "x2", data: ["text": "changed"])
@@ -99,13 +108,14 @@ import Testing
         fake.delete(bucket: "notes", id: "x2")
         try await RoutedRelay.waitFor(5, publisher, "the live changes")
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "update x1 /users/a@b$2Ec/notes",
-            "insert x2 /users/a@b$2Ec/notes",
-            "update x2 /users/a@b$2Ec/notes",
-            "delete x1 /users/a@b$2Ec/notes",
-            "delete x2 /users/a@b$2Ec/notes",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "update x1 /users/a@b$2Ec/notes",
+                "insert x2 /users/a@b$2Ec/notes",
+                "update x2 /users/a@b$2Ec/notes",
+                "delete x1 /users/a@b$2Ec/notes",
+                "delete x2 /users/a@b$2Ec/notes",
+            ])
     }
 
     /// A version the server no longer has (`e:…\n?`: the entity changed again since) is skipped rather than routed
@@ -117,8 +127,9 @@ import Testing
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
         let publisher = FakePublisher(journal: Journal())
-        var relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
-                                      directory: directory)
+        var relay = RoutedRelay.start(
+            try Self.source(port: port), routes: Self.routes, publisher: publisher,
+            directory: directory)
         try await Self.waitForCheckpoint(directory, fake.head(bucket: "notes"))
         fake.put(bucket: "notes", id: "n1", data: ["owner": "a"])
         try await RoutedRelay.waitFor(1, publisher, "the insert")
@@ -127,13 +138,15 @@ import Testing
         fake.put(bucket: "notes", id: "n1", data: ["owner": "b"])
         fake.put(bucket: "notes", id: "n1", data: ["owner": "b", "body": "again"])
         fake.forgetVersionHistory()
-        relay = RoutedRelay.start(try Self.source(port: port), routes: Self.routes, publisher: publisher,
-                                  directory: directory)
+        relay = RoutedRelay.start(
+            try Self.source(port: port), routes: Self.routes, publisher: publisher,
+            directory: directory)
         try await RoutedRelay.waitFor(3, publisher, "the catch-up")
         try await Self.waitForCheckpoint(directory, fake.head(bucket: "notes"))
         try await relay.stop(directory: directory, publisher: publisher)
-        #expect(RoutedRelay.lines(publisher) == [
-            "insert n1 /users/a/notes", "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
-        ])
+        #expect(
+            RoutedRelay.lines(publisher) == [
+                "insert n1 /users/a/notes", "update n1 /users/a/notes left", "update n1 /users/b/notes joined",
+            ])
     }
 }

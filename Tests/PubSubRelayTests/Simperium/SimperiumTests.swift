@@ -9,29 +9,40 @@ import Testing
 
 @Suite struct SimperiumMessageTests {
     @Test func decodesEveryServerMessage() throws {
-        #expect(try SimperiumMessage.decode("0:auth:user@example.com").message == .authenticated(user: "user@example.com"))
-        #expect(try SimperiumMessage.decode("0:auth:expired").message == .authenticationFailed(reason: "the token has expired"))
-        #expect(try SimperiumMessage.decode(#"0:auth:{"msg":"Token invalid","code":401}"#).message
-            == .authenticationFailed(reason: "Token invalid (401)"))
+        #expect(
+            try SimperiumMessage.decode("0:auth:user@example.com").message == .authenticated(user: "user@example.com"))
+        #expect(
+            try SimperiumMessage.decode("0:auth:expired").message
+                == .authenticationFailed(reason: "the token has expired"))
+        #expect(
+            try SimperiumMessage.decode(#"0:auth:{"msg":"Token invalid","code":401}"#).message
+                == .authenticationFailed(reason: "Token invalid (401)"))
         #expect(try SimperiumMessage.decode("h:7") == (nil, .heartbeat(7)))
         #expect(try SimperiumMessage.decode("0:cv:?").message == .unknownVersion)
         #expect(try SimperiumMessage.decode("0:c:?").message == .unknownVersion)
         #expect(try SimperiumMessage.decode("3:c:[]") == (3, .changes([])))
         let page = try SimperiumMessage.decode(
-            #"0:i:{"current":"abc1","index":[{"id":"n:1","v":3},{"id":"n2","v":1}],"mark":"6e33"}"#).message
-        #expect(page == .index(SimperiumIndexPage(
-            current: "abc1", entries: [.init(id: "n:1", version: 3), .init(id: "n2", version: 1)], mark: "6e33")))
+            #"0:i:{"current":"abc1","index":[{"id":"n:1","v":3},{"id":"n2","v":1}],"mark":"6e33"}"#
+        ).message
+        #expect(
+            page
+                == .index(
+                    SimperiumIndexPage(
+                        current: "abc1", entries: [.init(id: "n:1", version: 3), .init(id: "n2", version: 1)],
+                        mark: "6e33")))
         let last = try SimperiumMessage.decode(#"0:i:{"current":"abc1","index":[]}"#).message
         #expect(last == .index(SimperiumIndexPage(current: "abc1", entries: [], mark: nil)))
         #expect(try SimperiumMessage.decode("0:e:n1.2\n?").message == .entity(key: "n1.2", data: nil))
-        #expect(try SimperiumMessage.decode("0:e:n1.2\n{\"data\":{}}").message
-            == .entity(key: "n1.2", data: .object(["data": .object([:])])))
+        #expect(
+            try SimperiumMessage.decode("0:e:n1.2\n{\"data\":{}}").message
+                == .entity(key: "n1.2", data: .object(["data": .object([:])])))
     }
 
     @Test func mapsChangeOperations() throws {
-        let text = #"0:c:[{"clientid":"w","cv":"cv1","ev":1,"id":"a","o":"M","v":{},"ccids":["x"]},"# +
-            #"{"clientid":"w","cv":"cv2","ev":2,"sv":1,"id":"a","o":"M","v":{}},"# +
-            #"{"cv":"cv3","ev":3,"sv":2,"id":"a","o":"-"},{"id":"a","error":409,"ccids":["y"]}]"#
+        let text =
+            #"0:c:[{"clientid":"w","cv":"cv1","ev":1,"id":"a","o":"M","v":{},"ccids":["x"]},"#
+            + #"{"clientid":"w","cv":"cv2","ev":2,"sv":1,"id":"a","o":"M","v":{}},"#
+            + #"{"cv":"cv3","ev":3,"sv":2,"id":"a","o":"-"},{"id":"a","error":409,"ccids":["y"]}]"#
         guard case .changes(let changes) = try SimperiumMessage.decode(text).message else {
             Issue.record("not changes")
             return
@@ -43,14 +54,18 @@ import Testing
         // sv 0 is a new entity too.
         let zero = try SimperiumMessage.decode(#"0:c:[{"cv":"c","ev":1,"sv":0,"id":"b","o":"M"}]"#).message
         #expect(zero == .changes([SimperiumChange(id: "b", cv: "c", endVersion: 1, sourceVersion: 0, operation: "M")]))
-        #expect(SimperiumChange(id: "b", cv: "c", endVersion: 1, sourceVersion: 0, operation: "M").changeOperation == .insert)
+        #expect(
+            SimperiumChange(id: "b", cv: "c", endVersion: 1, sourceVersion: 0, operation: "M").changeOperation
+                == .insert)
     }
 
     @Test func refusesMalformedInput() {
-        for text in ["", "nocolon", "0:", "0:c:[{", "0:c:{}", #"0:c:[{"cv":"x","o":"M"}]"#,
-                     #"0:c:[{"id":"a","cv":"x","o":"Z"}]"#, #"0:c:[{"id":"a","cv":"x","o":"M","ev":"two"}]"#,
-                     "0:i:{\"index\":[]}", #"0:i:{"current":"c","index":[{"id":"a"}]}"#, "0:i:[", "h:x",
-                     "0:cv:abc", "0:zz:1", "0:e:n1.2", "0:auth:", "0:auth:{broken"] {
+        for text in [
+            "", "nocolon", "0:", "0:c:[{", "0:c:{}", #"0:c:[{"cv":"x","o":"M"}]"#,
+            #"0:c:[{"id":"a","cv":"x","o":"Z"}]"#, #"0:c:[{"id":"a","cv":"x","o":"M","ev":"two"}]"#,
+            "0:i:{\"index\":[]}", #"0:i:{"current":"c","index":[{"id":"a"}]}"#, "0:i:[", "h:x",
+            "0:cv:abc", "0:zz:1", "0:e:n1.2", "0:auth:", "0:auth:{broken",
+        ] {
             expectRelayError(.simperiumProtocol, "\(text)") { try SimperiumMessage.decode(text) }
         }
     }
@@ -81,11 +96,13 @@ import Testing
         #expect(configuration.url == "ws://127.0.0.1:9/sock/1/a1/websocket")
         #expect(configuration.indexPageSize == 50 && configuration.heartbeatInterval == .seconds(5))
         #expect(configuration.includeDocuments && configuration.token == "t")
-        for (key, value, problem) in [("bogus", JSONValue.bool(true), "feeds[0].bogus: unknown setting"),
-                                      ("bucket", "a/b", "feeds[0].app_id: bucket a/b"),
-                                      ("index_page", 0, "feeds[0].index_page"),
-                                      ("heartbeat", "x", "feeds[0].heartbeat: expected a number"),
-                                      ("simperium_url", "http://h/x", "feeds[0].simperium_url")] {
+        for (key, value, problem) in [
+            ("bogus", JSONValue.bool(true), "feeds[0].bogus: unknown setting"),
+            ("bucket", "a/b", "feeds[0].app_id: bucket a/b"),
+            ("index_page", 0, "feeds[0].index_page"),
+            ("heartbeat", "x", "feeds[0].heartbeat: expected a number"),
+            ("simperium_url", "http://h/x", "feeds[0].simperium_url"),
+        ] {
             var bad = object
             bad[key] = value
             #expect {
@@ -124,21 +141,25 @@ struct SimperiumHarness {
         logger.logLevel = .critical
         let port = try await fake.start(logger: logger)
         let journal = Journal()
-        return SimperiumHarness(fake: fake, port: port, directory: temporaryDirectory(),
-                                publisher: FakePublisher(journal: journal))
+        return SimperiumHarness(
+            fake: fake, port: port, directory: temporaryDirectory(),
+            publisher: FakePublisher(journal: journal))
     }
 
-    func source(token: String = "secret-token", heartbeat: TimeAmount = .seconds(20),
-                heartbeatTimeout: TimeAmount = .seconds(10), indexPage: Int = 100,
-                includeDocuments: Bool = false) -> SimperiumChangeSource {
+    func source(
+        token: String = "secret-token", heartbeat: TimeAmount = .seconds(20),
+        heartbeatTimeout: TimeAmount = .seconds(10), indexPage: Int = 100,
+        includeDocuments: Bool = false
+    ) -> SimperiumChangeSource {
         var logger = Logger(label: "test.simperium")
         logger.logLevel = .critical
         return SimperiumChangeSource(
-            configuration: .init(url: "ws://127.0.0.1:\(port)/sock/1/test-app/websocket", appID: "test-app",
-                                 token: token, bucket: "notes", indexPageSize: indexPage, batchSize: 10,
-                                 includeDocuments: includeDocuments,
-                                 heartbeatInterval: heartbeat, heartbeatTimeout: heartbeatTimeout,
-                                 reconnectDelay: .milliseconds(20)),
+            configuration: .init(
+                url: "ws://127.0.0.1:\(port)/sock/1/test-app/websocket", appID: "test-app",
+                token: token, bucket: "notes", indexPageSize: indexPage, batchSize: 10,
+                includeDocuments: includeDocuments,
+                heartbeatInterval: heartbeat, heartbeatTimeout: heartbeatTimeout,
+                reconnectDelay: .milliseconds(20)),
             logger: logger)
     }
 
@@ -259,7 +280,9 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
             #expect(checkpoints.count >= 2)
             // Duplicates, if any, carry the same key.
             var keys: [String: Set<String>] = [:]
-            for message in h.messages { keys[message["seq"]!.stringValue!, default: []].insert(message["key"]!.stringValue!) }
+            for message in h.messages {
+                keys[message["seq"]!.stringValue!, default: []].insert(message["key"]!.stringValue!)
+            }
             #expect(keys.values.allSatisfy { $0.count == 1 })
             // A live change is delivered in cv order per document: the last one has the head cv.
             let head = h.fake.head(bucket: "notes")
@@ -332,7 +355,8 @@ func eventually(_ what: String, seconds: Double = 10, _ condition: () async thro
                 Issue.record("\(token) was accepted")
             } catch let error as RelayError {
                 #expect(error.code == .sourceFatal && error.isFatal)
-                #expect(error.message.contains("authentication refused") && error.message.contains(expected), "\(error)")
+                #expect(
+                    error.message.contains("authentication refused") && error.message.contains(expected), "\(error)")
             }
             await source.close()
         }

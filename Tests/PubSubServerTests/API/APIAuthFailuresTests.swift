@@ -1,5 +1,6 @@
 import NIOCore
 import Testing
+
 @testable import PubSubServer
 
 /// The bound on failed `/api` authentications per address, driven without sockets (time is an input).

@@ -131,7 +131,8 @@ class DataPathOnlyEngine: Engine, @unchecked Sendable {
             Issue.record("no handshake reply")
             return
         }
-        let connect = try await send(#"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"websocket"}"#)
+        let connect = try await send(
+            #"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"websocket"}"#)
         guard case .connect = connect[0] else {
             Issue.record("the connect failed")
             return

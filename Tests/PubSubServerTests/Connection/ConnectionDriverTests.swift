@@ -27,7 +27,8 @@ import Testing
     static func polling(_ shared: ServerShared, _ loop: EmbeddedEventLoop) -> (ConnectionDriver, RecordingTransport) {
         let transport = RecordingTransport()
         let driver = ConnectionDriver(
-            transport: transport, context: RequestContext(connectionType: .longPolling), shared: shared, eventLoop: loop)
+            transport: transport, context: RequestContext(connectionType: .longPolling), shared: shared, eventLoop: loop
+        )
         return (driver, transport)
     }
 

@@ -165,7 +165,8 @@ struct WireResponse {
     }
 
     @Test func headOnTheBayeuxMountRunsNoMessage() throws {
-        let message = "%5B%7B%22channel%22%3A%22%2Fmeta%2Fhandshake%22%2C%22version%22%3A%221.0%22%2C"
+        let message =
+            "%5B%7B%22channel%22%3A%22%2Fmeta%2Fhandshake%22%2C%22version%22%3A%221.0%22%2C"
             + "%22supportedConnectionTypes%22%3A%5B%22callback-polling%22%5D%7D%5D"
         let p = try HTTPPipeline()
         try p.send("HEAD /faye?message=\(message)&jsonp=cb HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -434,7 +435,8 @@ struct WireResponse {
         let p = try HTTPPipeline(configuration)
         let handshake = #"[{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}]"#
         try p.send(
-            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(handshake.utf8.count)\r\n\r\n\(handshake)")
+            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(handshake.utf8.count)\r\n\r\n\(handshake)"
+        )
         p.loop.run()
         let reply = WireResponse.parse(try p.output()).first?.body ?? ""
         guard let idRange = reply.range(of: #""clientId":""#) else {
@@ -444,12 +446,14 @@ struct WireResponse {
         let clientId = String(reply[idRange.upperBound...].prefix(while: { $0 != "\"" }))
         let connect = #"[{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling"}]"#
         try p.send(
-            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(connect.utf8.count)\r\n\r\n\(connect)")
+            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(connect.utf8.count)\r\n\r\n\(connect)"
+        )
         p.loop.run()
         // The first connect is answered at once (Faye's rule); the second is held.
         _ = try p.output()
         try p.send(
-            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(connect.utf8.count)\r\n\r\n\(connect)")
+            "POST /faye HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(connect.utf8.count)\r\n\r\n\(connect)"
+        )
         p.loop.run()
         p.loop.advanceTime(by: .seconds(45))
         #expect(p.channel.isActive, "a parked /meta/connect is a request in flight, not an idle connection")
@@ -462,7 +466,8 @@ struct WireResponse {
             ConnectionGuard(timeouts: ConnectionTimeouts(), pingInterval: .seconds(30)))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
         let shared = ConnectionHandlerTests.makeShared(maxQueue: 10, recorder: ConnectionHandlerTests.LogRecorder())
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
+        try channel.pipeline.syncOperations.addHandler(
+            WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         loop.advanceTime(by: .seconds(29))
         #expect(try WireFrames.written(channel).isEmpty)
         loop.advanceTime(by: .seconds(1))
@@ -486,7 +491,8 @@ struct WireResponse {
 
     /// A handshaken client whose first connect has been answered, subscribed to `/x`.
     static func client(_ p: HTTPPipeline) throws -> String {
-        try p.send(post(#"[{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}]"#))
+        try p.send(
+            post(#"[{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}]"#))
         p.loop.run()
         let reply = WireResponse.parse(try p.output()).first?.body ?? ""
         let idRange = try #require(reply.range(of: #""clientId":""#))

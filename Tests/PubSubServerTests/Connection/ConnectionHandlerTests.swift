@@ -55,14 +55,17 @@ import Testing
         }
     }
 
-    static func makeShared(maxQueue: Int, pingInterval: TimeAmount = .seconds(30), recorder: LogRecorder) -> ServerShared {
+    static func makeShared(maxQueue: Int, pingInterval: TimeAmount = .seconds(30), recorder: LogRecorder)
+        -> ServerShared
+    {
         let configuration = ServerConfiguration(
             broker: BrokerConfiguration(maxQueue: maxQueue, historySize: 0), pingInterval: pingInterval)
         let operations = ServerOperations(
             configuration: configuration.operations, loops: [], registry: PrometheusCollectorRegistry(),
             logger: recorder.logger)
         let broker = Broker(configuration: configuration.broker, logger: recorder.logger)
-        return ServerShared(configuration: configuration, broker: broker, logger: recorder.logger, operations: operations)
+        return ServerShared(
+            configuration: configuration, broker: broker, logger: recorder.logger, operations: operations)
     }
 
     static func publish(_ n: Int, on channelName: String, shared: ServerShared, channel: EmbeddedChannel) {
@@ -128,7 +131,8 @@ import Testing
         let reads = ReadCounter()
         let channel = try Self.connectedChannel()
         try channel.pipeline.syncOperations.addHandler(reads)
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
+        try channel.pipeline.syncOperations.addHandler(
+            WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         try sendFrame(handshake, channel)
         let reply = try frames(channel)
         let clientId = try #require(reply.first?.arrayValue?.first?.objectValue?["clientId"]?.stringValue)
@@ -169,7 +173,8 @@ import Testing
         #expect(drops.first?.metadata["pubsub.client.id"] == .string(clientId))
         #expect(drops.first?.metadata["pubsub.transport"] == .string("websocket"))
         // The session is gone: its next connect is told why.
-        let result = try await shared.broker.engine.connect(clientId, now: .now(), sink: nil, on: channel.eventLoop).get()
+        let result = try await shared.broker.engine.connect(clientId, now: .now(), sink: nil, on: channel.eventLoop)
+            .get()
         #expect(result.status == .overflowed)
     }
 
@@ -237,7 +242,8 @@ import Testing
         let recorder = LogRecorder()
         let shared = Self.makeShared(maxQueue: 10, recorder: recorder)
         let channel = try Self.connectedChannel()
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
+        try channel.pipeline.syncOperations.addHandler(
+            WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         try Self.sendFrame(Self.handshake, binary: true, channel)
         let reply = try Self.frames(channel)
         let first = try #require(reply.first?.arrayValue?.first?.objectValue)
@@ -295,7 +301,8 @@ import Testing
         var headers = HTTPHeaders()
         headers.add(name: "Accept", value: "text/event-stream")
         try channel.writeInbound(
-            HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: "/faye/\(clientId)", headers: headers)))
+            HTTPServerRequestPart.head(
+                HTTPRequestHead(version: .http1_1, method: .GET, uri: "/faye/\(clientId)", headers: headers)))
         try channel.writeInbound(HTTPServerRequestPart.end(nil))
         channel.embeddedEventLoop.run()
         let opened = try streamed(channel)
@@ -381,7 +388,8 @@ import Testing
         headers.add(name: "Content-Type", value: "application/json")
         headers.add(name: "Content-Length", value: "\(json.utf8.count)")
         try channel.writeInbound(
-            HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: .POST, uri: "/faye", headers: headers)))
+            HTTPServerRequestPart.head(
+                HTTPRequestHead(version: .http1_1, method: .POST, uri: "/faye", headers: headers)))
         try channel.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: json)))
         try channel.writeInbound(HTTPServerRequestPart.end(nil))
         channel.embeddedEventLoop.run()
@@ -392,12 +400,14 @@ import Testing
         let shared = Self.makeShared(maxQueue: 10, recorder: recorder)
         let channel = try Self.connectedChannel()
         try channel.pipeline.syncOperations.addHandler(Self.httpHandler(shared: shared))
-        try Self.post(#"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#, channel)
+        try Self.post(
+            #"{"channel":"/meta/handshake","version":"1.0","supportedConnectionTypes":["long-polling"]}"#, channel)
         let handshake = try JSONParser(maxDepth: 64).parse(ByteBuffer(string: try Self.streamed(channel).body))
         let clientId = try #require(handshake.arrayValue?.first?.objectValue?["clientId"]?.stringValue)
         let connect = #"{"channel":"/meta/connect","clientId":"\#(clientId)","connectionType":"long-polling","#
         try Self.post(
-            #"[{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/x"},"# + connect + #""id":"1"}]"#,
+            #"[{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/x"},"# + connect
+                + #""id":"1"}]"#,
             channel)
         #expect(try Self.streamed(channel).ended)
         try Self.post(connect + #""id":"2"}"#, channel)

@@ -9,7 +9,9 @@ import Testing
 @Suite struct ConnectionStateMachineTests {
     typealias Machine = ConnectionStateMachine
 
-    static func event(_ n: Int) -> WireEvent { WireEvent(json: ByteBuffer(string: "[{\"channel\":\"/c\",\"data\":\(n)}]")) }
+    static func event(_ n: Int) -> WireEvent {
+        WireEvent(json: ByteBuffer(string: "[{\"channel\":\"/c\",\"data\":\(n)}]"))
+    }
 
     static func events(_ range: ClosedRange<Int>) -> CircularBuffer<WireEvent> {
         CircularBuffer(range.map(event))
@@ -33,13 +35,16 @@ import Testing
     /// The data numbers of encoded test events.
     static func numbers(_ events: CircularBuffer<WireEvent>) -> String {
         events.map { e in
-            String(String(buffer: e.json).drop(while: { $0 != ":" }).dropFirst().split(separator: ":").last!.dropLast(2))
+            String(
+                String(buffer: e.json).drop(while: { $0 != ":" }).dropFirst().split(separator: ":").last!.dropLast(2))
         }.joined(separator: ",")
     }
 
     static func describe(_ answer: Machine.Answer) -> String {
         var s = "answer(\(answer.connect.reply["id"]?.stringValue ?? "?")"
-        if !answer.replies.isEmpty { s += " replies=\(answer.replies.compactMap { $0["id"]?.stringValue }.joined(separator: ","))" }
+        if !answer.replies.isEmpty {
+            s += " replies=\(answer.replies.compactMap { $0["id"]?.stringValue }.joined(separator: ","))"
+        }
         if !answer.events.isEmpty { s += " events=\(numbers(answer.events))" }
         if let failure = answer.failure { s += " fail=\(failure)" }
         if answer.takeEvents { s += " take" }
@@ -140,13 +145,19 @@ import Testing
         #expect(Self.describe(m.eventsDelivered(Self.events(32...32), now: t0)).hasPrefix("answer(c1 events=32"))
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2"))
         // 32 more within the interval: written, the connect still held.
-        #expect(Self.describe(m.eventsDelivered(Self.events(33...100), now: t0 + .milliseconds(600))).hasPrefix("write("))
+        #expect(
+            Self.describe(m.eventsDelivered(Self.events(33...100), now: t0 + .milliseconds(600))).hasPrefix("write("))
         #expect(m.isHolding)
-        #expect(Self.describe(m.eventsDelivered(Self.events(101...101), now: t0 + .seconds(1))).hasPrefix("answer(c2 events=101"))
+        #expect(
+            Self.describe(m.eventsDelivered(Self.events(101...101), now: t0 + .seconds(1))).hasPrefix(
+                "answer(c2 events=101"))
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c3"))
         // A quarter of the queue within the interval: answered anyway.
-        #expect(Self.describe(m.eventsDelivered(Self.events(102...350), now: t0 + .milliseconds(1010))).hasPrefix("write("))
-        #expect(Self.describe(m.eventsDelivered(Self.events(351...351), now: t0 + .milliseconds(1010))).hasPrefix("answer(c3 events=351"))
+        #expect(
+            Self.describe(m.eventsDelivered(Self.events(102...350), now: t0 + .milliseconds(1010))).hasPrefix("write("))
+        #expect(
+            Self.describe(m.eventsDelivered(Self.events(351...351), now: t0 + .milliseconds(1010))).hasPrefix(
+                "answer(c3 events=351"))
     }
 
     @Test func webSocketNewerConnectSupersedesTheHeldOne() {
@@ -154,7 +165,8 @@ import Testing
         _ = m.bind(clientId: "a")
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c1"))
         let actions = m.messagesHandled(
-            replies: [Self.reply("s")], events: Self.events(1...1), pending: Self.connect("a", id: "c2", hold: .seconds(1)))
+            replies: [Self.reply("s")], events: Self.events(1...1),
+            pending: Self.connect("a", id: "c2", hold: .seconds(1)))
         #expect(Self.describe(actions) == ["answer(c1)", "arm(1000ms)", "write(s|1)"])
     }
 
@@ -224,7 +236,10 @@ import Testing
             m.frameStarted()
             #expect(Self.describe(m.detached(reason)) == [], "\(reason)")
             #expect(m.isOpen)
-            #expect(Self.describe(m.messagesHandled(replies: [Self.reply("d")], events: .noEvents, pending: nil)) == ["write(d|)"])
+            #expect(
+                Self.describe(m.messagesHandled(replies: [Self.reply("d")], events: .noEvents, pending: nil)) == [
+                    "write(d|)"
+                ])
             #expect(Self.describe(m.frameFinished()) == ["close(normal)"])
             #expect(!m.isOpen)
         }
@@ -466,7 +481,8 @@ import Testing
         _ = m.requestStarted()
         #expect(Self.describe(m.requestFailed(CancellationError())) == ["fail"])
         _ = m.requestStarted()
-        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
+        #expect(
+            Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
     }
 
     @Test func pollingDetachBeforeParkingAnswersAtOnce() {
@@ -477,7 +493,8 @@ import Testing
         #expect(Self.describe(actions) == ["answer(c fail=409:a:Queue overflow)"])
         // The next request starts clean.
         _ = m.requestStarted()
-        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
+        #expect(
+            Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))) == ["arm(45000ms)"])
     }
 
     @Test func pollingDetachReasons() {
@@ -499,8 +516,9 @@ import Testing
         _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
         #expect(Self.describe(m.quiesce()) == ["answer(c take)"])
         _ = m.requestStarted()
-        #expect(Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2")))
-            == ["answer(c2 take)"])
+        #expect(
+            Self.describe(m.messagesHandled(replies: [], events: [], pending: Self.connect("a", id: "c2")))
+                == ["answer(c2 take)"])
     }
 
     @Test func pollingClosedWhileParkedDetaches() {

@@ -25,7 +25,9 @@ private func at(_ ms: Int64) -> NIODeadline { .uptimeNanoseconds(UInt64(ms) * 1_
 @Suite struct TimerQueueTests {
     @Test func popsInDeadlineOrderOnlyWhenDue() {
         var queue = TimerQueue()
-        let a = Owner("a"), b = Owner("b"), c = Owner("c")
+        let a = Owner("a")
+        let b = Owner("b")
+        let c = Owner("c")
         queue.schedule(b, at: at(20))
         queue.schedule(c, at: at(30))
         queue.schedule(a, at: at(10))
@@ -42,7 +44,8 @@ private func at(_ ms: Int64) -> NIODeadline { .uptimeNanoseconds(UInt64(ms) * 1_
 
     @Test func schedulingAgainMovesTheOneEntry() {
         var queue = TimerQueue()
-        let a = Owner("a"), b = Owner("b")
+        let a = Owner("a")
+        let b = Owner("b")
         queue.schedule(a, at: at(10))
         queue.schedule(b, at: at(20))
         queue.schedule(a, at: at(30))
@@ -98,7 +101,8 @@ private func at(_ ms: Int64) -> NIODeadline { .uptimeNanoseconds(UInt64(ms) * 1_
     @Test func anOwnerOfAnotherQueueIsNotTouched() {
         var first = TimerQueue()
         var second = TimerQueue()
-        let a = Owner("a"), b = Owner("b")
+        let a = Owner("a")
+        let b = Owner("b")
         first.schedule(a, at: at(10))
         second.schedule(b, at: at(10))
         // b's index (0) is valid in `first` too, but that entry is a's.
@@ -130,7 +134,8 @@ private func at(_ ms: Int64) -> NIODeadline { .uptimeNanoseconds(UInt64(ms) * 1_
     @Test func aCancelledOwnerIsNotCalled() {
         let loop = EmbeddedEventLoop()
         let timers = LoopTimers(eventLoop: loop)
-        let a = Owner("a"), b = Owner("b")
+        let a = Owner("a")
+        let b = Owner("b")
         timers.schedule(a, at: loop.now + .milliseconds(10))
         timers.schedule(b, at: loop.now + .milliseconds(20))
         timers.cancel(a)

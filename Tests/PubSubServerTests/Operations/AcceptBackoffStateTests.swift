@@ -1,13 +1,13 @@
 import NIOCore
 import Testing
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 @testable import PubSubServer
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// What a listener does when `accept` fails, driven without sockets: time is an input.
 @Suite struct AcceptBackoffStateTests {

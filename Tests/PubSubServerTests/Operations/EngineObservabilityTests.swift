@@ -24,7 +24,9 @@ final class ObservedEngine: DataPathOnlyEngine, EngineObservability, @unchecked 
     }
 
     func render(_ operations: ServerOperations, _ engine: any Engine) async throws -> String {
-        let buffer = try await operations.renderMetrics(engine: engine, on: MultiThreadedEventLoopGroup.singleton.next()).get()
+        let buffer = try await operations.renderMetrics(
+            engine: engine, on: MultiThreadedEventLoopGroup.singleton.next()
+        ).get()
         return String(buffer: buffer)
     }
 

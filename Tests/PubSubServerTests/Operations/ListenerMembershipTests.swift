@@ -20,7 +20,8 @@ import Testing
         #expect(m.closed(open: m.rejoinAt) == .none, "not before the listener is closed")
         #expect(m.left(open: m.rejoinAt + 1) == .none)
         #expect(m.phase == .away)
-        #expect(m.closed(open: m.rejoinAt + 1) == .none, "the gap keeps it from leaving and joining on every connection")
+        #expect(
+            m.closed(open: m.rejoinAt + 1) == .none, "the gap keeps it from leaving and joining on every connection")
         #expect(m.closed(open: m.rejoinAt) == .join)
         #expect(m.closed(open: m.rejoinAt - 1) == .none, "asked once")
         #expect(m.joined(bound: true, open: m.rejoinAt) == .none)

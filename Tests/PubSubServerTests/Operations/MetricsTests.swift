@@ -1,13 +1,14 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Bayeux
 import NIOCore
 import Prometheus
-@testable import PubSubCore
 import Testing
 
+@testable import PubSubCore
 @testable import PubSubServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 @Suite struct MetricsTests {
     func render(_ registry: PrometheusCollectorRegistry) -> String {
@@ -65,7 +66,8 @@ import Testing
                     + "# TYPE pubsub_sessions gauge\npubsub_sessions 3.0\n"))
         #expect(text.contains(#"pubsub_clients{transport="websocket"} 1.0"#))
         #expect(text.contains(#"pubsub_publish_rate_limited_total{scope="ip"} 1"#))
-        #expect(text.contains("# HELP pubsub_test_losses_total Test losses.\n# TYPE pubsub_test_losses_total counter\n"))
+        #expect(
+            text.contains("# HELP pubsub_test_losses_total Test losses.\n# TYPE pubsub_test_losses_total counter\n"))
         #expect(text.contains("pubsub_test_losses_total 4\n"))
         #expect(text.contains("# TYPE pubsub_test_level gauge\npubsub_test_level 9.0\n"))
     }
@@ -101,49 +103,49 @@ import Testing
     }
 
     #if canImport(Glibc)
-    @Test func heapAllocatedCountsAnAllocationUntilItIsFreed() throws {
-        let size = 64 << 20
-        let before = try #require(ProcessMemory.heapAllocatedBytes())
-        let block = try #require(malloc(size))
-        memset(block, 1, size)
-        let holding = try #require(ProcessMemory.heapAllocatedBytes())
-        free(block)
-        let after = try #require(ProcessMemory.heapAllocatedBytes())
-        // Other tests allocate and free on other threads meanwhile: half the block is the margin for them.
-        #expect(holding - before >= size / 2)
-        #expect(holding - after >= size / 2)
-    }
+        @Test func heapAllocatedCountsAnAllocationUntilItIsFreed() throws {
+            let size = 64 << 20
+            let before = try #require(ProcessMemory.heapAllocatedBytes())
+            let block = try #require(malloc(size))
+            memset(block, 1, size)
+            let holding = try #require(ProcessMemory.heapAllocatedBytes())
+            free(block)
+            let after = try #require(ProcessMemory.heapAllocatedBytes())
+            // Other tests allocate and free on other threads meanwhile: half the block is the margin for them.
+            #expect(holding - before >= size / 2)
+            #expect(holding - after >= size / 2)
+        }
 
-    @Test func heapInUseIsReadFromTheTotalsOfMallocInfo() {
-        let xml = """
-            <malloc version="1">
-            <heap nr="0">
-            <total type="fast" count="1" size="32"/>
-            <total type="rest" count="2" size="1000"/>
-            <system type="current" size="900000"/>
-            </heap>
-            <total type="fast" count="3" size="96"/>
-            <total type="rest" count="5" size="4000"/>
-            <total type="mmap" count="1" size="1052672"/>
-            <system type="current" size="2000000"/>
-            <system type="max" size="2000000"/>
-            <aspace type="total" size="2000000"/>
-            </malloc>
-            """
-        #expect(MallocInfo.allocated(inXML: xml) == 2_000_000 - 96 - 4000 + 1_052_672)
-        #expect(MallocInfo.allocated(inXML: "<malloc version=\"1\">\n</malloc>") == nil)
-    }
+        @Test func heapInUseIsReadFromTheTotalsOfMallocInfo() {
+            let xml = """
+                <malloc version="1">
+                <heap nr="0">
+                <total type="fast" count="1" size="32"/>
+                <total type="rest" count="2" size="1000"/>
+                <system type="current" size="900000"/>
+                </heap>
+                <total type="fast" count="3" size="96"/>
+                <total type="rest" count="5" size="4000"/>
+                <total type="mmap" count="1" size="1052672"/>
+                <system type="current" size="2000000"/>
+                <system type="max" size="2000000"/>
+                <aspace type="total" size="2000000"/>
+                </malloc>
+                """
+            #expect(MallocInfo.allocated(inXML: xml) == 2_000_000 - 96 - 4000 + 1_052_672)
+            #expect(MallocInfo.allocated(inXML: "<malloc version=\"1\">\n</malloc>") == nil)
+        }
 
-    @Test func memoryGaugesAreServed() throws {
-        let registry = PrometheusCollectorRegistry()
-        let metrics = ServerMetrics(backend: .prometheus(registry))
-        metrics.update(memory: ProcessMemory(heapAllocated: 123_456, resident: 7_654_321))
-        let text = render(registry)
-        #expect(text.contains("pubsub_heap_allocated_bytes 123456.0"))
-        #expect(text.contains("process_resident_memory_bytes 7654321.0"))
-        let resident = try #require(ProcessMemory.residentBytes())
-        #expect(resident > 1 << 20)
-    }
+        @Test func memoryGaugesAreServed() throws {
+            let registry = PrometheusCollectorRegistry()
+            let metrics = ServerMetrics(backend: .prometheus(registry))
+            metrics.update(memory: ProcessMemory(heapAllocated: 123_456, resident: 7_654_321))
+            let text = render(registry)
+            #expect(text.contains("pubsub_heap_allocated_bytes 123456.0"))
+            #expect(text.contains("process_resident_memory_bytes 7654321.0"))
+            let resident = try #require(ProcessMemory.residentBytes())
+            #expect(resident > 1 << 20)
+        }
     #endif
 
     @Test func statusLineSaysClientsAndRates() {
@@ -152,6 +154,9 @@ import Testing
         stats.subscriptions = 9
         let loops = LoopCounters.Snapshot(bytesOut: 0, clients: [2, 0, 0, 5, 0, 0])
         let line = ServerOperations.statusLine(stats: stats, loops: loops, rates: (12.34, 0), phase: .serving)
-        #expect(line == "7 clients (long-polling 2, websocket 5), 9 subscriptions; 12.3 msg/s published, 0.0 msg/s delivered")
+        #expect(
+            line
+                == "7 clients (long-polling 2, websocket 5), 9 subscriptions; 12.3 msg/s published, 0.0 msg/s delivered"
+        )
     }
 }

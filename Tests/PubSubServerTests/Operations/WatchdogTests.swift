@@ -4,11 +4,11 @@ import NIOPosix
 import PubSubTesting
 import Testing
 
+@testable import PubSubServer
+
 #if canImport(Glibc)
     import Glibc
 #endif
-
-@testable import PubSubServer
 
 @Suite(.serialized) struct WatchdogTests {
     @Test(.timeLimit(.minutes(1))) func pingsOnlyWhileEveryLoopRuns() async throws {

@@ -90,13 +90,16 @@ struct PipelineRun {
             case 0:  // bytes from anywhere
                 bytes = (0..<Int.random(in: 1...200, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
             case 1:  // a request cut short
-                bytes = Array(RequestBytes.validRequest.prefix(Int.random(in: 1..<RequestBytes.validRequest.count, using: &rng)))
+                bytes = Array(
+                    RequestBytes.validRequest.prefix(Int.random(in: 1..<RequestBytes.validRequest.count, using: &rng)))
             default:  // requests with bytes changed, inserted or removed
                 bytes = Array([RequestBytes.validRequest, RequestBytes.validRequest].joined())
                 for _ in 0..<Int.random(in: 1...3, using: &rng) {
                     let at = Int.random(in: 0..<bytes.count, using: &rng)
-                    let byte = Bool.random(using: &rng)
-                        ? Array(" :\r\n\0\u{7F}/%H1.".utf8)[Int.random(in: 0..<11, using: &rng)] : UInt8.random(in: 0...255, using: &rng)
+                    let byte =
+                        Bool.random(using: &rng)
+                        ? Array(" :\r\n\0\u{7F}/%H1.".utf8)[Int.random(in: 0..<11, using: &rng)]
+                        : UInt8.random(in: 0...255, using: &rng)
                     switch Int.random(in: 0..<3, using: &rng) {
                     case 0: bytes[at] = byte
                     case 1: bytes.insert(byte, at: at)
@@ -115,13 +118,16 @@ struct PipelineRun {
             let responses = run.responses
             for response in responses {
                 let parts = response.status.split(separator: " ", maxSplits: 2)
-                #expect(parts.count >= 2 && parts[0] == "HTTP/1.1" && parts[1].count == 3 && Int(parts[1]) != nil,
+                #expect(
+                    parts.count >= 2 && parts[0] == "HTTP/1.1" && parts[1].count == 3 && Int(parts[1]) != nil,
                     "not a response: \(response.status.debugDescription) in \(run.output.debugDescription)")
             }
             if let bad = responses.firstIndex(where: { $0.status == "HTTP/1.1 400 Bad Request" }) {
                 // Nothing but the error's answer follows it. (A malformed head is at times answered twice, e.g.
                 // "GET /healthzHTTP/1.1\r\nHost: x\r\n\r\n" read a byte at a time: not fixed yet.)
-                #expect(responses[bad...].allSatisfy { $0.status == "HTTP/1.1 400 Bad Request" }, "\(run.output.debugDescription)")
+                #expect(
+                    responses[bad...].allSatisfy { $0.status == "HTTP/1.1 400 Bad Request" },
+                    "\(run.output.debugDescription)")
                 #expect(responses[bad].headers["connection"] == "close")
                 #expect(run.closed)
             }
@@ -148,7 +154,8 @@ struct PipelineRun {
             if oneLongHeader { bytes += Array("X-Long: ".utf8) }
             var n = 0
             while bytes.count < total {
-                bytes += oneLongHeader ? Array(repeating: UInt8(ascii: "a"), count: 512) : Array("X-\(n): \(n)\r\n".utf8)
+                bytes +=
+                    oneLongHeader ? Array(repeating: UInt8(ascii: "a"), count: 512) : Array("X-\(n): \(n)\r\n".utf8)
                 n += 1
             }
             var cuts: [Int] = []

@@ -13,7 +13,9 @@ import Testing
 @Suite struct HTTPRouterTests {
     static let key = "0123456789abcdef"
 
-    static func makeShared(mount: String = "/faye", maxRequestBytes: Int = 1 << 20, apiKey: String? = key) -> ServerShared {
+    static func makeShared(mount: String = "/faye", maxRequestBytes: Int = 1 << 20, apiKey: String? = key)
+        -> ServerShared
+    {
         let logger = Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
         let configuration = ServerConfiguration(mount: mount, maxRequestBytes: maxRequestBytes, apiKey: apiKey)
         let operations = ServerOperations(
@@ -72,9 +74,13 @@ import Testing
         let router = HTTPRouter(shared: Self.makeShared())
         let loop = EmbeddedEventLoop()
         let answers = try [
-            "/healthz", "/readyz", "/metrics", "/api/nosuch", "/admin", "/faye/client.js", "/faye/nope.js", "/elsewhere",
+            "/healthz", "/readyz", "/metrics", "/api/nosuch", "/admin", "/faye/client.js", "/faye/nope.js",
+            "/elsewhere",
         ].map { try Self.response(router.reply(to: Self.request(.GET, $0), on: loop), loop: loop) }
-        #expect(answers.map(\.status) == [.ok, .serviceUnavailable, .ok, .unauthorized, .unauthorized, .ok, .notFound, .notFound])
+        #expect(
+            answers.map(\.status) == [
+                .ok, .serviceUnavailable, .ok, .unauthorized, .unauthorized, .ok, .notFound, .notFound,
+            ])
         // The API and the dashboard are same origin only; the rest may be read cross-origin as before.
         #expect(answers.map(\.crossOrigin) == [true, true, true, false, false, true, true, true])
     }
@@ -83,7 +89,8 @@ import Testing
 
     @Test func healthAnswersOKInPlainText() throws {
         let loop = EmbeddedEventLoop()
-        let response = try Self.response(HealthResponder().reply(to: Self.request(.GET, "/healthz"), on: loop), loop: loop)
+        let response = try Self.response(
+            HealthResponder().reply(to: Self.request(.GET, "/healthz"), on: loop), loop: loop)
         #expect(response.status == .ok)
         #expect(response.headers["content-type"] == ["text/plain; charset=utf-8"])
         #expect(String(buffer: response.body) == "ok\n")
@@ -93,7 +100,8 @@ import Testing
         let loop = EmbeddedEventLoop()
         for (mount, named) in [("/faye", "/faye"), ("", "/")] {
             let responder = NotFoundResponder(mount: mount)
-            let response = try Self.response(responder.reply(to: Self.request(.GET, "/x", mount: mount), on: loop), loop: loop)
+            let response = try Self.response(
+                responder.reply(to: Self.request(.GET, "/x", mount: mount), on: loop), loop: loop)
             #expect(response.status == .notFound)
             #expect(String(buffer: response.body) == "Sure you're not looking for \(named) ?")
         }
@@ -125,7 +133,8 @@ import Testing
         let operations = ServerOperations(
             configuration: configuration.operations, loops: [], registry: PrometheusCollectorRegistry(), logger: logger)
         let shared = ServerShared(
-            configuration: configuration, broker: Broker(configuration: configuration.broker, logger: logger), logger: logger,
+            configuration: configuration, broker: Broker(configuration: configuration.broker, logger: logger),
+            logger: logger,
             operations: operations)
         try #require(operations.hasMetricsListener)
         let loop = EmbeddedEventLoop()
@@ -156,7 +165,8 @@ import Testing
         #expect(channels.status == .ok && !channels.crossOrigin)
         #expect(String(buffer: channels.body) == "{\"channels\":[]}\n")
         let admin = try Self.response(
-            AdminResponder(api: shared.api).reply(to: Self.request(.GET, "/admin", headers: headers), on: loop), loop: loop)
+            AdminResponder(api: shared.api).reply(to: Self.request(.GET, "/admin", headers: headers), on: loop),
+            loop: loop)
         #expect(admin.status == .ok && !admin.crossOrigin)
         #expect(admin.headers["content-type"] == ["text/html; charset=utf-8"])
     }
@@ -180,7 +190,8 @@ import Testing
         var requestHeaders = HTTPHeaders(headers)
         if let body { requestHeaders.add(name: "Content-Length", value: String(body.utf8.count)) }
         try channel.writeInbound(
-            HTTPServerRequestPart.head(HTTPRequestHead(version: version, method: method, uri: uri, headers: requestHeaders)))
+            HTTPServerRequestPart.head(
+                HTTPRequestHead(version: version, method: method, uri: uri, headers: requestHeaders)))
         if let body { try channel.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: body))) }
         try channel.writeInbound(HTTPServerRequestPart.end(nil))
         channel.embeddedEventLoop.run()
@@ -200,11 +211,12 @@ import Testing
     @Test func aResponderAnswerGetsCORSLengthAndNosniff() throws {
         let written = try Self.exchange(.GET, "/healthz", headers: [("Origin", "http://a.example")])
         #expect(written.head.status == .ok)
-        #expect(written.head.headers.map { "\($0.name): \($0.value)" } == [
-            "Content-Type: text/plain; charset=utf-8", "Cache-Control: no-store",
-            "Access-Control-Allow-Origin: http://a.example", "Access-Control-Allow-Credentials: true",
-            "Content-Length: 3", "X-Content-Type-Options: nosniff",
-        ])
+        #expect(
+            written.head.headers.map { "\($0.name): \($0.value)" } == [
+                "Content-Type: text/plain; charset=utf-8", "Cache-Control: no-store",
+                "Access-Control-Allow-Origin: http://a.example", "Access-Control-Allow-Credentials: true",
+                "Content-Length: 3", "X-Content-Type-Options: nosniff",
+            ])
         #expect(written.body == "ok\n")
         #expect(!written.closed)
     }
@@ -234,7 +246,8 @@ import Testing
 
     @Test func aBodyOverTheLimitIsAnswered413BeforeAnyRoute() throws {
         let written = try Self.exchange(
-            .POST, "/api/publish", headers: [("Authorization", "apikey \(Self.key)")], body: String(repeating: "x", count: 11),
+            .POST, "/api/publish", headers: [("Authorization", "apikey \(Self.key)")],
+            body: String(repeating: "x", count: 11),
             shared: Self.makeShared(maxRequestBytes: 10))
         #expect(written.head.status == .payloadTooLarge)
         #expect(written.head.headers["connection"] == ["close"])

@@ -41,7 +41,8 @@ import Testing
     }
 
     @Test func theFirstOfferThatCanBeHonouredIsTaken() {
-        let headers = Self.offer("permessage-deflate; server_max_window_bits=9, permessage-deflate; client_max_window_bits")
+        let headers = Self.offer(
+            "permessage-deflate; server_max_window_bits=9, permessage-deflate; client_max_window_bits")
         #expect(PerMessageDeflate.negotiate(headers) == PerMessageDeflate.response)
         #expect(PerMessageDeflate.negotiate(Self.offer("foo", "permessage-deflate")) == PerMessageDeflate.response)
     }
@@ -52,7 +53,8 @@ import Testing
         var steps: [JSONValue] = []
         var n = 0
         while true {
-            steps.append(.object(["step": .string("resize-image-\(n)"), "status": .string("done"), "percent": JSONValue(n)]))
+            steps.append(
+                .object(["step": .string("resize-image-\(n)"), "status": .string("done"), "percent": JSONValue(n)]))
             message["data"] = .object(["job": .string("42"), "steps": .array(steps)])
             if message.encodedEvent().readableBytes >= bytes { return message.encodedEvent() }
             n += 1
@@ -97,7 +99,9 @@ import Testing
         zeros.writeString("")
         let deflated = try #require(DeflaterPool().deflate(zeros, headroom: 0))
         #expect(deflated.readableBytes < 16 << 10)
-        #expect(throws: PerMessageDeflate.InflateError.tooLarge) { try PerMessageDeflate.inflate(deflated, limit: 1 << 20) }
+        #expect(throws: PerMessageDeflate.InflateError.tooLarge) {
+            try PerMessageDeflate.inflate(deflated, limit: 1 << 20)
+        }
         let fits = try PerMessageDeflate.inflate(deflated, limit: 8 << 20)
         #expect(fits.readableBytes == 8 << 20)
     }

@@ -12,14 +12,17 @@ import Testing
     private func webSocket() throws -> EmbeddedChannel {
         let shared = ConnectionHandlerTests.makeShared(maxQueue: 100, recorder: ConnectionHandlerTests.LogRecorder())
         let channel = try ConnectionHandlerTests.connectedChannel()
-        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
+        try channel.pipeline.syncOperations.addHandler(
+            WebSocketHandler(shared: shared, remoteAddress: nil, eventLoop: channel.eventLoop))
         try ConnectionHandlerTests.sendFrame(ConnectionHandlerTests.handshake, channel)
         #expect(try WireFrames.written(channel).map(\.opcode) == [.text])
         return channel
     }
 
     /// Sends `frames`; returns the frames written back and whether the socket is closed.
-    private func answer(to frames: [ByteBuffer], on channel: EmbeddedChannel) throws -> (written: [WebSocketFrame], closed: Bool) {
+    private func answer(to frames: [ByteBuffer], on channel: EmbeddedChannel) throws -> (
+        written: [WebSocketFrame], closed: Bool
+    ) {
         for frame in frames {
             try channel.writeInbound(frame)
             channel.embeddedEventLoop.run()
@@ -79,7 +82,8 @@ import Testing
     /// message ends (RFC 6455 §8.1); a character split between fragments is not.
     @Test func invalidUTF8InAFragmentIsAnsweredWith1007AtOnce() throws {
         let channel = try webSocket()
-        let (written, closed) = try answer(to: [WireFrames.bytes(.text, [0x5B, 0x22, 0xC3, 0x28], fin: false)], on: channel)
+        let (written, closed) = try answer(
+            to: [WireFrames.bytes(.text, [0x5B, 0x22, 0xC3, 0x28], fin: false)], on: channel)
         #expect(written.map(\.opcode) == [.connectionClose])
         #expect(written.first?.data.peekWebSocketErrorCode() == .dataInconsistentWithMessage)
         #expect(closed)

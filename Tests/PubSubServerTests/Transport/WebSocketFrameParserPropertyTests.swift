@@ -25,7 +25,9 @@ struct FrameLimits: Sendable, CustomStringConvertible {
         "limits(frame: \(maxFrameSize), message: \(maxMessageSize), fragments: \(maxFragments), mask: \(requiresMask))"
     }
 
-    static func random(using rng: inout some RandomNumberGenerator, maxFrameSize: ClosedRange<Int> = 1...300) -> FrameLimits {
+    static func random(using rng: inout some RandomNumberGenerator, maxFrameSize: ClosedRange<Int> = 1...300)
+        -> FrameLimits
+    {
         let frame = Int.random(in: maxFrameSize, using: &rng)
         return FrameLimits(
             maxFrameSize: frame,
@@ -216,7 +218,9 @@ struct FrameStream: Sendable, CustomStringConvertible {
         }
     }
 
-    static func randomPayload(using rng: inout some RandomNumberGenerator, limits: FrameLimits, control: Bool) -> [UInt8] {
+    static func randomPayload(using rng: inout some RandomNumberGenerator, limits: FrameLimits, control: Bool)
+        -> [UInt8]
+    {
         let bound = control ? min(125, limits.maxFrameSize) : limits.maxFrameSize
         let count: Int
         switch Int.random(in: 0..<10, using: &rng) {
@@ -234,7 +238,9 @@ struct FrameStream: Sendable, CustomStringConvertible {
         return (0..<4).map { _ in UInt8.random(in: 0...255, using: &rng) }
     }
 
-    static func randomFrame(using rng: inout some RandomNumberGenerator, limits: FrameLimits, inMessage: Bool) -> RandomFrame {
+    static func randomFrame(using rng: inout some RandomNumberGenerator, limits: FrameLimits, inMessage: Bool)
+        -> RandomFrame
+    {
         let roll = Int.random(in: 0..<10, using: &rng)
         let opcode: UInt8
         let fin: Bool
@@ -250,7 +256,8 @@ struct FrameStream: Sendable, CustomStringConvertible {
         }
         var payload = randomPayload(using: &rng, limits: limits, control: opcode & 0x8 != 0)
         if opcode == 8 { payload = randomCloseBody(using: &rng, limits: limits) }
-        var frame = RandomFrame(fin: fin, opcode: opcode, mask: randomMask(using: &rng, limits: limits), payload: payload)
+        var frame = RandomFrame(
+            fin: fin, opcode: opcode, mask: randomMask(using: &rng, limits: limits), payload: payload)
         // A longer length encoding than needed: RFC 6455 asks for the shortest, the parser takes any (but a control
         // frame's 7-bit field must hold its length).
         if opcode & 0x8 == 0, Int.random(in: 0..<8, using: &rng) == 0 {
@@ -263,7 +270,9 @@ struct FrameStream: Sendable, CustomStringConvertible {
     static func randomCloseBody(using rng: inout some RandomNumberGenerator, limits: FrameLimits) -> [UInt8] {
         let bound = min(125, limits.maxFrameSize)
         guard bound >= 2, Int.random(in: 0..<4, using: &rng) != 0 else { return [] }
-        let codes: [UInt16] = [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 4321, 4999]
+        let codes: [UInt16] = [
+            1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 4321, 4999,
+        ]
         let code = codes[Int.random(in: 0..<codes.count, using: &rng)]
         var reason = Array(Array("bye, ça va 👋".utf8).prefix(Int.random(in: 0...(bound - 2), using: &rng)))
         while String(validating: reason, as: UTF8.self) == nil { reason.removeLast() }  // not inside a character
@@ -271,7 +280,9 @@ struct FrameStream: Sendable, CustomStringConvertible {
     }
 
     /// `frame` made to break one rule or limit.
-    static func fault(_ frame: RandomFrame, using rng: inout some RandomNumberGenerator, limits: FrameLimits) -> RandomFrame {
+    static func fault(_ frame: RandomFrame, using rng: inout some RandomNumberGenerator, limits: FrameLimits)
+        -> RandomFrame
+    {
         var frame = frame
         switch Int.random(in: 0..<10, using: &rng) {
         case 0: frame.reserved = [0x10, 0x20, 0x40, 0x70][Int.random(in: 0..<4, using: &rng)]
@@ -295,10 +306,11 @@ struct FrameStream: Sendable, CustomStringConvertible {
         case 8:  // a close body of one byte, an invalid code, or a reason that is not UTF-8
             frame.opcode = 8
             frame.fin = true
-            frame.payload = [
-                [0x03], [0x03, 0xEC], [0x03, 0xED], [0x00, 0x00], [0x0B, 0xB7], [0x13, 0x88], [0x03, 0xE8, 0xFF],
-                [0x03, 0xE8, 0x61, 0xC3],
-            ][Int.random(in: 0..<8, using: &rng)]
+            frame.payload =
+                [
+                    [0x03], [0x03, 0xEC], [0x03, 0xED], [0x00, 0x00], [0x0B, 0xB7], [0x13, 0x88], [0x03, 0xE8, 0xFF],
+                    [0x03, 0xE8, 0x61, 0xC3],
+                ][Int.random(in: 0..<8, using: &rng)]
             frame.declaredLength = UInt64(frame.payload.count)
             frame.encoding = .short
         default:  // a control frame whose short length has a longer encoding
@@ -447,7 +459,10 @@ struct TextStream {
         let value: UInt32
         switch length {
         case 2: value = UInt32.random(in: 0x80...0x7FF, using: &rng)
-        case 3: value = Bool.random(using: &rng) ? .random(in: 0x800...0xD7FF, using: &rng) : .random(in: 0xE000...0xFFFF, using: &rng)
+        case 3:
+            value =
+                Bool.random(using: &rng)
+                ? .random(in: 0x800...0xD7FF, using: &rng) : .random(in: 0xE000...0xFFFF, using: &rng)
         default: value = UInt32.random(in: 0x10000...0x10FFFF, using: &rng)
         }
         return Array(String(Character(Unicode.Scalar(value)!)).utf8)

@@ -172,7 +172,9 @@ enum WireFrames {
             try parse([WireFrames.bytes(.connectionClose, body)]).first.map { Array($0.data.readableBytesView) }
         }
         #expect(try close([]) == [])
-        for code: UInt16 in [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999, 4000, 4999] {
+        for code: UInt16 in [
+            1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999, 4000, 4999,
+        ] {
             let body = [UInt8(code >> 8), UInt8(code & 0xFF)]
             #expect(try close(body) == body, "code \(code)")
             let withReason = body + Array("bye, ça va 👋".utf8)
@@ -222,7 +224,9 @@ enum WireFrames {
         #expect(throws: WebSocketFrameParser.ParseError.invalidUTF8) { try parser.next() }
         // A lead byte whose continuation, in the next fragment, is not one.
         #expect(throws: WebSocketFrameParser.ParseError.invalidUTF8) {
-            try parse([WireFrames.bytes(.text, [0xE2], fin: false), WireFrames.bytes(.continuation, [0x41], fin: false)])
+            try parse([
+                WireFrames.bytes(.text, [0xE2], fin: false), WireFrames.bytes(.continuation, [0x41], fin: false),
+            ])
         }
         // A surrogate and an overlong form, split.
         #expect(throws: WebSocketFrameParser.ParseError.invalidUTF8) {
@@ -233,18 +237,23 @@ enum WireFrames {
         }
         // A message that ends inside a character.
         #expect(throws: WebSocketFrameParser.ParseError.invalidUTF8) {
-            try parse([WireFrames.bytes(.text, Array(emoji[..<2]), fin: false), WireFrames.bytes(.continuation, [0x91])])
+            try parse([
+                WireFrames.bytes(.text, Array(emoji[..<2]), fin: false), WireFrames.bytes(.continuation, [0x91]),
+            ])
         }
         // Binary messages are not text.
-        let binary = try parse([WireFrames.bytes(.binary, [0xFF, 0xF0], fin: false), WireFrames.bytes(.continuation, [0xC3])])
+        let binary = try parse([
+            WireFrames.bytes(.binary, [0xFF, 0xF0], fin: false), WireFrames.bytes(.continuation, [0xC3]),
+        ])
         #expect(binary.map { Array($0.data.readableBytesView) } == [[0xFF, 0xF0, 0xC3]])
         // A text message of one frame is left to the JSON parser (it reads every byte anyway).
         #expect(try parse([WireFrames.bytes(.text, [0xFF])]).count == 1)
         // The next message starts afresh after one that ended between characters.
-        #expect(try parse([
-            WireFrames.bytes(.text, [0xC3], fin: false), WireFrames.bytes(.continuation, [0xA7]),
-            WireFrames.bytes(.text, [0xC3], fin: false), WireFrames.bytes(.continuation, [0xA9]),
-        ]).map { String(buffer: $0.data) } == ["ç", "é"])
+        #expect(
+            try parse([
+                WireFrames.bytes(.text, [0xC3], fin: false), WireFrames.bytes(.continuation, [0xA7]),
+                WireFrames.bytes(.text, [0xC3], fin: false), WireFrames.bytes(.continuation, [0xA9]),
+            ]).map { String(buffer: $0.data) } == ["ç", "é"])
     }
 
     /// The validator against the standard library's, on every sequence of one and two bytes, on three-byte
@@ -252,16 +261,22 @@ enum WireFrames {
     @Test func utf8ValidatorAgreesWithTheStandardLibrary() {
         func pieces(_ bytes: [UInt8], cut: Int) -> Bool {
             var validator = UTF8Validator()
-            let valid = bytes[..<cut].withUnsafeBytes { validator.validate($0) }
+            let valid =
+                bytes[..<cut].withUnsafeBytes { validator.validate($0) }
                 && bytes[cut...].withUnsafeBytes { validator.validate($0) }
             return valid && validator.isComplete
         }
         var mismatches: [[UInt8]] = []
-        let edges: [UInt8] = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF]
+        let edges: [UInt8] = [
+            0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0, 0xF4,
+            0xF5, 0xFF,
+        ]
         var inputs: [[UInt8]] = (0...255).map { [UInt8($0)] }
         for a in 0...255 { for b in 0...255 { inputs.append([UInt8(a), UInt8(b)]) } }
         for a in 0xC0...0xFF { for b in edges { for c in edges { inputs.append([UInt8(a), b, c]) } } }
-        for a in 0xF0...0xF5 { for b in edges { for c in edges { for d in edges { inputs.append([UInt8(a), b, c, d]) } } } }
+        for a in 0xF0...0xF5 {
+            for b in edges { for c in edges { for d in edges { inputs.append([UInt8(a), b, c, d]) } } }
+        }
         // Long ASCII runs (the eight-byte path) with a bad byte at every place.
         for at in 0..<20 {
             var run = [UInt8](repeating: 0x61, count: 20)
@@ -323,7 +338,8 @@ enum WireFrames {
             let shared = ByteBuffer(repeating: 0x42, count: count)
             var copy = shared
             #expect(!WebSocketFrameHeader.prepend(opcode: .text, to: &copy))
-            var wire = WebSocketFrameHeader.buffer(opcode: .text, payloadLength: count, allocator: ByteBufferAllocator())
+            var wire = WebSocketFrameHeader.buffer(
+                opcode: .text, payloadLength: count, allocator: ByteBufferAllocator())
             wire.writeImmutableBuffer(shared)
             parser.append(wire)
             #expect(try parser.next()?.data == shared)

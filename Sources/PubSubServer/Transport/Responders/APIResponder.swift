@@ -8,7 +8,9 @@ struct APIResponder: HTTPResponder {
     let trustForwardedFor: Bool
 
     func reply(to request: RoutedRequest, on loop: any EventLoop) -> HTTPReply {
-        guard case .api(let call) = request.route else { preconditionFailure("APIResponder asked for \(request.route)") }
+        guard case .api(let call) = request.route else {
+            preconditionFailure("APIResponder asked for \(request.route)")
+        }
         let address = HTTPHandler.clientAddress(
             request.head, remoteAddress: request.peerAddress, trustForwardedFor: trustForwardedFor)
         return .later(

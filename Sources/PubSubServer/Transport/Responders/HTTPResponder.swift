@@ -66,9 +66,14 @@ struct ResponseTarget {
         }
         // The length a GET would have, on a HEAD too, whose body is not sent.
         headers.add(name: "Content-Length", value: String(response.body.readableBytes))
-        if !headers.contains(name: "x-content-type-options") { headers.add(name: "X-Content-Type-Options", value: "nosniff") }
+        if !headers.contains(name: "x-content-type-options") {
+            headers.add(name: "X-Content-Type-Options", value: "nosniff")
+        }
         if !keepAlive { headers.add(name: "Connection", value: "close") }
         let sendsBody = response.body.readableBytes > 0 && !isHEAD
-        return (HTTPResponseHead(version: version, status: response.status, headers: headers), sendsBody ? response.body : nil)
+        return (
+            HTTPResponseHead(version: version, status: response.status, headers: headers),
+            sendsBody ? response.body : nil
+        )
     }
 }

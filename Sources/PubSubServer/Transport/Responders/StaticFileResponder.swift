@@ -5,7 +5,8 @@ import NIOHTTP1
 struct StaticFileResponder: HTTPResponder {
     func reply(to request: RoutedRequest, on loop: any EventLoop) -> HTTPReply {
         guard case .staticFile(let name) = request.route,
-            let file = StaticFiles.response(name: name, method: request.head.method, requestHeaders: request.head.headers)
+            let file = StaticFiles.response(
+                name: name, method: request.head.method, requestHeaders: request.head.headers)
         else {
             // Not the name asked for: request input is never echoed.
             return .now(.text(.notFound, "Not found\n"))
