@@ -243,6 +243,27 @@ def test_raw_short_event_and_replies_are_not_compressed(deflate_broker):
         assert rsv == RSV1 and flat(text)[0]["data"] == big
 
 
+def test_raw_events_of_one_flush_each_keep_a_frame_of_their_own_in_order(deflate_broker):
+    """Events that go out together are written as one buffer (small frames copied after each other) with the large
+    ones written on their own between them: every event still has its own frame, with its own RSV bits, in order."""
+    channel = unique("raw-batch")
+    noise = os.urandom(4500).hex()  # 9,000 bytes that deflate cannot shrink below the copied frames' limit
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.bayeux_subscribe(channel)
+        batch = []
+        for n in range(9):
+            data = [{"n": n}, job_progress(1500, step=n), {"n": n, "noise": noise}][n % 3]
+            batch.append({"channel": channel, "data": data})
+        replies = bayeux(deflate_broker, batch, timeout=HTTP_TIMEOUT)
+        assert all(m.get("successful") for m in replies), replies
+        for n, message in enumerate(batch):
+            rsv, text = raw.event_frame(channel)
+            assert flat(text)[0]["data"] == message["data"], n
+            assert rsv == (0 if n % 3 == 0 else RSV1), (n, rsv)
+            if n % 3 == 2:
+                assert raw.last_size > 2048, raw.last_size
+
+
 def test_raw_events_around_the_minimum_size(make_broker):
     """--websocket-compression-min-bytes N: events shorter than N bytes are sent plain, N bytes or more compressed."""
     b = make_broker(extra_args=["--websocket-compression-min-bytes", "2048"])

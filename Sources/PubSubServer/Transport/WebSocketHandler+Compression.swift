@@ -28,24 +28,64 @@ extension WebSocketHandler {
         return nil
     }
 
+    /// Frames up to this size are copied into one buffer with the frames around them, so that events that go out
+    /// together are one write; a larger one is written as it is, shared with every recipient.
+    static let coalescedFrameLimit = 2048
+
     /// With compression, the replies go in a frame of their own and each event in its own frame: its compressed
     /// frame, shared with every recipient, or its plain one. False (nothing written) when no event has a
     /// compressed frame: everything then goes in one plain frame, as without compression.
+    ///
+    /// A lone event is written as the frame it carries. Otherwise the frames are one buffer (the replies' frame,
+    /// built here, then a copy of each small event frame): one write, and no pending write per event, instead of
+    /// a pending write for each shared frame. A large frame goes on its own, between the buffers around it.
     func writeCompressed(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) -> Bool
     {
         guard events.contains(where: { $0.compressed != nil }) else { return false }
+        if replies.isEmpty, events.count == 1, let only = events.first {
+            driver.counters.bytesOut &+= UInt64(only.compressed?.readableBytes ?? only.json.readableBytes)
+            context.writeAndFlush(wrapOutboundOut(.byteBuffer(only.compressed ?? only.frame)), promise: nil)
+            return true
+        }
+        let limit = Self.coalescedFrameLimit
+        var small = 0
+        for event in events {
+            let size = (event.compressed ?? event.frame).readableBytes
+            if size <= limit { small += size }
+        }
         var bytes = 0
-        if !replies.isEmpty {
-            let payload = ReplyEncoder.encode(
+        var pending: ByteBuffer
+        if replies.isEmpty {
+            pending = context.channel.allocator.buffer(capacity: small)
+        } else {
+            var payload = ReplyEncoder.encode(
                 replies: replies, events: .noEvents, allocator: context.channel.allocator,
                 headroom: WebSocketFrameHeader.maxLength)
             bytes += payload.readableBytes
-            writeFrame(.text, payload, context: context)
+            if WebSocketFrameHeader.prepend(opcode: .text, to: &payload) {
+                pending = consume payload
+            } else {
+                pending = WebSocketFrameHeader.buffer(
+                    opcode: .text, payloadLength: payload.readableBytes, allocator: context.channel.allocator)
+                pending.writeBuffer(&payload)
+            }
+            pending.reserveCapacity(minimumWritableBytes: small)
         }
         for event in events {
+            let frame = event.compressed ?? event.frame
             bytes += event.compressed?.readableBytes ?? event.json.readableBytes
-            context.write(wrapOutboundOut(.byteBuffer(event.compressed ?? event.frame)), promise: nil)
+            if frame.readableBytes <= limit {
+                pending.writeImmutableBuffer(frame)
+                small -= frame.readableBytes
+                continue
+            }
+            if pending.readableBytes > 0 {
+                context.write(wrapOutboundOut(.byteBuffer(pending)), promise: nil)
+                pending = context.channel.allocator.buffer(capacity: small)
+            }
+            context.write(wrapOutboundOut(.byteBuffer(frame)), promise: nil)
         }
+        if pending.readableBytes > 0 { context.write(wrapOutboundOut(.byteBuffer(pending)), promise: nil) }
         context.flush()
         driver.counters.bytesOut &+= UInt64(bytes)
         return true
