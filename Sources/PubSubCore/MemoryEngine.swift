@@ -281,6 +281,9 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
                     result = .limitReached(channel)
                     break
                 }
+                // The index's own key when the channel has subscribers: one string per channel, not one per
+                // subscriber (each client's message brought its own copy).
+                let channel = index.index(forKey: channel).map { index.keys[$0] } ?? channel
                 session.subscriptions.insert(channel)
                 index[channel, default: [:]][session.id] = session
                 stats.subscriptions += 1

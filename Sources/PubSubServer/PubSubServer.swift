@@ -166,10 +166,9 @@ public final class PubSubServer: Sendable {
             // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait
             // in its backlog (`ConnectionStateMachine`).
             .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
-            // Idle connections keep their receive buffer: start it small (it doubles on a full read).
-            .childChannelOption(
-                .recvAllocator, value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536)
-            )
+            // Idle connections keep their receive buffer: start it small (it doubles on a full read); the sizer sits
+            // inline in the channel, where NIO's adaptive allocator takes a box of its own per connection.
+            .childChannelOption(.recvAllocator, value: ReceiveBufferSizer(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     guard try shared.operations.prepare(channel, makeGuard: shared.makeConnectionGuard) else { return }
