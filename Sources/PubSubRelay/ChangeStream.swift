@@ -86,28 +86,52 @@ extension ChangeStream {
         private struct State {
             var grants: UInt64 = 0
             var terminated = false
+            var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+            var lastID: UInt64 = 0
         }
 
         private let state = Mutex(State())
-        private let readers = ParkedTasks()
 
         var grants: UInt64 { state.withLock { $0.grants } }
 
         func produceMore() {
-            state.withLock { $0.grants &+= 1 }
-            readers.wakeAll()
+            let waiters = state.withLock { state in
+                state.grants &+= 1
+                defer { state.waiters = [:] }
+                return Array(state.waiters.values)
+            }
+            for waiter in waiters { waiter.resume() }
         }
 
         func didTerminate() {
-            state.withLock { $0.terminated = true }
-            readers.wakeAll()
+            let waiters = state.withLock { state in
+                state.terminated = true
+                defer { state.waiters = [:] }
+                return Array(state.waiters.values)
+            }
+            for waiter in waiters { waiter.resume() }
         }
 
         /// Waits until the consumer asked for more after `grants` was `before`; throws `CancellationError` when the
         /// stream terminated or the task is cancelled meanwhile.
         func wait(after before: UInt64) async throws {
-            await readers.wait(while: { state.withLock { $0.grants == before && !$0.terminated } })
-            // Let go without a call for more: the stream is over or the reader cancelled.
+            let id = state.withLock { state -> UInt64 in
+                state.lastID &+= 1
+                return state.lastID
+            }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let waiting = state.withLock { state -> Bool in
+                        guard state.grants == before, !state.terminated, !Task.isCancelled else { return false }
+                        state.waiters[id] = continuation
+                        return true
+                    }
+                    if !waiting { continuation.resume() }
+                }
+            } onCancel: {
+                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            }
+            // Woken without a call for more: the stream is over or the reader cancelled.
             if state.withLock({ $0.grants }) == before { throw CancellationError() }
         }
     }

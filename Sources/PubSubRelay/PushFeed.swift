@@ -28,12 +28,12 @@ final class PushFeed: Sendable {
         var connections = 0
         /// Batches handed over, and how many of them the relay acknowledged (`acknowledge()`).
         var acknowledgements = Acknowledgements()
+        var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+        var lastWaiter: UInt64 = 0
     }
 
     let stream: ChangeStream
     private let state = Mutex(State())
-    /// Tasks waiting in `settled()`.
-    private let unsettled = ParkedTasks()
 
     /// `capacity`: the most batches waiting for the relay (see `ChangeStream`).
     init(capacity: Int) {
@@ -111,7 +111,12 @@ final class PushFeed: Sendable {
     /// The relay acknowledged the oldest batch not yet acknowledged (published, checkpointed: the source's
     /// `confirm`). A polled feed waits for these before it polls again (`settled()`).
     func acknowledge() {
-        if state.withLock({ $0.acknowledgements.acknowledged() }) { unsettled.wakeAll() }
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard state.acknowledgements.acknowledged() else { return [] }
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     /// Whether every batch handed over was acknowledged.
@@ -120,7 +125,22 @@ final class PushFeed: Sendable {
     /// Waits until the relay acknowledged every batch handed over; throws `CancellationError` when the task is
     /// cancelled meanwhile.
     func settled() async throws {
-        await unsettled.wait(while: { !isSettled })
+        let id = state.withLock { state -> UInt64 in
+            state.lastWaiter &+= 1
+            return state.lastWaiter
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let waiting = state.withLock { state -> Bool in
+                    guard !state.acknowledgements.isSettled, !Task.isCancelled else { return false }
+                    state.waiters[id] = continuation
+                    return true
+                }
+                if !waiting { continuation.resume() }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+        }
         try Task.checkCancellation()
     }
 
