@@ -264,6 +264,23 @@ def test_raw_events_of_one_flush_each_keep_a_frame_of_their_own_in_order(deflate
                 assert raw.last_size > 2048, raw.last_size
 
 
+def test_raw_a_backlog_past_the_copy_limit_keeps_every_frame_in_order(deflate_broker):
+    """At most 16 KiB of small frames are copied into one write; a backlog past that goes out as the shared frames
+    themselves, after the copied ones: every event still arrives alone in its frame, in order."""
+    channel = unique("raw-backlog")
+    with Raw(deflate_broker, "permessage-deflate") as raw:
+        raw.bayeux_subscribe(channel)
+        batch = [{"channel": channel, "data": job_progress(1500, step=n)} for n in range(80)]
+        replies = bayeux(deflate_broker, batch, timeout=HTTP_TIMEOUT)
+        assert all(m.get("successful") for m in replies), replies
+        sizes = 0
+        for n, message in enumerate(batch):
+            rsv, text = raw.event_frame(channel)
+            assert rsv == RSV1 and flat(text)[0]["data"] == message["data"], n
+            sizes += raw.last_size
+        assert sizes > 2 * 16384, sizes  # more than the copy limit went out, whatever the writes' sizes
+
+
 def test_raw_events_around_the_minimum_size(make_broker):
     """--websocket-compression-min-bytes N: events shorter than N bytes are sent plain, N bytes or more compressed."""
     b = make_broker(extra_args=["--websocket-compression-min-bytes", "2048"])

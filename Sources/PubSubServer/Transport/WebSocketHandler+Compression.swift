@@ -32,13 +32,19 @@ extension WebSocketHandler {
     /// together are one write; a larger one is written as it is, shared with every recipient.
     static let coalescedFrameLimit = 2048
 
+    /// At most this many bytes of event frames are copied for one write; the frames past it are written as they
+    /// are, shared. A recipient handed a long backlog at once then holds its own copy of 16 KiB of it, not of all
+    /// of it: what a broadcast to many slow readers keeps stays the shared frames.
+    static let coalescedBytesLimit = 16 * 1024
+
     /// With compression, the replies go in a frame of their own and each event in its own frame: its compressed
     /// frame, shared with every recipient, or its plain one. False (nothing written) when no event has a
     /// compressed frame: everything then goes in one plain frame, as without compression.
     ///
     /// A lone event is written as the frame it carries. Otherwise the frames are one buffer (the replies' frame,
-    /// built here, then a copy of each small event frame): one write, and no pending write per event, instead of
-    /// a pending write for each shared frame. A large frame goes on its own, between the buffers around it.
+    /// built here, then a copy of each small event frame, up to `coalescedBytesLimit`): one write, and no pending
+    /// write per event, instead of a pending write for each shared frame. A large frame, or one past the limit,
+    /// goes as it is, between the buffers around it.
     func writeCompressed(replies: [Message], events: CircularBuffer<WireEvent>, context: ChannelHandlerContext) -> Bool
     {
         guard events.contains(where: { $0.compressed != nil }) else { return false }
@@ -48,10 +54,11 @@ extension WebSocketHandler {
             return true
         }
         let limit = Self.coalescedFrameLimit
+        let budget = Self.coalescedBytesLimit
         var small = 0
         for event in events {
             let size = (event.compressed ?? event.frame).readableBytes
-            if size <= limit { small += size }
+            if size <= limit, small + size <= budget { small += size }
         }
         var bytes = 0
         var pending: ByteBuffer
@@ -71,17 +78,18 @@ extension WebSocketHandler {
             }
             pending.reserveCapacity(minimumWritableBytes: small)
         }
+        var copied = 0
         for event in events {
             let frame = event.compressed ?? event.frame
             bytes += event.compressed?.readableBytes ?? event.json.readableBytes
-            if frame.readableBytes <= limit {
+            if frame.readableBytes <= limit, copied + frame.readableBytes <= budget {
                 pending.writeImmutableBuffer(frame)
-                small -= frame.readableBytes
+                copied += frame.readableBytes
                 continue
             }
             if pending.readableBytes > 0 {
                 context.write(wrapOutboundOut(.byteBuffer(pending)), promise: nil)
-                pending = context.channel.allocator.buffer(capacity: small)
+                pending = context.channel.allocator.buffer(capacity: max(0, small - copied))
             }
             context.write(wrapOutboundOut(.byteBuffer(frame)), promise: nil)
         }
