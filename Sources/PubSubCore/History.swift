@@ -9,12 +9,18 @@ package struct History: Sendable {
         package var channel: String
         package var event: WireEvent
         package var publishedAt: NIODeadline
+        /// The memory engine's place of the event in its fan-out order (`MemoryEngine.Shard`): a resuming
+        /// subscribe replays only what its shard has already queued; the rest reaches it live.
+        package var ticket: UInt64
 
-        package init(sequence: UInt64, channel: String, event: WireEvent, publishedAt: NIODeadline) {
+        package init(
+            sequence: UInt64, channel: String, event: WireEvent, publishedAt: NIODeadline, ticket: UInt64 = 0
+        ) {
             self.sequence = sequence
             self.channel = channel
             self.event = event
             self.publishedAt = publishedAt
+            self.ticket = ticket
         }
 
         /// What the entry counts against the byte bound: its event's bytes and its channel name, as every engine

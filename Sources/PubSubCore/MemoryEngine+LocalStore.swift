@@ -7,33 +7,35 @@ import NIOCore
 /// `package`: the Redis engine's target uses them; they are no part of the library's API.
 extension MemoryEngine {
     package func hasSession(_ clientId: String) -> Bool {
-        lock.withLock { sessions[clientId] != nil }
+        withSession(clientId) { _ in true } ?? false
     }
 
     /// Creates the session `clientId`, or sets the subscriptions of the existing one; false when it existed.
     @discardableResult
     package func adopt(_ clientId: String, subscriptions: [String], connectedOnce: Bool, now: NIODeadline) -> Bool {
-        lock.withLock {
+        let number = shardNumber(for: clientId)
+        let shard = shards[number]
+        return shard.lock.withLock {
             let session: Session
             let created: Bool
-            if let existing = sessions[clientId] {
+            if let existing = shard.sessions[clientId] {
                 session = existing
                 created = false
             } else {
-                session = Session(id: clientId, expiresAt: now + lifetime)
-                sessions[clientId] = session
+                session = Session(id: clientId, shard: number, expiresAt: now + lifetime)
+                shard.sessions[clientId] = session
                 created = true
             }
             session.connectedOnce = session.connectedOnce || connectedOnce
             let wanted = Set(subscriptions)
             for channel in session.subscriptions.filter({ !wanted.contains($0) }) {
                 session.subscriptions.remove(channel)
-                removeFromIndex(channel, clientId)
+                removeFromIndex(channel, clientId, in: shard)
             }
             for channel in wanted where !session.subscriptions.contains(channel) {
                 session.subscriptions.insert(channel)
-                index[channel, default: [:]][clientId] = session
-                stats.subscriptions += 1
+                shard.index[channel, default: [:]][clientId] = session
+                shard.stats.subscriptions += 1
             }
             return created
         }
@@ -46,12 +48,13 @@ extension MemoryEngine {
     @discardableResult
     package func evict(_ clientId: String, reason: DetachReason) -> CircularBuffer<WireEvent>? {
         var notifications: [(any DeliverySink, DetachReason)] = []
-        let queue = lock.withLock { () -> CircularBuffer<WireEvent>? in
-            guard let session = sessions[clientId] else { return nil }
+        let shard = shard(for: clientId)
+        let queue = shard.lock.withLock { () -> CircularBuffer<WireEvent>? in
+            guard let session = shard.sessions[clientId] else { return nil }
             var queue = session.ledger.takeOpenBatch()
             queue.append(contentsOf: session.queue)
-            if reason == .expired { stats.expired += 1 }
-            remove(session, reason: reason, notifications: &notifications)
+            if reason == .expired { shard.stats.expired += 1 }
+            remove(session, from: shard, reason: reason, notifications: &notifications)
             return queue
         }
         notify(notifications)
@@ -74,16 +77,11 @@ extension MemoryEngine {
         return out
     }
 
-    /// `enqueue` for an event this node made (a publish while Redis is away).
+    /// `enqueue` for an event this node made (a publish while Redis is away). Queued in every shard before this
+    /// returns, unless a call on another thread with an earlier event is still on its way through the shards:
+    /// that call then queues this event after its own (and returns its drops).
     package func enqueue(_ event: WireEvent, on channel: String) -> [String] {
-        let keys = Channel.expand(channel)
-        var wakes: [(Session, any DeliverySink)] = []
-        var notifications: [(any DeliverySink, DetachReason)] = []
-        let overflowed = lock.withLock { fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications) }
-        if !wakes.isEmpty { wakeUp(wakes) }
-        if !notifications.isEmpty { notify(notifications) }
-        if !overflowed.isEmpty { report() }
-        return overflowed
+        distribute(event, keys: Channel.expand(channel))
     }
 
     /// Puts events before the session's queue: handed over by another node, or a resume's range (`isRange`: what
@@ -92,23 +90,24 @@ extension MemoryEngine {
     package func insert(_ events: CircularBuffer<WireEvent>, into clientId: String, isRange: Bool) -> Bool? {
         var wake: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
-        let result = lock.withLock { () -> Bool? in
-            guard let session = sessions[clientId] else { return nil }
+        let shard = shard(for: clientId)
+        let result = shard.lock.withLock { () -> Bool? in
+            guard let session = shard.sessions[clientId] else { return nil }
             guard !events.isEmpty else { return true }
             if isRange {
-                guard placeRange(events, in: session) else {
-                    remove(session, reason: .overflow, notifications: &notifications)
+                guard placeRange(events, in: session, of: shard) else {
+                    remove(session, from: shard, reason: .overflow, notifications: &notifications)
                     return false
                 }
             } else {
                 guard session.queue.count + events.count <= configuration.maxQueue else {
-                    remove(session, reason: .overflow, notifications: &notifications)
+                    remove(session, from: shard, reason: .overflow, notifications: &notifications)
                     return false
                 }
                 var merged = events
                 merged.append(contentsOf: session.queue)
                 session.queue = merged
-                stats.queued += UInt64(events.count)
+                shard.stats.queued += UInt64(events.count)
             }
             if let sink = session.sink, !session.wakeScheduled {
                 session.wakeScheduled = true
@@ -124,11 +123,13 @@ extension MemoryEngine {
 
     /// The subscriptions of `clientId` (nil when it is not here).
     package func subscriptions(of clientId: String) -> Set<String>? {
-        lock.withLock { sessions[clientId].map { Set($0.subscriptions) } }
+        withSession(clientId) { Set($0.subscriptions) }
     }
 
     /// Every session and its subscriptions.
     package func snapshot() -> [(id: String, subscriptions: [String])] {
-        lock.withLock { sessions.values.map { ($0.id, Array($0.subscriptions)) } }
+        shards.flatMap { shard in
+            shard.lock.withLock { shard.sessions.values.map { ($0.id, Array($0.subscriptions)) } }
+        }
     }
 }

@@ -2,19 +2,26 @@ import Bayeux
 import NIOConcurrencyHelpers
 import NIOCore
 
-/// The server API's questions, answered from the subscription index and the history as they are: each takes the
-/// engine lock once for the question, and nothing is counted while publishing.
+/// The server API's questions, answered from the subscription index and the history as they are: each takes each
+/// shard's lock (or the engine's, for the history) once for the question, and nothing is counted while publishing.
 extension MemoryEngine: EngineQueries {
     public func channels(on loop: any EventLoop) -> EventLoopFuture<[ChannelSubscribers]> {
-        let counts = lock.withLock { index.map { ChannelSubscribers(channel: $0.key, subscribers: $0.value.count) } }
-        return loop.makeSucceededFuture(counts)
+        var counts: [String: Int] = [:]
+        for shard in shards {
+            shard.lock.withLock {
+                for (channel, subscribers) in shard.index { counts[channel, default: 0] += subscribers.count }
+            }
+        }
+        return loop.makeSucceededFuture(counts.map { ChannelSubscribers(channel: $0.key, subscribers: $0.value) })
     }
 
     public func presence(of channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<[PresenceEntry]>
     {
-        let found = lock.withLock {
-            (index[channel]?.values).map { $0.map { ($0.id, $0.user, $0.transport, $0.since) } } ?? []
+        let found = shards.flatMap { shard in
+            shard.lock.withLock {
+                (shard.index[channel]?.values).map { $0.map { ($0.id, $0.user, $0.transport, $0.since) } } ?? []
+            }
         }
         let entries = found.map { id, user, transport, since in
             PresenceEntry(
@@ -31,22 +38,26 @@ extension MemoryEngine: EngineQueries {
     /// As `noteConnection`; true when the session exists and its connection type changed.
     @discardableResult
     package func noteConnectionChanged(_ clientId: String, type: ConnectionType) -> Bool {
-        lock.withLock {
-            guard let session = sessions[clientId], session.transport != type else { return false }
+        withSession(clientId) { session in
+            guard session.transport != type else { return false }
             session.transport = type
             return true
-        }
+        } ?? false
     }
 
     /// The sessions of this engine by the type of their latest connect, and the session count.
     package func clientsByTransport() -> (total: Int, byTransport: [String: Int]) {
-        lock.withLock {
-            var counts: [String: Int] = [:]
-            for session in sessions.values {
-                if let type = session.transport { counts[type.rawValue, default: 0] += 1 }
+        var counts: [String: Int] = [:]
+        var total = 0
+        for shard in shards {
+            shard.lock.withLock {
+                for session in shard.sessions.values {
+                    if let type = session.transport { counts[type.rawValue, default: 0] += 1 }
+                }
+                total += shard.sessions.count
             }
-            return (sessions.count, counts)
         }
+        return (total, counts)
     }
 
     /// `local` with this engine's sessions filled in.
@@ -107,13 +118,14 @@ extension MemoryEngine: EngineQueries {
 // MARK: Kicked clients
 
 extension MemoryEngine {
-    /// The status of a connect for a session that is not here; the lock is held.
-    func missingStatus(_ clientId: String) -> ConnectResult.Status {
-        kickedClients.contains(clientId) ? .kicked : .unknownClient
+    /// The status of a connect for a session that is not here; the lock of `clientId`'s shard is held.
+    func missingStatus(_ clientId: String, in shard: Shard) -> ConnectResult.Status {
+        shard.kickedClients.contains(clientId) ? .kicked : .unknownClient
     }
 
-    /// Whether `clientId` was removed by the server API lately (within the last 10 000 kicks).
+    /// Whether `clientId` was removed by the server API lately (within the last 10 000 kicks or so).
     package func wasKicked(_ clientId: String) -> Bool {
-        lock.withLock { kickedClients.contains(clientId) }
+        let shard = shard(for: clientId)
+        return shard.lock.withLock { shard.kickedClients.contains(clientId) }
     }
 }

@@ -5,19 +5,27 @@ import NIOCore
 
 /// The in-process engine: every session, subscription and queue lives in this process.
 ///
-/// One lock guards the state; a publish takes it once, appends the same encoded buffer to each recipient's
-/// queue and collects the sinks to wake, grouped by event loop, so each loop gets one task per publish burst
-/// (not one per recipient) and drains all its sessions under a single lock acquisition.
-// @unchecked: every `var` is guarded by `lock`.
+/// The sessions are split by client id into shards (`Shard`, `MemoryEngine+Shard.swift`), each with its own lock,
+/// subscription index and queues. The engine's own lock guards only what every publish shares: the order of
+/// events (a ticket each), the history, and the count of publishes. A publish encodes (and compresses) its event
+/// outside any lock, takes the engine lock once for its ticket and history entry, then each shard's lock in turn
+/// to queue the same buffer for that shard's subscribers and collect the sinks to wake, grouped by event loop, so
+/// each loop gets one task per publish burst (not one per recipient) and drains its sessions shard by shard.
+///
+/// Lock order: a shard's lock may be held while the engine lock is taken (a resuming subscribe reads the
+/// history); never the other way round, and never two shards' locks at once.
+// @unchecked: every `var` is guarded by `lock`; each shard's by its own.
 public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendable {
-    /// Guarded by the engine lock; handed between event loops only inside wake-up tasks.
-    // @unchecked: guarded by the engine's `lock`; handed between event loops only inside wake-up tasks.
+    /// Guarded by its shard's lock; handed between event loops only inside wake-up tasks.
+    // @unchecked: guarded by its shard's `lock`; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
         let id: String
         var subscriptions = SubscriptionSet()
         var queue = CircularBuffer<WireEvent>.noEvents
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
+        /// The number of its shard in `shards`.
+        let shard: Int
         var wakeScheduled = false
         var connectedOnce = false
         /// The attached sink is an EventSource stream (`attach`): what it is handed is not kept in the ledger.
@@ -33,25 +41,23 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var transport: ConnectionType?
         var since: NIODeadline?
 
-        init(id: String, expiresAt: NIODeadline) {
+        init(id: String, shard: Int, expiresAt: NIODeadline) {
             self.id = id
+            self.shard = shard
             self.expiresAt = expiresAt
         }
     }
 
+    /// Guards `history`, `encoded`, `tickets` and `published`.
     let lock = NIOLock()
-    var sessions: [String: Session] = [:]
-    var index: [String: [String: Session]] = [:]
-    private var stamp: UInt64 = 0
-    var stats = EngineStatistics()
-    /// Clients dropped for overflow, remembered so their next request is told why (bounded, oldest forgotten).
-    private var overflowedClients = RecentIDs(limit: 10_000)
-    /// Clients removed by the server API, so a later connect is told not to reconnect (bounded).
-    var kickedClients = RecentIDs(limit: 10_000)
-
+    /// A power of two of them, so that a client id's hash picks one with a mask.
+    let shards: [Shard]
     var history: History
     /// Publishes encoded out of the lock, waiting for an earlier sequence to be queued first (`publish`).
     private var encoded: [UInt64: (event: WireEvent, channel: String, keys: [String], now: NIODeadline)] = [:]
+    /// The last ticket handed out (`Shard`): every event queued, published here or handed over by another node.
+    var tickets: UInt64 = 0
+    private var published: UInt64 = 0
     /// Changes at every start: positions of an earlier run are never taken for positions in this one.
     package let epoch: UInt64
     /// The secret that makes positions opaque (`PositionCipher`); new at every start, like the epoch.
@@ -62,15 +68,19 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     /// Told about handshakes, subscriptions and ended sessions (webhooks); nil records nothing.
     private let observer: (any SessionEventObserver)?
-    /// Session events recorded under the lock, reported after it (see `SessionEvents.swift`).
-    private var recorded: [SessionEvent] = []
 
     /// Says when a client with no connection attached is dropped for overflow (a polling client between two
     /// polls): no transport sees that drop, so the engine logs it. Drops of attached clients are logged by their
     /// connection.
     private let logger: Logger?
-    /// Such drops, noted under the lock and logged after it: client id and the transport of its latest connect.
-    private var unattachedDrops: [(String, ConnectionType?)] = []
+
+    /// The number of shards when none is given: four per core, at least four, a power of two. More shards make a
+    /// wait on a busy one less likely; each publish visits every one.
+    static var defaultShardCount: Int {
+        var count = 4
+        while count < System.coreCount * 4 && count < 256 { count *= 2 }
+        return count
+    }
 
     public convenience init(
         configuration: BrokerConfiguration, events observer: (any SessionEventObserver)? = nil, logger: Logger? = nil
@@ -80,11 +90,12 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             logger: logger)
     }
 
-    /// With a given epoch and position key: tests that compare positions across engines or runs.
+    /// With a given epoch and position key: tests that compare positions across engines or runs. `shards` is
+    /// rounded up to a power of two.
     package init(
         configuration: BrokerConfiguration, epoch: UInt64, positionKey: PositionKey = .random(),
         events observer: (any SessionEventObserver)? = nil,
-        logger: Logger? = nil
+        logger: Logger? = nil, shards: Int = MemoryEngine.defaultShardCount
     ) {
         self.logger = logger
         self.configuration = configuration
@@ -93,6 +104,10 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         self.epoch = epoch
         self.positionKey = positionKey
         self.observer = observer
+        var count = 1
+        while count < shards { count *= 2 }
+        // 10,000 remembered ids in all, as many per shard.
+        self.shards = (0..<count).map { _ in Shard(rememberedIDs: max(10_000 / count, 100)) }
     }
 
     public var position: String? {
@@ -102,13 +117,24 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     }
 
     public var statistics: EngineStatistics {
-        lock.withLock {
-            var s = stats
-            s.clients = sessions.count
-            s.channels = index.count
-            s.queueDepth = sessions.values.reduce(0) { $0 + $1.queue.count }
-            return s
+        var total = EngineStatistics()
+        total.published = lock.withLock { published }
+        var channels = Set<String>()
+        for shard in shards {
+            shard.lock.withLock {
+                let s = shard.stats
+                total.clients += shard.sessions.count
+                total.subscriptions += s.subscriptions
+                total.queued += s.queued
+                total.overflowDrops += s.overflowDrops
+                total.resent += s.resent
+                total.expired += s.expired
+                total.queueDepth += shard.sessions.values.reduce(0) { $0 + $1.queue.count }
+                channels.formUnion(shard.index.keys)
+            }
         }
+        total.channels = channels.count
+        return total
     }
 
     /// Always: the memory engine depends on nothing outside the process.
@@ -118,27 +144,35 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     public var extraMetrics: [EngineMetric] { [] }
 
     public func createClient(now: NIODeadline, user: String?, on loop: any EventLoop) -> EventLoopFuture<String> {
-        let id = lock.withLock { () -> String in
-            var id = ClientID.random()
-            while sessions[id] != nil { id = ClientID.random() }
-            let session = Session(id: id, expiresAt: now + lifetime)
-            session.user = user
-            session.since = now
-            sessions[id] = session
-            record(SessionEvent(kind: .handshake, clientId: id, user: user))
-            return id
+        while true {
+            let id = ClientID.random()
+            let number = shardNumber(for: id)
+            let shard = shards[number]
+            let created = shard.lock.withLock { () -> Bool in
+                guard shard.sessions[id] == nil else { return false }
+                let session = Session(id: id, shard: number, expiresAt: now + lifetime)
+                session.user = user
+                session.since = now
+                shard.sessions[id] = session
+                record(SessionEvent(kind: .handshake, clientId: id, user: user), in: shard)
+                return true
+            }
+            if created {
+                report()
+                return loop.makeSucceededFuture(id)
+            }
         }
-        report()
-        return loop.makeSucceededFuture(id)
     }
 
     public func clientExists(_ clientId: String, on loop: any EventLoop) -> EventLoopFuture<Bool> {
-        loop.makeSucceededFuture(lock.withLock { sessions[clientId] != nil })
+        let shard = shard(for: clientId)
+        return loop.makeSucceededFuture(shard.lock.withLock { shard.sessions[clientId] != nil })
     }
 
-    /// Runs `body` on the session under the lock (nil when the client is unknown); for `MemoryEngine+User`.
+    /// Runs `body` on the session under its shard's lock (nil when the client is unknown); for `MemoryEngine+User`.
     func withSession<T>(_ clientId: String, _ body: (Session) -> T) -> T? {
-        lock.withLock { sessions[clientId].map(body) }
+        let shard = shard(for: clientId)
+        return shard.lock.withLock { shard.sessions[clientId].map(body) }
     }
 
     public func connect(
@@ -147,10 +181,12 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var superseded: (any DeliverySink)?
         var canonical: String?
         var notifications: [(any DeliverySink, DetachReason)] = []
-        var result = lock.withLock { () -> ConnectResult in
-            guard let session = sessions[clientId] else {
+        let shard = shard(for: clientId)
+        var result = shard.lock.withLock { () -> ConnectResult in
+            guard let session = shard.sessions[clientId] else {
                 return ConnectResult(
-                    status: overflowedClients.contains(clientId) ? .overflowed : missingStatus(clientId))
+                    status: shard.overflowedClients.contains(clientId)
+                        ? .overflowed : missingStatus(clientId, in: shard))
             }
             canonical = session.id
             session.expiresAt = now + lifetime
@@ -161,8 +197,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
                 connectId: receipt.connectId, ack: receipt.ack,
                 opensSocket: !sameConnection && sink?.isPersistent == true)
             if !sameConnection, !session.ledger.isEmpty || session.ledger.hasGap {
-                guard resend(session) else {
-                    remove(session, reason: .overflow, notifications: &notifications)
+                guard resend(session, in: shard) else {
+                    remove(session, from: shard, reason: .overflow, notifications: &notifications)
                     return ConnectResult(status: .overflowed)
                 }
             }
@@ -202,59 +238,58 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     /// Puts what the session's last connection was handed and its client has not confirmed back before its queue,
     /// to go out again on this one; false when that cannot be whole (the ledger lost events to its bound, or they
-    /// do not fit the queue): the session is then dropped, and its client told to handshake again. The lock is held.
-    private func resend(_ session: Session) -> Bool {
+    /// do not fit the queue): the session is then dropped, and its client told to handshake again. The shard's
+    /// lock is held.
+    private func resend(_ session: Session, in shard: Shard) -> Bool {
         guard !session.ledger.hasGap else { return false }
         let unconfirmed = session.ledger.takeUnconfirmed()
         guard session.queue.count + unconfirmed.count <= configuration.maxQueue else { return false }
         var queue = unconfirmed
         queue.append(contentsOf: session.queue)
         session.queue = queue
-        stats.resent += UInt64(unconfirmed.count)
+        shard.stats.resent += UInt64(unconfirmed.count)
         return true
     }
 
     public func closeBatch(_ clientId: String, connectId: JSONValue?) -> UInt64? {
-        lock.withLock {
-            sessions[clientId].map { session in
-                let onSocket = session.sink?.isPersistent == true && !session.streaming
-                return UInt64(session.ledger.closeBatch(connectId: connectId, onSocket: onSocket))
-            }
+        withSession(clientId) { session in
+            let onSocket = session.sink?.isPersistent == true && !session.streaming
+            return UInt64(session.ledger.closeBatch(connectId: connectId, onSocket: onSocket))
         }
     }
 
     public func attach(_ clientId: String, sink: any DeliverySink, on loop: any EventLoop) -> EventLoopFuture<Bool> {
         var superseded: (any DeliverySink)?
         var wake: [(Session, any DeliverySink)] = []
-        let ok = lock.withLock { () -> Bool in
-            guard let session = sessions[clientId] else { return false }
-            if let old = session.sink, old !== sink { superseded = old }
-            session.sink = sink
-            session.streaming = true
-            session.wakeScheduled = false
-            if !session.queue.isEmpty {
-                session.wakeScheduled = true
-                wake.append((session, sink))
-            }
-            return true
-        }
+        let ok =
+            withSession(clientId) { session in
+                if let old = session.sink, old !== sink { superseded = old }
+                session.sink = sink
+                session.streaming = true
+                session.wakeScheduled = false
+                if !session.queue.isEmpty {
+                    session.wakeScheduled = true
+                    wake.append((session, sink))
+                }
+                return true
+            } ?? false
         if let superseded { notify([(superseded, .superseded)]) }
         if !wake.isEmpty { wakeUp(wake) }
         return loop.makeSucceededFuture(ok)
     }
 
     public func detach(_ clientId: String, sink: any DeliverySink, takeEvents: Bool) -> CircularBuffer<WireEvent> {
-        lock.withLock {
-            guard let session = sessions[clientId], session.sink === sink else { return .noEvents }
+        withSession(clientId) { session in
+            guard session.sink === sink else { return .noEvents }
             session.sink = nil
             session.wakeScheduled = false
             return takeEvents ? take(session) : []
-        }
+        } ?? .noEvents
     }
 
     /// Takes the session's queue to hand it to a connection, keeping it in the ledger until the client confirms
-    /// it (not for a stream); the lock is held.
-    private func take(_ session: Session) -> CircularBuffer<WireEvent> {
+    /// it (not for a stream); the shard's lock is held.
+    func take(_ session: Session) -> CircularBuffer<WireEvent> {
         guard !session.queue.isEmpty else { return .noEvents }
         let events = session.queue
         session.queue = .noEvents
@@ -265,11 +300,15 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     public func subscribe(
         _ clientId: String, to channels: [String], resume: String?, now: NIODeadline, on loop: any EventLoop
     ) -> EventLoopFuture<(SubscriptionResult, ResumeResult?)> {
-        var wake: [(Session, any DeliverySink)] = []
-        let result = lock.withLock { () -> (SubscriptionResult, ResumeResult?) in
-            guard let session = sessions[clientId] else {
-                return (overflowedClients.contains(clientId) ? .overflowed : .unknownClient, nil)
+        var after = Aftermath()
+        let shard = shard(for: clientId)
+        let result = shard.lock.withLock { () -> (SubscriptionResult, ResumeResult?) in
+            guard let session = shard.sessions[clientId] else {
+                return (shard.overflowedClients.contains(clientId) ? .overflowed : .unknownClient, nil)
             }
+            // A resume's range is read from the history: what the history holds is queued here first, before the
+            // subscription is added, so that nothing comes both from the range and live.
+            if resume != nil { catchUp(shard, &after) }
             var subscribed: [String] = []
             var result = SubscriptionResult.ok
             for channel in channels {
@@ -283,44 +322,52 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
                 }
                 // The index's own key when the channel has subscribers: one string per channel, not one per
                 // subscriber (each client's message brought its own copy).
-                let channel = index.index(forKey: channel).map { index.keys[$0] } ?? channel
+                let channel = shard.index.index(forKey: channel).map { shard.index.keys[$0] } ?? channel
                 session.subscriptions.insert(channel)
-                index[channel, default: [:]][session.id] = session
-                stats.subscriptions += 1
+                shard.index[channel, default: [:]][session.id] = session
+                shard.stats.subscriptions += 1
                 subscribed.append(channel)
-                record(SessionEvent(kind: .subscribe, clientId: clientId, channel: channel, user: session.user))
+                record(
+                    SessionEvent(kind: .subscribe, clientId: clientId, channel: channel, user: session.user), in: shard)
             }
             guard let resume else { return (result, nil) }
-            let outcome = replay(after: resume, matching: subscribed, into: session, now: now)
+            let outcome = replay(after: resume, matching: subscribed, into: session, in: shard, now: now)
             if outcome.recovered, outcome.missed > 0, let sink = session.sink, !session.wakeScheduled {
                 session.wakeScheduled = true
-                wake.append((session, sink))
+                after.wakes.append((session, sink))
             }
             return (result, outcome)
         }
-        if !wake.isEmpty { wakeUp(wake) }
+        finish(after)
         report()
         return loop.makeSucceededFuture(result)
     }
 
-    /// Queues the held events after `token` that match `patterns`; the lock is held.
-    private func replay(after token: String, matching patterns: [String], into session: Session, now: NIODeadline)
-        -> ResumeResult
-    {
-        history.prune(now: now)
+    /// Queues the held events after `token` that match `patterns`; the shard's lock is held, the engine's is taken
+    /// to read the history. Only events the shard has queued already are replayed (`catchUp` has queued what the
+    /// history held): those after them reach the session live, now that it is subscribed.
+    private func replay(
+        after token: String, matching patterns: [String], into session: Session, in shard: Shard, now: NIODeadline
+    ) -> ResumeResult {
         func matches(_ channel: String) -> Bool {
             patterns.contains { Channel.matches(pattern: $0, name: channel) }
         }
-        guard history.isEnabled, let position = Position(token: token, key: positionKey), position.epoch == epoch else {
-            return ResumeResult(recovered: false, missed: 0)
+        let queued = shard.nextTicket
+        let found = lock.withLock { () -> (CircularBuffer<WireEvent>?, missed: Int) in
+            history.prune(now: now)
+            guard history.isEnabled, let position = Position(token: token, key: positionKey), position.epoch == epoch
+            else {
+                return (nil, 0)
+            }
+            guard let entries = history.entries(after: position.sequence) else {
+                return (nil, history.countHeld(after: position.sequence, matching: matches))
+            }
+            var missed = CircularBuffer<WireEvent>(initialCapacity: entries.count)
+            for entry in entries where entry.ticket < queued && matches(entry.channel) { missed.append(entry.event) }
+            return (missed, missed.count)
         }
-        guard let entries = history.entries(after: position.sequence) else {
-            return ResumeResult(
-                recovered: false, missed: history.countHeld(after: position.sequence, matching: matches))
-        }
-        var missed = CircularBuffer<WireEvent>(initialCapacity: entries.count)
-        for entry in entries where matches(entry.channel) { missed.append(entry.event) }
-        guard placeRange(missed, in: session) else {
+        guard let missed = found.0 else { return ResumeResult(recovered: false, missed: found.missed) }
+        guard placeRange(missed, in: session, of: shard) else {
             return ResumeResult(recovered: false, missed: missed.count)
         }
         return ResumeResult(recovered: true, missed: missed.count)
@@ -328,8 +375,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     /// Queues a resume's range before anything newer, exactly once: what the session's queue and ledger already
     /// hold of it is removed first (the same event is the same bytes, its position in them). False when it does
-    /// not fit the queue (nothing changed then). The lock is held.
-    func placeRange(_ range: CircularBuffer<WireEvent>, in session: Session) -> Bool {
+    /// not fit the queue (nothing changed then). The shard's lock is held.
+    func placeRange(_ range: CircularBuffer<WireEvent>, in session: Session, of shard: Shard) -> Bool {
         guard !range.isEmpty else { return true }
         let covered = Set(range)
         var rest = session.queue
@@ -339,20 +386,23 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var queue = range
         queue.append(contentsOf: rest)
         session.queue = queue
-        stats.queued += UInt64(range.count)
+        shard.stats.queued += UInt64(range.count)
         return true
     }
 
     public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)
         -> EventLoopFuture<SubscriptionResult>
     {
-        let result = lock.withLock { () -> SubscriptionResult in
-            guard let session = sessions[clientId] else {
-                return overflowedClients.contains(clientId) ? .overflowed : .unknownClient
+        let shard = shard(for: clientId)
+        let result = shard.lock.withLock { () -> SubscriptionResult in
+            guard let session = shard.sessions[clientId] else {
+                return shard.overflowedClients.contains(clientId) ? .overflowed : .unknownClient
             }
             for channel in channels where session.subscriptions.remove(channel) != nil {
-                removeFromIndex(channel, clientId)
-                record(SessionEvent(kind: .unsubscribe, clientId: clientId, channel: channel, user: session.user))
+                removeFromIndex(channel, clientId, in: shard)
+                record(
+                    SessionEvent(kind: .unsubscribe, clientId: clientId, channel: channel, user: session.user),
+                    in: shard)
             }
             return .ok
         }
@@ -360,19 +410,20 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         return loop.makeSucceededFuture(result)
     }
 
-    func removeFromIndex(_ channel: String, _ clientId: String) {
-        stats.subscriptions -= 1
-        index[channel]?[clientId] = nil
-        if index[channel]?.isEmpty == true { index[channel] = nil }
+    func removeFromIndex(_ channel: String, _ clientId: String, in shard: Shard) {
+        shard.stats.subscriptions -= 1
+        shard.index[channel]?[clientId] = nil
+        if shard.index[channel]?.isEmpty == true { shard.index[channel] = nil }
     }
 
     public func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop)
         -> EventLoopFuture<Bool>
     {
         var notifications: [(any DeliverySink, DetachReason)] = []
-        let existed = lock.withLock { () -> Bool in
-            guard let session = sessions[clientId] else { return false }
-            remove(session, reason: reason, notifications: &notifications)
+        let shard = shard(for: clientId)
+        let existed = shard.lock.withLock { () -> Bool in
+            guard let session = shard.sessions[clientId] else { return false }
+            remove(session, from: shard, reason: reason, notifications: &notifications)
             return true
         }
         notify(notifications)
@@ -380,14 +431,15 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         return loop.makeSucceededFuture(existed)
     }
 
-    /// Removes a session; the lock is held.
+    /// Removes a session; the shard's lock is held.
     func remove(
         _ session: Session,
+        from shard: Shard,
         reason: DetachReason,
         notifications: inout [(any DeliverySink, DetachReason)]
     ) {
-        sessions[session.id] = nil
-        for channel in session.subscriptions { removeFromIndex(channel, session.id) }
+        shard.sessions[session.id] = nil
+        for channel in session.subscriptions { removeFromIndex(channel, session.id, in: shard) }
         session.subscriptions = []
         session.queue = .noEvents
         session.ledger.reset()
@@ -395,15 +447,16 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             notifications.append((sink, reason))
             session.sink = nil
         } else if reason == .overflow, logger != nil {
-            unattachedDrops.append((session.id, session.transport))
+            shard.unattachedDrops.append((session.id, session.transport))
         }
         if let ended = SessionEvent.EndReason(reason) {
-            record(SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended))
+            record(
+                SessionEvent(kind: .disconnect, clientId: session.id, user: session.user, reason: ended), in: shard)
         }
-        if reason == .kicked { kickedClients.insert(session.id) }
+        if reason == .kicked { shard.kickedClients.insert(session.id) }
         if reason == .overflow {
-            stats.overflowDrops += 1
-            overflowedClients.insert(session.id)
+            shard.stats.overflowDrops += 1
+            shard.overflowedClients.insert(session.id)
         }
     }
 
@@ -411,23 +464,20 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         -> EventLoopFuture<String?>
     {
         let keys = Channel.expand(channel)
-        var wakes: [(Session, any DeliverySink)] = []
-        var notifications: [(any DeliverySink, DetachReason)] = []
-        var dropped = false
         let compression = configuration.eventCompression
-        // Encoding and compressing happen out of the lock. Without history an event has no position: it is made
-        // first. With history the lock is taken twice: once for the sequence, once to queue the event; an event
-        // encoded before the one ahead of it waits in `encoded` and is queued right after it (by whichever
-        // publish queues that one), so every subscriber sees events in position order.
+        // Encoding and compressing happen out of any lock. Without history an event has no position: it is made
+        // first, then takes a ticket. With history the engine lock is taken twice: once for the sequence, once to
+        // append the event to the history with its ticket; an event encoded before the one ahead of it waits in
+        // `encoded` and is appended right after it (by whichever publish appends that one), so tickets follow
+        // positions and every subscriber sees events in position order.
         guard configuration.historySize > 0 else {
             let event = WireEvent(encoding: message, compression: compression)
-            lock.withLock {
-                stats.published += 1
-                dropped = !fanOut(event, keys: keys, wakes: &wakes, notifications: &notifications).isEmpty
+            let ticket = lock.withLock { () -> UInt64 in
+                published += 1
+                tickets += 1
+                return tickets
             }
-            if !wakes.isEmpty { wakeUp(wakes) }
-            if !notifications.isEmpty { notify(notifications) }
-            if dropped { report() }
+            distribute([Fan(event: event, keys: keys)], first: ticket)
             return loop.makeSucceededFuture(nil)
         }
         let sequence = lock.withLock { history.nextSequence() }
@@ -435,104 +485,58 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         let position = Position(epoch: epoch, sequence: sequence).token(key: positionKey)
         positioned.setPosition(position)
         let event = WireEvent(encoding: positioned, compression: compression)
-        lock.withLock {
+        var fans: [Fan] = []
+        let first = lock.withLock { () -> UInt64 in
             encoded[sequence] = (event, channel, keys, now)
+            let first = tickets + 1
             while let next = encoded.removeValue(forKey: history.lastSequence + 1) {
+                tickets += 1
                 history.prune(now: next.now)
                 history.append(
                     History.Entry(
                         sequence: history.lastSequence + 1, channel: next.channel, event: next.event,
-                        publishedAt: next.now))
-                stats.published += 1
-                if !fanOut(next.event, keys: next.keys, wakes: &wakes, notifications: &notifications).isEmpty {
-                    dropped = true
-                }
+                        publishedAt: next.now, ticket: tickets))
+                published += 1
+                fans.append(Fan(event: next.event, keys: next.keys))
             }
+            return first
         }
-        if !wakes.isEmpty { wakeUp(wakes) }
-        if !notifications.isEmpty { notify(notifications) }
-        if dropped { report() }
+        if !fans.isEmpty { distribute(fans, first: first) }
         return loop.makeSucceededFuture(position)
     }
 
-    /// Queues `event` once for every subscriber of `keys`, dropping those whose queue is full; the lock is held.
-    /// Returns the ids of the dropped sessions.
+    /// Queues an event that has no place in this engine's history (`enqueue`): a ticket, then every shard.
+    func distribute(_ event: WireEvent, keys: [String]) -> [String] {
+        let ticket = lock.withLock { () -> UInt64 in
+            tickets += 1
+            return tickets
+        }
+        return distribute([Fan(event: event, keys: keys)], first: ticket)
+    }
+
+    /// Records a session event for the observer; the shard's lock is held.
     @inline(__always)
-    func fanOut(
-        _ event: WireEvent,
-        keys: [String],
-        wakes: inout [(Session, any DeliverySink)],
-        notifications: inout [(any DeliverySink, DetachReason)]
-    ) -> [String] {
-        stamp &+= 1
-        let stamp = self.stamp
-        let maxQueue = configuration.maxQueue
-        var overflowed: [Session] = []
-        for key in keys {
-            guard let subscribers = index[key] else { continue }
-            for session in subscribers.values where session.stamp != stamp {
-                session.stamp = stamp
-                if session.queue.count >= maxQueue {
-                    overflowed.append(session)
-                    continue
-                }
-                session.queue.append(event)
-                stats.queued += 1
-                if let sink = session.sink, !session.wakeScheduled {
-                    session.wakeScheduled = true
-                    wakes.append((session, sink))
-                }
-            }
-        }
-        if overflowed.isEmpty { return [] }
-        for session in overflowed { remove(session, reason: .overflow, notifications: &notifications) }
-        return overflowed.map(\.id)
+    private func record(_ event: SessionEvent, in shard: Shard) {
+        if observer != nil { shard.recorded.append(event) }
     }
 
-    /// One task per event loop: it drains every woken session of that loop under one lock, then delivers.
-    func wakeUp(_ wakes: [(Session, any DeliverySink)]) {
-        if wakes.count == 1 || wakes.allSatisfy({ $0.1.eventLoop === wakes[0].1.eventLoop }) {
-            let loop = wakes[0].1.eventLoop
-            loop.execute { self.drain(wakes) }
-            return
-        }
-        var byLoop: [ObjectIdentifier: [(Session, any DeliverySink)]] = [:]
-        for wake in wakes { byLoop[ObjectIdentifier(wake.1.eventLoop), default: []].append(wake) }
-        for group in byLoop.values {
-            group[0].1.eventLoop.execute { self.drain(group) }
-        }
-    }
-
-    private func drain(_ wakes: [(Session, any DeliverySink)]) {
-        var deliveries: [(any DeliverySink, CircularBuffer<WireEvent>)] = []
-        deliveries.reserveCapacity(wakes.count)
-        lock.withLock {
-            for (session, sink) in wakes where session.sink === sink && session.wakeScheduled {
-                session.wakeScheduled = false
-                if !sink.isPersistent { session.sink = nil }
-                let events = take(session)
-                if !events.isEmpty { deliveries.append((sink, events)) }
-            }
-        }
-        for (sink, events) in deliveries { sink.deliver(events) }
-    }
-
-    /// Records a session event for the observer; the lock is held.
-    @inline(__always)
-    private func record(_ event: SessionEvent) {
-        if observer != nil { recorded.append(event) }
-    }
-
-    /// Hands the recorded session events to the observer, and logs drops no connection saw; called after the
-    /// lock is released.
+    /// Hands the recorded session events to the observer, and logs drops no connection saw; called with no lock
+    /// held.
     func report() {
         guard observer != nil || logger != nil else { return }
-        let (events, drops) = lock.withLock { () -> ([SessionEvent], [(String, ConnectionType?)]) in
-            var taken: [SessionEvent] = []
-            swap(&taken, &recorded)
-            var dropped: [(String, ConnectionType?)] = []
-            swap(&dropped, &unattachedDrops)
-            return (taken, dropped)
+        var events: [SessionEvent] = []
+        var drops: [(String, ConnectionType?)] = []
+        for shard in shards {
+            shard.lock.withLock {
+                if !shard.recorded.isEmpty {
+                    events.append(contentsOf: shard.recorded)
+                    shard.recorded.removeAll()
+                }
+                if !shard.unattachedDrops.isEmpty {
+                    drops.append(contentsOf: shard.unattachedDrops)
+                    shard.unattachedDrops.removeAll()
+                }
+            }
         }
         if let observer, !events.isEmpty { observer.sessionEvents(events) }
         for (clientId, transport) in drops {
@@ -552,10 +556,14 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     public func sweep(now: NIODeadline) {
         var notifications: [(any DeliverySink, DetachReason)] = []
-        lock.withLock {
-            let expired = sessions.values.filter { $0.expiresAt <= now }
-            for session in expired { remove(session, reason: .expired, notifications: &notifications) }
-            stats.expired += UInt64(expired.count)
+        for shard in shards {
+            shard.lock.withLock {
+                let expired = shard.sessions.values.filter { $0.expiresAt <= now }
+                for session in expired {
+                    remove(session, from: shard, reason: .expired, notifications: &notifications)
+                }
+                shard.stats.expired += UInt64(expired.count)
+            }
         }
         notify(notifications)
         report()
@@ -563,12 +571,14 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
 
     public func shutdown() {
         var notifications: [(any DeliverySink, DetachReason)] = []
-        lock.withLock {
-            for session in sessions.values {
-                if let sink = session.sink {
-                    notifications.append((sink, .shutdown))
-                    session.sink = nil
-                    session.wakeScheduled = false
+        for shard in shards {
+            shard.lock.withLock {
+                for session in shard.sessions.values {
+                    if let sink = session.sink {
+                        notifications.append((sink, .shutdown))
+                        session.sink = nil
+                        session.wakeScheduled = false
+                    }
                 }
             }
         }
