@@ -89,7 +89,7 @@ public struct FeedRunner: Sendable {
             let began = ContinuousClock.now
             do {
                 try await relay.run()
-            } catch is CancellationError {
+            } catch is CancellationError where Task.isCancelled {
             } catch let error as RelayError where error.code == .configuration {
                 // The database refuses the feed as configured (a routed table's replica identity): no restart
                 // can mend that.

@@ -82,8 +82,15 @@ final class PushFeed: Sendable {
             } catch {
                 failure = error
             }
-            // Closed, or the relay is gone (the stream refused a batch): nothing more to read for.
-            if Task.isCancelled || failure is CancellationError { return }
+            // Closed: `close()` ends the stream.
+            if Task.isCancelled { return }
+            if failure is CancellationError {
+                // Not closed, yet the connection ended as cancelled: the relay is gone (the stream refused a batch,
+                // and finishing it changes nothing), or something under the connection gave up. The relay must
+                // hear of it, so that its runner logs it and starts over; else it waits for batches that never come.
+                stream.finish(throwing: RelayError(.source, "the connection to the source ended as cancelled"))
+                return
+            }
             switch await ended(failure, backoff) {
             case .again:
                 backoff.reset()

@@ -87,3 +87,37 @@ import Testing
         #expect(try await feed.next() == nil)
     }
 }
+
+extension PushFeedTests {
+    /// A connection that ends in `CancellationError` although nobody closed the feed (a library that reports a
+    /// closed connection as cancelled): the relay hears of it as an error, after the batches handed over before.
+    @Test func aConnectionEndingAsCancelledWithoutACloseEndsTheStreamWithAnError() async throws {
+        let feed = PushFeed(capacity: 8)
+        feed.start(
+            after: nil, backoff: Backoff(initial: .milliseconds(1), maximum: .milliseconds(1)),
+            connect: { _ in
+                try await feed.hand(Self.batch("1"))
+                throw CancellationError()
+            },
+            ended: { _, _ in .again })
+        let ending = Task { () -> (positions: [String], error: (any Error)?) in
+            var positions: [String] = []
+            do {
+                while let batch = try await feed.next() { positions.append(batch.position) }
+                return (positions, nil)
+            } catch {
+                return (positions, error)
+            }
+        }
+        // Before, the reader stopped without a word and `next()` waited for ever.
+        let timeout = Task {
+            try await Task.sleep(for: .seconds(10))
+            ending.cancel()
+        }
+        let (positions, error) = await ending.value
+        timeout.cancel()
+        #expect(positions == ["1"])
+        #expect((error as? RelayError)?.code == .source)
+        await feed.close()
+    }
+}

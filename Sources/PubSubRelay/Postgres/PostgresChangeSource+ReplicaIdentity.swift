@@ -59,7 +59,7 @@ extension PostgresChangeSource {
         for table in configuration.tables {
             let quoted = table.split(separator: ".", maxSplits: 1).map { Self.quoteIdentifier(String($0)) }
                 .joined(separator: ".")
-            let found = try await connection.query(
+            let found = try await connection.answer(
                 PostgresQuery(
                     unsafeSQL: """
                         SELECT c.relreplident::text, \

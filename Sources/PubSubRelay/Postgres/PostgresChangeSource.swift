@@ -162,11 +162,11 @@ public actor PostgresChangeSource: ChangeSource {
         if let found = slot, found.lost {
             // Its WAL was removed: the slot can never be read again. Start a new one and resync.
             lostReason = "replication slot \(configuration.slot) was lost (wal_status lost): its WAL was removed"
-            try await connection.query("SELECT pg_drop_replication_slot(\(configuration.slot))", logger: logger)
+            try await connection.answer("SELECT pg_drop_replication_slot(\(configuration.slot))", logger: logger)
             slot = nil
         }
         if slot == nil {
-            let rows = try await connection.query(
+            let rows = try await connection.answer(
                 "SELECT lsn::text FROM pg_create_logical_replication_slot(\(configuration.slot), 'wal2json')",
                 logger: logger)
             var created = "?"
@@ -244,7 +244,7 @@ public actor PostgresChangeSource: ChangeSource {
             let query = key.page(of: quoted, after: state.last, limit: pageSize)
             let logger = logger
             let rows = try await deadline(configuration.queryTimeout, connection) {
-                let result = try await connection.query(query, logger: logger)
+                let result = try await connection.answer(query, logger: logger)
                 var rows: [(text: String, key: [String])] = []
                 for try await row in result {
                     let cells = row.makeRandomAccess()
@@ -295,7 +295,7 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     private func primaryKey(_ connection: PostgresConnection, table quoted: String) async throws -> ResyncKey {
-        let rows = try await connection.query(
+        let rows = try await connection.answer(
             """
             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_index i \
             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
@@ -461,7 +461,7 @@ public actor PostgresChangeSource: ChangeSource {
         let slot = configuration.slot
         let limit = Int32(clamping: configuration.maxChangesPerPeek)
         let tables = configuration.tables.joined(separator: ",")
-        return try await connection.query(
+        return try await connection.answer(
             """
             SELECT lsn::text, data FROM pg_logical_slot_peek_changes(\(slot), NULL, \(limit), \
             'format-version', '2', 'include-pk', '1', 'include-xids', '1', 'include-lsn', '1', \
@@ -490,7 +490,7 @@ public actor PostgresChangeSource: ChangeSource {
     private func readHead(_ connection: PostgresConnection) async throws {
         let logger = logger
         let text = try await deadline(configuration.queryTimeout, connection) { () async throws -> String? in
-            let rows = try await connection.query("SELECT pg_current_wal_lsn()::text", logger: logger)
+            let rows = try await connection.answer("SELECT pg_current_wal_lsn()::text", logger: logger)
             for try await text in rows.decode(String.self) { return text }
             return nil
         }
@@ -540,7 +540,7 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     private func readSlot(_ connection: PostgresConnection) async throws -> SlotInfo? {
-        let rows = try await connection.query(
+        let rows = try await connection.answer(
             """
             SELECT coalesce(plugin, ''), coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(wal_status, '') \
             FROM pg_replication_slots WHERE slot_name = \(configuration.slot)
@@ -554,7 +554,7 @@ public actor PostgresChangeSource: ChangeSource {
     private func advance(_ connection: PostgresConnection, to lsn: LSN) async throws {
         let (slot, logger) = (configuration.slot, logger)
         try await deadline(configuration.queryTimeout, connection) {
-            try await connection.query(
+            try await connection.answer(
                 "SELECT pg_replication_slot_advance(\(slot), \(lsn.description)::pg_lsn)", logger: logger)
             return ()
         }
