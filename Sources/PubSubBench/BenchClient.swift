@@ -59,7 +59,9 @@ final class BenchClient: @unchecked Sendable {
     private var messagesSent = 0
     private var messagesInWindow = 0
     private var unacked = 0
-    private var sendTimes = CircularBuffer<(sentAt: UInt64, remaining: Int)>()
+    /// One slot to start with: NIO's default of 16 (256 bytes) would be held by every subscriber, which never
+    /// publishes; a publisher's ring grows by doubling.
+    private var sendTimes = CircularBuffer<(sentAt: UInt64, remaining: Int)>(initialCapacity: 1)
     private var publishing = false
     private var nextDue: UInt64 = 0
     private var frameTimer: Scheduled<Void>?
@@ -212,7 +214,8 @@ final class BenchClient: @unchecked Sendable {
                 return
             }
             clientId = id
-            clientIdBytes = Array(id.utf8)
+            // Only a publisher writes its id into what it sends (a subscriber's stays in its connect prefix).
+            if !isSubscriber { clientIdBytes = Array(id.utf8) }
             connectPrefix = Array(
                 "[{\"channel\":\"/meta/connect\",\"clientId\":\"\(id)\",\"connectionType\":\"\(shared.options.transport.rawValue)\",\"id\":\""
                     .utf8)
