@@ -308,7 +308,11 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             }
             // A resume's range is read from the history: what the history holds is queued here first, before the
             // subscription is added, so that nothing comes both from the range and live.
-            if resume != nil { catchUp(shard, &after) }
+            if resume != nil {
+                catchUp(shard, &after)
+                // What was queued may have filled the session's own queue, and dropped it.
+                guard shard.sessions[clientId] === session else { return (.overflowed, nil) }
+            }
             var subscribed: [String] = []
             var result = SubscriptionResult.ok
             for channel in channels {

@@ -217,4 +217,44 @@ import Testing
         #expect(sequences == [1, 2], "the held event once, then the next")
         try await group.shutdownGracefully()
     }
+
+    /// The same held publisher, and the resuming subscriber's queue is full: bringing its shard up to the history
+    /// drops it for overflow, and the subscribe says so instead of subscribing a session that is gone.
+    @Test func aResumeWhoseCatchUpOverflowsTheSessionIsToldOverflowed() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let loop = group.next()
+        var configuration = BrokerConfiguration()
+        configuration.historySize = 100
+        configuration.maxQueue = 2
+        let engine = MemoryEngine(configuration: configuration, epoch: 13, shards: 4)
+        var id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
+        while engine.shardNumber(for: id) == 0 {
+            id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
+        }
+        _ = try await engine.subscribe(id, to: ["/c/**"], resume: nil, now: .now(), on: loop).get()
+        // No connection attached: two events fill the queue.
+        for n in 0..<2 { _ = engine.publish(message(thread: 0, n: n), to: "/c/0", now: .now(), on: loop) }
+        let token = try #require(engine.position)
+        let answer = NIOLockedValueBox<SubscriptionResult?>(nil)
+        let clientId = id
+        runTogether([
+            { [self] in
+                engine.shards[0].lock.lock()
+                Thread { _ = engine.publish(message(thread: 0, n: 2), to: "/c/0", now: .now(), on: loop) }.start()
+                while engine.lock.withLock({ engine.history.lastSequence }) < 3 {
+                    Thread.sleep(forTimeInterval: 0.001)
+                }
+                let (result, _) = try! engine.subscribe(
+                    clientId, to: ["/d"], resume: token, now: .now(), on: loop
+                ).wait()
+                answer.withLockedValue { $0 = result }
+                engine.shards[0].lock.unlock()
+            }
+        ])
+        #expect(answer.withLockedValue { $0 } == .overflowed)
+        #expect(!engine.hasSession(clientId))
+        #expect(engine.statistics.subscriptions == 0, "nothing left in an index")
+        #expect(engine.statistics.overflowDrops == 1)
+        try await group.shutdownGracefully()
+    }
 }
