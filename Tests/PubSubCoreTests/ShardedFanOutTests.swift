@@ -26,6 +26,12 @@ import Testing
         done.wait()
     }
 
+    /// Waits on this thread until `condition` holds, for at most 20 s (then the test's expectations fail).
+    private func waitHere(until condition: () -> Bool) {
+        let deadline = Date().addingTimeInterval(20)
+        while !condition(), Date() < deadline { Thread.sleep(forTimeInterval: 0.001) }
+    }
+
     private func message(thread: Int, n: Int) -> Message {
         var message = Message()
         message.channel = "/c/\(thread)"
@@ -130,7 +136,7 @@ import Testing
             }
         }
         bodies.append {
-            while !started.withLockedValue({ $0 }) {}
+            waitHere { started.withLockedValue { $0 } }
             for n in 0..<24 {
                 let token = engine.position!
                 let after = Position(token: token, key: engine.positionKey)!.sequence
@@ -198,7 +204,7 @@ import Testing
                     _ = engine.publish(message(thread: 0, n: 0), to: "/c/0", now: .now(), on: loop)
                 }
                 publisher.start()
-                while engine.lock.withLock({ engine.history.lastSequence }) < 1 { Thread.sleep(forTimeInterval: 0.001) }
+                waitHere { engine.lock.withLock { engine.history.lastSequence } >= 1 }
                 let (result, outcome) = try! engine.subscribe(
                     clientId, to: ["/c/**"], resume: token, now: .now(), on: loop
                 ).wait()
@@ -241,9 +247,7 @@ import Testing
             { [self] in
                 engine.shards[0].lock.lock()
                 Thread { _ = engine.publish(message(thread: 0, n: 2), to: "/c/0", now: .now(), on: loop) }.start()
-                while engine.lock.withLock({ engine.history.lastSequence }) < 3 {
-                    Thread.sleep(forTimeInterval: 0.001)
-                }
+                waitHere { engine.lock.withLock { engine.history.lastSequence } >= 3 }
                 let (result, _) = try! engine.subscribe(
                     clientId, to: ["/d"], resume: token, now: .now(), on: loop
                 ).wait()
