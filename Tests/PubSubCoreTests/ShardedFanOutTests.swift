@@ -32,6 +32,46 @@ import Testing
         while !condition(), Date() < deadline { Thread.sleep(forTimeInterval: 0.001) }
     }
 
+    /// The positions (sequences) of what a sink got, in order.
+    private func sequences(_ sink: RecordingSink, _ engine: MemoryEngine) -> [UInt64] {
+        sink.events.compactMap { event -> UInt64? in
+            guard let token = event.objectValue?["ext"]?.objectValue?["position"]?.stringValue else { return nil }
+            return Position(token: token, key: engine.positionKey)?.sequence
+        }
+    }
+
+    /// A new client whose session is not in the first shard (the one `resumeWithAPublisherHeld` locks).
+    private func clientOutsideTheFirstShard(_ engine: MemoryEngine, on loop: any EventLoop) async throws -> String {
+        var id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
+        while engine.shardNumber(for: id) == 0 {
+            id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
+        }
+        return id
+    }
+
+    /// Holds the first shard's lock (a busy shard), has another thread publish to `/c/0` (it puts its event in
+    /// the history, sequence `sequence`, then waits at that shard), subscribes `clientId` to `channels` resuming
+    /// from `token` meanwhile, then lets the publisher go on.
+    private func resumeWithAPublisherHeld(
+        _ engine: MemoryEngine, clientId: String, to channels: [String], from token: String, sequence: UInt64,
+        on loop: any EventLoop
+    ) -> (SubscriptionResult, ResumeResult?) {
+        let answer = NIOLockedValueBox<(SubscriptionResult, ResumeResult?)>((.unknownClient, nil))
+        runTogether([
+            { [self] in
+                engine.shards[0].lock.lock()
+                Thread {
+                    _ = engine.publish(message(thread: 0, n: Int(sequence)), to: "/c/0", now: .now(), on: loop)
+                }.start()
+                waitHere { engine.lock.withLock { engine.history.lastSequence } >= sequence }
+                let result = try! engine.subscribe(clientId, to: channels, resume: token, now: .now(), on: loop).wait()
+                answer.withLockedValue { $0 = result }
+                engine.shards[0].lock.unlock()
+            }
+        ])
+        return answer.withLockedValue { $0 }
+    }
+
     private func message(thread: Int, n: Int) -> Message {
         var message = Message()
         message.channel = "/c/\(thread)"
@@ -101,11 +141,7 @@ import Testing
             #expect(same, "subscriber \(n) saw another order than subscriber 0")
         }
         if history {
-            let sequences = sinks[5].events.compactMap { event -> UInt64? in
-                guard let token = event.objectValue?["ext"]?.objectValue?["position"]?.stringValue else { return nil }
-                return Position(token: token, key: engine.positionKey)?.sequence
-            }
-            let inOrder = sequences == Array(1...UInt64(total))
+            let inOrder = sequences(sinks[5], engine) == Array(1...UInt64(total))
             #expect(inOrder, "position order")
         }
         #expect(engine.statistics.queued == UInt64(total * sinks.count))
@@ -160,17 +196,14 @@ import Testing
         #expect(late.contains { $0.after < total }, "some joined while events were being published")
         for (sink, after) in late {
             try await waitFor([sink], count: Int(total - after))
-            let sequences = sink.events.compactMap { event -> UInt64? in
-                guard let token = event.objectValue?["ext"]?.objectValue?["position"]?.stringValue else { return nil }
-                return Position(token: token, key: engine.positionKey)?.sequence
-            }
+            let got = sequences(sink, engine)
             let expected = Array((after + 1)..<(total + 1))
-            let shorter = min(sequences.count, expected.count)
-            let differ = (0..<shorter).first { sequences[$0] != expected[$0] } ?? shorter
-            let same = sequences == expected
+            let shorter = min(got.count, expected.count)
+            let differ = (0..<shorter).first { got[$0] != expected[$0] } ?? shorter
+            let same = got == expected
             #expect(
                 same,
-                "after \(after): \(sequences.count) events, expected \(expected.count); from index \(differ): \(sequences.dropFirst(differ).prefix(5)) instead of \(expected.dropFirst(differ).prefix(5))"
+                "after \(after): \(got.count) events, expected \(expected.count); from index \(differ): \(got.dropFirst(differ).prefix(5)) instead of \(expected.dropFirst(differ).prefix(5))"
             )
         }
         try await group.shutdownGracefully()
@@ -186,41 +219,19 @@ import Testing
         var configuration = BrokerConfiguration()
         configuration.historySize = 100
         let engine = MemoryEngine(configuration: configuration, epoch: 11, shards: 4)
-        var id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
-        while engine.shardNumber(for: id) == 0 {
-            id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
-        }
+        let id = try await clientOutsideTheFirstShard(engine, on: loop)
         let sink = RecordingSink(loop: loop, persistent: true)
         _ = try await engine.connect(
             id, now: .now(), sink: sink, receipt: ConnectReceipt(connectId: nil, ack: nil), on: loop
         ).get()
         let token = try #require(engine.position)
-        let resumed = NIOLockedValueBox<ResumeResult?>(nil)
-        let clientId = id
-        runTogether([
-            { [self] in
-                engine.shards[0].lock.lock()
-                let publisher = Thread {
-                    _ = engine.publish(message(thread: 0, n: 0), to: "/c/0", now: .now(), on: loop)
-                }
-                publisher.start()
-                waitHere { engine.lock.withLock { engine.history.lastSequence } >= 1 }
-                let (result, outcome) = try! engine.subscribe(
-                    clientId, to: ["/c/**"], resume: token, now: .now(), on: loop
-                ).wait()
-                precondition(result == .ok)
-                resumed.withLockedValue { $0 = outcome }
-                engine.shards[0].lock.unlock()
-            }
-        ])
-        #expect(resumed.withLockedValue { $0 } == ResumeResult(recovered: true, missed: 1))
+        let (result, resumed) = resumeWithAPublisherHeld(
+            engine, clientId: id, to: ["/c/**"], from: token, sequence: 1, on: loop)
+        #expect(result == .ok)
+        #expect(resumed == ResumeResult(recovered: true, missed: 1))
         _ = engine.publish(message(thread: 0, n: 1), to: "/c/0", now: .now(), on: loop)
         try await waitFor([sink], count: 2)
-        let sequences = sink.events.compactMap { event -> UInt64? in
-            guard let token = event.objectValue?["ext"]?.objectValue?["position"]?.stringValue else { return nil }
-            return Position(token: token, key: engine.positionKey)?.sequence
-        }
-        #expect(sequences == [1, 2], "the held event once, then the next")
+        #expect(sequences(sink, engine) == [1, 2], "the held event once, then the next")
         try await group.shutdownGracefully()
     }
 
@@ -233,30 +244,14 @@ import Testing
         configuration.historySize = 100
         configuration.maxQueue = 2
         let engine = MemoryEngine(configuration: configuration, epoch: 13, shards: 4)
-        var id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
-        while engine.shardNumber(for: id) == 0 {
-            id = try await engine.createClient(now: .now(), user: nil, on: loop).get()
-        }
+        let id = try await clientOutsideTheFirstShard(engine, on: loop)
         _ = try await engine.subscribe(id, to: ["/c/**"], resume: nil, now: .now(), on: loop).get()
         // No connection attached: two events fill the queue.
         for n in 0..<2 { _ = engine.publish(message(thread: 0, n: n), to: "/c/0", now: .now(), on: loop) }
         let token = try #require(engine.position)
-        let answer = NIOLockedValueBox<SubscriptionResult?>(nil)
-        let clientId = id
-        runTogether([
-            { [self] in
-                engine.shards[0].lock.lock()
-                Thread { _ = engine.publish(message(thread: 0, n: 2), to: "/c/0", now: .now(), on: loop) }.start()
-                waitHere { engine.lock.withLock { engine.history.lastSequence } >= 3 }
-                let (result, _) = try! engine.subscribe(
-                    clientId, to: ["/d"], resume: token, now: .now(), on: loop
-                ).wait()
-                answer.withLockedValue { $0 = result }
-                engine.shards[0].lock.unlock()
-            }
-        ])
-        #expect(answer.withLockedValue { $0 } == .overflowed)
-        #expect(!engine.hasSession(clientId))
+        let (result, _) = resumeWithAPublisherHeld(engine, clientId: id, to: ["/d"], from: token, sequence: 3, on: loop)
+        #expect(result == .overflowed)
+        #expect(!engine.hasSession(id))
         #expect(engine.statistics.subscriptions == 0, "nothing left in an index")
         #expect(engine.statistics.overflowDrops == 1)
         try await group.shutdownGracefully()
