@@ -105,15 +105,22 @@ import Testing
     #if canImport(Glibc)
         @Test func heapAllocatedCountsAnAllocationUntilItIsFreed() throws {
             let size = 64 << 20
-            let before = try #require(ProcessMemory.heapAllocatedBytes())
-            let block = try #require(malloc(size))
-            memset(block, 1, size)
-            let holding = try #require(ProcessMemory.heapAllocatedBytes())
-            free(block)
-            let after = try #require(ProcessMemory.heapAllocatedBytes())
-            // Other tests allocate and free on other threads meanwhile: half the block is the margin for them.
-            #expect(holding - before >= size / 2)
-            #expect(holding - after >= size / 2)
+            // Other tests allocate and free on other threads meanwhile, tens of megabytes at a time: half the block
+            // is the margin for them, and the measure is taken again (up to five times) when they took more. A
+            // figure that never counts the block fails every time.
+            var seen: [(held: Int, freed: Int)] = []
+            for _ in 0..<5 {
+                let before = try #require(ProcessMemory.heapAllocatedBytes())
+                let block = try #require(malloc(size))
+                memset(block, 1, size)
+                let holding = try #require(ProcessMemory.heapAllocatedBytes())
+                free(block)
+                let after = try #require(ProcessMemory.heapAllocatedBytes())
+                seen.append((holding - before, holding - after))
+                if holding - before >= size / 2 && holding - after >= size / 2 { break }
+            }
+            let counted = seen.contains { $0.held >= size / 2 && $0.freed >= size / 2 }
+            #expect(counted, "held and freed per attempt: \(seen)")
         }
 
         @Test func heapInUseIsReadFromTheTotalsOfMallocInfo() {
