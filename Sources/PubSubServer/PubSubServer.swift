@@ -162,12 +162,13 @@ public final class PubSubServer: Sendable {
                 }
             }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
             // The outbound byte budget: past it a connection is not writable, stops being read, and its events wait
             // in its backlog (`ConnectionStateMachine`).
             .childChannelOption(.writeBufferWaterMark, value: configuration.writeBufferWaterMark)
-            // Idle connections keep their receive buffer: start it small (it doubles on a full read); the sizer sits
-            // inline in the channel, where NIO's adaptive allocator takes a box of its own per connection.
+            // What an idle connection keeps of its reads: NIO's receive pool keeps the first buffer and, with more
+            // than one read per wake-up, one per read; the sizer makes the first one small and lets the pool keep
+            // no other (`ReceiveBufferSizer`). A read still takes up to 64 KiB: its buffer doubles on a full read.
+            .childChannelOption(.maxMessagesPerRead, value: 1)
             .childChannelOption(.recvAllocator, value: ReceiveBufferSizer(minimum: 64, initial: 512, maximum: 65536))
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
