@@ -257,6 +257,7 @@ let package = Package(
             dependencies: [
                 "PubSubBench", "Bayeux", .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "CompressNIO", package: "compress-nio"),
             ],
             swiftSettings: swiftSettings
         ),

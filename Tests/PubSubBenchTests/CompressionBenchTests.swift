@@ -1,4 +1,5 @@
 import Bayeux
+import CompressNIO
 import NIOCore
 import Testing
 
@@ -69,6 +70,11 @@ import Testing
         let compression = LoopCompression()
         // Twice: the inflater is reset after each message (no context taken over).
         for _ in 0..<2 {
+            let inflated = try #require(compression.inflateAnew(ByteBuffer(bytes: Self.deflated), limit: 1 << 20))
+            #expect(String(buffer: inflated) == Self.message)
+        }
+        // Twice again, the second from the recent messages.
+        for _ in 0..<2 {
             let inflated = try #require(compression.inflate(ByteBuffer(bytes: Self.deflated), limit: 1 << 20))
             #expect(String(buffer: inflated) == Self.message)
         }
@@ -76,6 +82,36 @@ import Testing
         #expect(compression.inflate(ByteBuffer(bytes: Self.deflated), limit: 100) == nil)
         // zlib alone: the same bytes as Python's, plus a 4-byte header (126 < 131 bytes).
         #expect(compression.zlibAloneFrameBytes(ByteBuffer(string: Self.message)) == Self.deflated.count + 4)
+    }
+
+    /// Messages met again come from the recent ones, each still its own text; the recent ones are at most
+    /// `recentLimit`, the oldest forgotten first.
+    @Test func recentMessagesAreKeptBoundedAndReadAsTheirOwnText() throws {
+        let compression = LoopCompression()
+        let deflater = try ZlibCompressor(algorithm: .deflate)
+        func deflated(_ text: String) throws -> ByteBuffer {
+            defer { try? deflater.reset() }
+            var input = ByteBuffer(string: text)
+            var output = ByteBufferAllocator().buffer(capacity: deflater.maxSize(from: input) + 16)
+            try deflater.deflate(from: &input, to: &output, flush: .sync)
+            output.moveWriterIndex(to: output.writerIndex - 4)
+            return output
+        }
+        let count = LoopCompression.recentLimit + 10
+        let messages = try (0..<count).map { index in
+            let text = "[{\"channel\":\"/a\",\"data\":{\"n\":\(index)},\"id\":\"\(index)\"}]"
+            return (text, try deflated(text))
+        }
+        for _ in 0..<2 {
+            for (text, payload) in messages {
+                let inflated = try #require(compression.inflate(payload, limit: 1 << 20))
+                #expect(String(buffer: inflated) == text)
+                #expect(compression.recentCount <= LoopCompression.recentLimit)
+            }
+        }
+        #expect(compression.recentCount == LoopCompression.recentLimit)
+        // A known message is still held to the limit it is read with.
+        #expect(compression.inflate(messages[count - 1].1, limit: 4) == nil)
     }
 
     @Test func aCompressedFrameIsReadWithItsRSV1AndWireLength() throws {
