@@ -36,35 +36,32 @@ enum PerMessageDeflate {
 /// only on its loop.
 ///
 /// The loop's subscribers mostly read the same messages (a server that compresses once per publish sends every
-/// recipient the same bytes), so the last `recentLimit` messages inflated are kept by their compressed bytes, and
+/// recipient the same bytes), so the last `recentLimit` messages inflated (up to 16 KiB each) are kept by their compressed bytes, and
 /// one met again is not inflated again. With no context taken over, the same compressed bytes always inflate to
 /// the same text, so what a client reads is unchanged; the load generator, which shares the machine with the
 /// server it measures, then spends on a compressed delivery about what it spends on a plain one.
 final class LoopCompression {
     private var inflater: ZlibDecompressor?
     private var deflater: ZlibCompressor?
-    /// Recently inflated messages by their compressed payload, and the payloads in the order they came (a ring).
+    /// Recently inflated messages by their compressed payload, and the payloads oldest first: at most `recentLimit`
+    /// of them, each at most `recentBytesLimit` bytes inflated (a larger one is inflated every time).
     private var recent: [ByteBuffer: ByteBuffer] = [:]
-    private var recentOrder: [ByteBuffer] = []
-    private var recentNext = 0
+    private var recentOrder = CircularBuffer<ByteBuffer>()
     static let recentLimit = 64
+    static let recentBytesLimit = 16 * 1024
     var recentCount: Int { recent.count }
 
     /// A compressed message's payload inflated, from the recent messages when it is one of them.
     func inflate(_ payload: ByteBuffer, limit: Int) -> ByteBuffer? {
         if let known = recent[payload] { return known.readableBytes <= limit ? known : nil }
         guard let text = inflateAnew(payload, limit: limit) else { return nil }
+        guard text.readableBytes <= Self.recentBytesLimit else { return text }
         // A copy: the payload is a slice of the read buffer, which may be much larger.
         var key = ByteBufferAllocator().buffer(capacity: payload.readableBytes)
         key.writeImmutableBuffer(payload)
-        if recentOrder.count < Self.recentLimit {
-            recentOrder.append(key)
-        } else {
-            recent[recentOrder[recentNext]] = nil
-            recentOrder[recentNext] = key
-            recentNext = (recentNext + 1) % Self.recentLimit
-        }
         recent[key] = text
+        recentOrder.append(key)
+        if recentOrder.count > Self.recentLimit { recent[recentOrder.removeFirst()] = nil }
         return text
     }
 

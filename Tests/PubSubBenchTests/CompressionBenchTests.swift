@@ -112,6 +112,12 @@ import Testing
         #expect(compression.recentCount == LoopCompression.recentLimit)
         // A known message is still held to the limit it is read with.
         #expect(compression.inflate(messages[count - 1].1, limit: 4) == nil)
+        // A message larger than `recentBytesLimit` is read, and not kept.
+        let large = "[{\"data\":\"" + String(repeating: "x", count: LoopCompression.recentBytesLimit) + "\"}]"
+        let fresh = LoopCompression()
+        let inflated = try #require(fresh.inflate(try deflated(large), limit: 1 << 20))
+        #expect(String(buffer: inflated) == large)
+        #expect(fresh.recentCount == 0)
     }
 
     @Test func aCompressedFrameIsReadWithItsRSV1AndWireLength() throws {
