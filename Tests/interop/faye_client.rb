@@ -20,7 +20,12 @@ require 'faye'
 
 $stdout.sync = true
 
+# EM.stop ends the reactor only after the current tick, whose other callbacks (a reply read, the next
+# /meta/connect sent) still run: nothing is printed after "done", so it really is the last line.
 def emit(event, fields = {})
+  return if $done
+
+  $done = true if event == 'done'
   $stdout.puts(JSON.generate({ 'event' => event }.merge(fields)))
 end
 
