@@ -1,22 +1,24 @@
-/// Client ids as Faye makes them: 160 random bits in base 36, left-padded with `0` to 31 characters.
+/// Client ids: 15 characters drawn uniformly from `[0-9A-Za-z]`, about 89 random bits. Faye's are 160 bits in 31
+/// base-36 characters; no Bayeux client reads an id, it only sends it back. At 15 UTF-8 bytes or fewer a Swift
+/// string is stored inline, so an id costs a session, a connection and every table keyed by it no allocation of
+/// its own (a 31-character id took 64 bytes of heap in each place that made a copy of it).
 public enum ClientID {
+    public static let length = 15
+    static let alphabet = Array("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz".utf8)
+
     public static func random<G: RandomNumberGenerator>(using generator: inout G) -> String {
-        // 160 bits as five 32-bit limbs, most significant first; repeated division by 36.
-        var limbs: [UInt32] = (0..<5).map { _ in UInt32.random(in: .min ... .max, using: &generator) }
-        let digits = Array("0123456789abcdefghijklmnopqrstuvwxyz".utf8)
+        // A byte below 248 (4 × 62) picks a character without bias; the rest are drawn again.
         var out: [UInt8] = []
-        out.reserveCapacity(31)
-        while limbs.contains(where: { $0 != 0 }) {
-            var remainder: UInt64 = 0
-            for i in limbs.indices {
-                let value = remainder << 32 | UInt64(limbs[i])
-                limbs[i] = UInt32(value / 36)
-                remainder = value % 36
+        out.reserveCapacity(length)
+        while out.count < length {
+            var word = generator.next()
+            for _ in 0..<8 where out.count < length {
+                let byte = UInt8(truncatingIfNeeded: word)
+                word >>= 8
+                if byte < 248 { out.append(alphabet[Int(byte % 62)]) }
             }
-            out.append(digits[Int(remainder)])
         }
-        while out.count < 31 { out.append(UInt8(ascii: "0")) }
-        return String(decoding: out.reversed(), as: UTF8.self)
+        return String(decoding: out, as: UTF8.self)
     }
 
     public static func random() -> String {

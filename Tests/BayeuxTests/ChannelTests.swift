@@ -89,14 +89,26 @@ import Testing
 }
 
 @Suite struct ClientIDTests {
-    @Test func thirtyOneBase36Characters() {
+    @Test func fifteenAlphanumericCharacters() {
         var seen = Set<String>()
         for _ in 0..<200 {
             let id = ClientID.random()
-            #expect(id.count == 31)
-            #expect(id.allSatisfy { $0.isNumber || ("a"..."z").contains($0) })
+            #expect(id.utf8.count == 15)
+            #expect(id.allSatisfy { $0.isASCII && ($0.isNumber || $0.isLetter) })
             seen.insert(id)
         }
         #expect(seen.count == 200)
+    }
+
+    /// Bytes of 248 and over would favour the first eight characters: they are drawn again, not folded.
+    @Test func biasedBytesAreDrawnAgain() {
+        struct Words: RandomNumberGenerator {
+            var words: [UInt64]
+            mutating func next() -> UInt64 { words.removeFirst() }
+        }
+        var generator = Words(words: [.max, 0xF8F9_FAFB_FCFD_FEFF, 0x3E3D_0100_0000_0000, 0x0000_003D_3C3B_3A39])
+        // Two words of rejected bytes, then bytes lowest first: 0 × 5, 1, 61 ("z"), 62 ("0" again: 62 % 62), then
+        // 57 … 61 ("v" … "z") and 0, 0.
+        #expect(ClientID.random(using: &generator) == "00000" + "1z0" + "vwxyz" + "00")
     }
 }

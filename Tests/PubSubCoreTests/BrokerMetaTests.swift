@@ -16,7 +16,7 @@ import Testing
         #expect(reply["id"] == "1")
         #expect(reply["supportedConnectionTypes"] == ConnectionType.advertised)
         #expect(reply["advice"] == json(#"{"reconnect":"retry","interval":0,"timeout":45000}"#))
-        #expect(reply["clientId"]?.stringValue?.count == 31)
+        #expect(reply["clientId"]?.stringValue?.count == 15)
         #expect(reply["ext"] == nil)
     }
 
