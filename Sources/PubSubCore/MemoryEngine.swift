@@ -19,17 +19,21 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     /// Guarded by its shard's lock; handed between event loops only inside wake-up tasks.
     // @unchecked: guarded by its shard's `lock`; handed between event loops only inside wake-up tasks.
     final class Session: @unchecked Sendable {
+        // Stored in this order, the one-byte fields in the padding after `subscriptions` (17 bytes), and `since`
+        // without an optional's tag byte: 216 bytes, which malloc serves from its 224-byte chunks, not its 256.
         let id: String
         var subscriptions = SubscriptionSet()
-        var queue = CircularBuffer<WireEvent>.noEvents
-        var expiresAt: NIODeadline
-        var sink: (any DeliverySink)?
-        /// The number of its shard in `shards`.
-        let shard: Int
         var wakeScheduled = false
         var connectedOnce = false
         /// The attached sink is an EventSource stream (`attach`): what it is handed is not kept in the ledger.
         var streaming = false
+        /// For presence (`MemoryEngine+Presence.swift`): the latest connect's type; `since`, the handshake's time.
+        var transport: ConnectionType?
+        /// The number of its shard in `shards`.
+        private let shardNumber: Int32
+        var queue = CircularBuffer<WireEvent>.noEvents
+        var expiresAt: NIODeadline
+        var sink: (any DeliverySink)?
         /// What connections were handed and the client has not confirmed (`DeliveryLedger`).
         var ledger = DeliveryLedger()
         var stamp: UInt64 = 0
@@ -37,13 +41,18 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var user: String?
         /// What an authorization mode granted at the handshake (`SessionGrant.encoded`); see `setGrant`.
         var grant: String?
-        /// For presence (`MemoryEngine+Presence.swift`): the latest connect's type, the handshake's time.
-        var transport: ConnectionType?
-        var since: NIODeadline?
+        /// `since`; zero until the handshake sets it.
+        private var handshakeTime = NIODeadline.uptimeNanoseconds(0)
+
+        var shard: Int { Int(shardNumber) }
+        var since: NIODeadline? {
+            get { handshakeTime == .uptimeNanoseconds(0) ? nil : handshakeTime }
+            set { handshakeTime = newValue ?? .uptimeNanoseconds(0) }
+        }
 
         init(id: String, shard: Int, expiresAt: NIODeadline) {
             self.id = id
-            self.shard = shard
+            self.shardNumber = Int32(shard)
             self.expiresAt = expiresAt
         }
     }

@@ -49,19 +49,20 @@ final class ConnectionDriver: TimerQueueOwner {
     private var sink: ConnectionSink?
     /// The generation of `sink`; moved on whenever it is let go, so that the calls of older sinks are ignored.
     private var generation: UInt32 = 0
-    var timerQueueIndex = -1
-    /// When the held connect's hold ends. The timer entry may be earlier (left from a hold answered before: it
-    /// fires early and is moved), never later, so answering a poll and parking the next take no heap work.
-    private var holdDeadline: NIODeadline?
-    /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
-    private var requestContext: RequestContext
     /// How the attached client is counted (`pubsub_clients`): an open WebSocket, a parked connect, a stream.
+    /// Beside `generation`, in its padding: the driver is 328 bytes, malloc's 336-byte chunk, not its 352.
     private var attachedType: ConnectionType? {
         didSet {
             if let oldValue, oldValue != attachedType { counters.detached(oldValue) }
             if let attachedType, attachedType != oldValue { counters.attached(attachedType) }
         }
     }
+    var timerQueueIndex = -1
+    /// When the held connect's hold ends. The timer entry may be earlier (left from a hold answered before: it
+    /// fires early and is moved), never later, so answering a poll and parking the next take no heap work.
+    private var holdDeadline: NIODeadline?
+    /// The context of the latest request or frame: the connect reply's outgoing extensions use it.
+    private var requestContext: RequestContext
 
     /// `context`: a WebSocket's, for all its frames; a polling connection's are its requests'.
     init(transport: any ConnectionTransport, context: RequestContext, shared: ServerShared, eventLoop: any EventLoop) {
