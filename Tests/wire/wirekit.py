@@ -23,7 +23,7 @@ from pubsubtest.websocket import (BINARY, CLOSE, CONT, GUID, PING, PONG, RSV1, R
 ALL6 = ["long-polling", "cross-origin-long-polling", "callback-polling",
         "websocket", "eventsource", "in-process"]
 
-CLIENT_ID_RE = re.compile(r"^[0-9A-Za-z]{15}$")
+CLIENT_ID_RE = re.compile(r"^[0-9a-z]{15}$")
 
 # PROTOCOL.md section 1: ddd:STRING(,STRING)*:STRING or ddd::STRING
 _S = r"[A-Za-z0-9\-_!~()$@ /*.]*"
