@@ -126,6 +126,21 @@ extension Wal2JSONRecord.RowChange {
         return object
     }
 
+    /// The change this row makes, at `seq`. `identityColumns` are each table's replica identity columns (nil for
+    /// `REPLICA IDENTITY FULL`): an update whose identity did not change carries no old identity, and its
+    /// `previous` is then made of those columns' new values, which are also their old ones.
+    func change(seq: String, extra: JSONObject, identityColumns: [String: [String]?]) -> Change {
+        var previous = self.previous
+        if previous == nil, operation == .update, case let columns?? = identityColumns[schema + "." + table] {
+            var unchanged = JSONObject()
+            for column in self.columns where columns.contains(column.name) { unchanged[column.name] = column.value }
+            previous = unchanged
+        }
+        return Change(
+            collection: [schema, table], id: id, operation: operation, seq: seq, document: document, extra: extra,
+            previous: previous)
+    }
+
     /// The row as an object: the new row for insert/update, the old identity for delete.
     public var document: JSONObject {
         var object = JSONObject()
@@ -222,25 +237,10 @@ public struct Wal2JSONAssembler: Sendable {
             return .commit(position)
         case .row(let row):
             guard let position = nextPosition() else { return nil }
-            var previous = row.previous
-            if previous == nil, row.operation == .update,
-                case let columns?? = identityColumns[row.schema + "." + row.table]
-            {
-                var unchanged = JSONObject()
-                for column in row.columns where columns.contains(column.name) { unchanged[column.name] = column.value }
-                previous = unchanged
-            }
-            return .change(
-                Change(
-                    collection: [row.schema, row.table], id: row.id, operation: row.operation,
-                    seq: position.description,
-                    document: row.document, extra: extra, previous: previous))
+            return .change(row.change(seq: position.description, extra: extra, identityColumns: identityColumns))
         case .truncate(let schema, let table):
             guard let position = nextPosition() else { return nil }
-            return .change(
-                Change(
-                    collection: [schema, table], id: nil, operation: .truncate, seq: position.description, extra: extra)
-            )
+            return .change(Change.truncate(schema: schema, table: table, seq: position.description, extra: extra))
         case .message:
             return nil
         }
@@ -260,4 +260,11 @@ public struct Wal2JSONAssembler: Sendable {
 
     /// Whether a transaction is open (its begin seen, its commit not yet).
     public var isInsideTransaction: Bool { end != nil }
+}
+
+extension Change {
+    /// A truncate of `schema.table`: to the collection's channel, with no id.
+    static func truncate(schema: String, table: String, seq: String, extra: JSONObject) -> Change {
+        Change(collection: [schema, table], id: nil, operation: .truncate, seq: seq, extra: extra)
+    }
 }
