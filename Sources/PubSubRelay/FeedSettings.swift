@@ -112,9 +112,9 @@ public enum FeedKind: String, Sendable, CaseIterable {
 }
 
 extension PostgresChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes"]
+    static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes", "plugin", "publication"]
 
-    /// From `{"dsn", "slot", "table": [...], "max_changes"?, "poll_interval"?}`, validated as `pubsub relay postgres` validates its
+    /// From `{"dsn", "slot", "table": [...], "max_changes"?, "poll_interval"?, "plugin"?, "publication"?}`, validated as `pubsub relay postgres` validates its
     /// options.
     public init(settings: FeedSettings) throws {
         let dsn: PostgresDSN
@@ -139,6 +139,18 @@ extension PostgresChangeSource.Configuration {
         self.init(
             dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges,
             pollInterval: .nanoseconds(Int64(poll * 1e9)))
+        if let name = try settings.optionalString("plugin") {
+            guard let plugin = PostgresChangeSource.Plugin(rawValue: name) else {
+                throw settings.error("plugin", "pgoutput or wal2json")
+            }
+            self.plugin = plugin
+        }
+        if let publication = try settings.optionalString("publication") {
+            guard PostgresChangeSource.isValidSlotName(publication) else {
+                throw settings.error("publication", "lower-case letters, digits and underscores (at most 63)")
+            }
+            self.publication = publication
+        }
     }
 }
 

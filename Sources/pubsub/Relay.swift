@@ -133,15 +133,20 @@ struct RelayOptions: ParsableArguments {
 struct RelayPostgres: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "postgres",
-        abstract: "Relay PostgreSQL logical decoding (wal2json format-version 2) to channel events.",
+        abstract: "Relay PostgreSQL logical decoding (pgoutput, or wal2json) to channel events.",
         discussion: """
-            Reads the slot over an ordinary SQL connection (pg_logical_slot_peek_changes), publishes every \
-            insert, update, delete and truncate of the given tables to <prefix>/<schema>/<table>/<escaped id>, \
-            waits for the broker's acknowledgement, writes the checkpoint durably, and only then advances the \
-            slot (pg_replication_slot_advance). After a crash it resumes from its checkpoint: delivery is at least \
-            once, and a change delivered twice carries the same data.key. Creates the slot (plugin wal2json) if \
-            it is missing. The server needs wal_level=logical and the wal2json plugin; the role needs LOGIN \
-            REPLICATION.
+            Streams the slot over PostgreSQL's replication protocol with the built-in pgoutput plugin (no \
+            extension on the server), through a publication of the given tables (pubsub_<slot>, created if \
+            missing, or --publication), and publishes every insert, update, delete and truncate of them to \
+            <prefix>/<schema>/<table>/<escaped id>. It waits for the broker's acknowledgement, writes the \
+            checkpoint durably, and only then confirms the position to the slot. After a crash it resumes from its \
+            checkpoint: delivery is at least once, and a change delivered twice carries the same data.key. Creates \
+            the slot (plugin pgoutput) if it is missing. The server needs wal_level=logical; the role needs LOGIN \
+            REPLICATION (and, for the publication it creates, ownership of the tables).
+
+            --plugin wal2json reads an existing wal2json slot over an ordinary SQL connection instead \
+            (pg_logical_slot_peek_changes, then pg_replication_slot_advance, polled every --poll-interval); \
+            PostgreSQL 15.19 and later load wal2json only when output_plugin_libraries names it.
 
             data holds id (the primary key as text), op (insert, update, delete, truncate), seq (the source \
             position), key (the idempotency key), collection, source, txn, and doc with --include-doc.
@@ -166,14 +171,25 @@ struct RelayPostgres: AsyncParsableCommand {
     )
     var dsn: String
 
-    @Option(help: "The logical replication slot (created with wal2json if missing).")
+    @Option(help: "The logical replication slot (created with the plugin if missing).")
     var slot: String
+
+    @Option(help: "The slot's logical decoding plugin: pgoutput (streamed; the default) or wal2json (polled).")
+    var plugin: PostgresChangeSource.Plugin = .pgoutput
+
+    @Option(
+        help:
+            "The publication pgoutput reads (it must exist and hold the tables); default pubsub_<slot>, created if missing."
+    )
+    var publication: String?
 
     @Option(help: "A table to relay, as schema.table; repeat for several.")
     var table: [String] = []
 
     @Option(
-        help: "Seconds of rest after a poll that found the slot drained (a full poll is followed by the next at once).")
+        help:
+            "With wal2json: seconds of rest after a poll that found the slot drained (a full poll is followed by the next at once)."
+    )
     var pollInterval: Double = 0.1
 
     @Option(help: "Most changes per batch; a larger transaction is relayed and checkpointed in pieces.")
@@ -192,6 +208,9 @@ struct RelayPostgres: AsyncParsableCommand {
             if let problem = PostgresChangeSource.tableNameProblem(name) { throw ValidationError("--table \(problem)") }
         }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be positive") }
+        if let publication, !PostgresChangeSource.isValidSlotName(publication) {
+            throw ValidationError("--publication must be lower-case letters, digits and underscores (at most 63)")
+        }
         guard maxChanges > 0 else { throw ValidationError("--max-changes must be positive") }
         do {
             _ = try PostgresDSN(dsn)
@@ -205,6 +224,8 @@ struct RelayPostgres: AsyncParsableCommand {
         var configuration = PostgresChangeSource.Configuration(
             dsn: try PostgresDSN(dsn), slot: slot, tables: table, maxChangesPerPeek: maxChanges,
             pollInterval: .nanoseconds(Int64(pollInterval * 1e9)))
+        configuration.plugin = plugin
+        configuration.publication = publication
         do {
             try configuration.route(try relay.routes())
         } catch let error as RelayError {
@@ -248,3 +269,5 @@ struct BayeuxPublisher: Publisher {
         }
     }
 }
+
+extension PostgresChangeSource.Plugin: ExpressibleByArgument {}

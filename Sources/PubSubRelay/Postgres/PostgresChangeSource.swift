@@ -1,22 +1,46 @@
 import Bayeux
+import CoreMetrics
 import Logging
 import NIOCore
 import NIOPosix
 import PostgresNIO
 
-/// PostgreSQL logical decoding through wal2json (format-version 2), read over an ordinary SQL connection:
-/// `pg_logical_slot_peek_changes` to read without consuming, `pg_replication_slot_advance` to confirm once the
-/// relay's checkpoint is durable. Creates the slot if it is missing. Needs a `LOGIN REPLICATION` role (or a
-/// superuser), `wal_level=logical` and the wal2json plugin on the server.
+/// PostgreSQL logical decoding. Needs a `LOGIN REPLICATION` role (or a superuser) and `wal_level=logical`.
+/// Creates the slot if it is missing. Two ways to read it:
 ///
-/// The slot is pulled: the shared reader (`PushFeed.startPolling`) polls it, rests `pollInterval` when a peek
-/// drained it, reconnects with its backoff, and hands batches to the relay while the rest of the same peek is read.
-/// Before each peek it waits for the relay's acknowledgement of every batch handed over, and the peek first
-/// advances the slot to what the relay confirmed (whole transactions only).
+/// - **pgoutput** (the default), the plugin built into every PostgreSQL since 10: the slot is streamed over a
+///   replication connection (`START_REPLICATION … LOGICAL`, `ReplicationStateMachine`), through a publication of
+///   the relayed tables (created if missing). The server pushes each transaction as it commits; the standby status
+///   confirms only what the relay checkpointed, and keepalives move the slot past WAL of other tables. An ordinary
+///   SQL connection (postgres-nio) beside it checks the slot, reads a resync and the server's WAL head.
+/// - **wal2json** (format-version 2), for existing slots of that plugin, read over an ordinary SQL connection:
+///   `pg_logical_slot_peek_changes` to read without consuming, `pg_replication_slot_advance` to confirm once the
+///   relay's checkpoint is durable. PostgreSQL 15.19 and later load it only when `output_plugin_libraries` names
+///   it. The slot is pulled: the shared reader (`PushFeed.startPolling`) polls it, rests `pollInterval` when a peek
+///   drained it, reconnects with its backoff, and hands batches to the relay while the rest of the same peek is
+///   read. Before each peek it waits for the relay's acknowledgement of every batch handed over, and the peek first
+///   advances the slot to what the relay confirmed (whole transactions only).
+///
+/// Both give the same changes, data and positions.
 public actor PostgresChangeSource: ChangeSource {
+    /// The logical decoding plugin of the slot.
+    public enum Plugin: String, Sendable, CaseIterable {
+        case pgoutput
+        case wal2json
+    }
+
     public struct Configuration: Sendable {
         public var dsn: PostgresDSN
         public var slot: String
+        public var plugin: Plugin = .pgoutput
+        /// The publication pgoutput reads (nil: `pubsub_<slot>`, created for the relayed tables when missing; a
+        /// named one must exist and hold them).
+        public var publication: String?
+        /// The longest message the replication stream may carry (one row change is one message).
+        public var maxMessageSize = 256 << 20
+        /// The slot lag (WAL bytes between the server's head and the confirmed position) above which the relay
+        /// says it is behind.
+        public var behindBytes: UInt64 = 64 << 20
         /// Relayed tables as `schema.table`; changes of other tables are filtered out by wal2json.
         public var tables: [String]
         /// Most changes per batch: a transaction larger than this is read, published and checkpointed in pieces of
@@ -51,14 +75,30 @@ public actor PostgresChangeSource: ChangeSource {
     public nonisolated let sourceID: String
     public let configuration: Configuration
     let logger: Logger
+    /// The replication stream's machine and channel while one is open (pgoutput).
+    var machine: ReplicationStateMachine?
+    var replication: (any NIOCore.Channel)?
+    /// The pgoutput stream's assembler, made anew for each connection.
+    var streamAssembler = PgOutputAssembler(after: PostgresPosition(lsn: LSN(0)), limit: 1)
+    /// Each relayed table's primary key columns (pgoutput), read by `open()`.
+    var primaryKeys: [String: [String]] = [:]
+    /// The first connection is opened by `start`; the reader's later ones open their own.
+    var opened = false
+    /// When a keepalive last moved the position past WAL the relay has no use for.
+    var lastProgress = NIODeadline.uptimeNanoseconds(0)
+    var lastKeepalive: NIODeadline?
+    var lastHeadRead = NIODeadline.uptimeNanoseconds(0)
+    var readingHead = false
+    var behind = false
+    let metrics: PostgresSourceMetrics
     private let eventLoopGroup: any EventLoopGroup
-    private var connection: PostgresConnection?
-    private var assembler = Wal2JSONAssembler(after: LSN(0))
+    var connection: PostgresConnection?
+    var assembler = Wal2JSONAssembler(after: LSN(0))
     /// The slot's position as far as this source confirmed it.
-    private var confirmed = LSN(0)
+    var confirmed = LSN(0)
     /// Everything up to here is relayed and checkpointed (the start checkpoint, then each confirmed position); it
     /// may point inside a transaction.
-    private var relayed: PostgresPosition?
+    var relayed: PostgresPosition?
     /// The rows of the peek being read, kept open across batches: a transaction larger than a batch is handed out
     /// in pieces as its rows arrive (postgres-nio reads the socket only as rows are consumed, so at most a socket
     /// read's worth waits in memory). Nil between peeks.
@@ -70,7 +110,7 @@ public actor PostgresChangeSource: ChangeSource {
     /// relay).
     private var wantsHead = false
     /// The server's WAL head as the reader last read it.
-    private var head: LSN?
+    var head: LSN?
     /// The reader that polls the slot, and the stream through which it hands batches to the relay (one batch waits
     /// while one is published, so that at most two batches of a large transaction are held).
     nonisolated let feed = PushFeed(capacity: 1)
@@ -80,7 +120,7 @@ public actor PostgresChangeSource: ChangeSource {
     /// with a wait too short for it.
     private var peekTimeout: TimeAmount
     /// Set while the relayed tables are read in full because changes between the checkpoint and the slot are lost.
-    private var resync: Resync?
+    var resync: Resync?
 
     /// A full resync: every row of every relayed table, read in pages ordered by primary key and published as an
     /// `update` with `resync: true`, before the slot's changes from `end` on. Until its last page the batches
@@ -90,7 +130,7 @@ public actor PostgresChangeSource: ChangeSource {
     /// Pages are read by key (`WHERE key > last ORDER BY key LIMIT n`), never by OFFSET: a row deleted or inserted
     /// behind the resync does not shift the next page (an OFFSET would skip a row for each one deleted before it),
     /// so every row that exists throughout is sent, and each page costs its own rows, not the rows before it.
-    private struct Resync {
+    struct Resync {
         var reason: String
         var tables: [String]
         /// The current table's key (nil until read), and the key of the last row sent from it (nil: none yet).
@@ -112,6 +152,7 @@ public actor PostgresChangeSource: ChangeSource {
         self.logger = logger
         self.eventLoopGroup = eventLoopGroup
         self.peekTimeout = configuration.queryTimeout
+        self.metrics = PostgresSourceMetrics(source: sourceID)
     }
 
     /// Whether a slot name is one PostgreSQL accepts: lower-case letters, digits and underscores, at most 63.
@@ -136,6 +177,14 @@ public actor PostgresChangeSource: ChangeSource {
             relayed = parsed
         }
         try await open()
+        if configuration.plugin == .pgoutput {
+            opened = true
+            feed.start(
+                after: position, backoff: Backoff(initial: TimeAmount.milliseconds(100), maximum: .seconds(5)),
+                connect: { [self] _ in try await stream() },
+                ended: { [self] error, _ in await ended(error) })
+            return
+        }
         // A new peek only once the batches before are acknowledged: a peek decodes the WAL again from the slot's
         // confirmed position, so one made while the previous batch is still being published (the slot not yet
         // advanced) decodes that batch twice (measured with `scripts/bench-relay`: 12,400 changes/s and p50 19.5 ms
@@ -150,7 +199,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     /// Connects, creates or checks the slot, and moves it up to what was relayed (a slot rewinds after a server
     /// crash); used at start and after a lost connection.
-    private func open() async throws {
+    func open() async throws {
         let checkpoint = relayed
         stream = nil
         let connection = try await connect()
@@ -167,7 +216,7 @@ public actor PostgresChangeSource: ChangeSource {
         }
         if slot == nil {
             let rows = try await connection.answer(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot(\(configuration.slot), 'wal2json')",
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(\(configuration.slot), \(configuration.plugin.rawValue))",
                 logger: logger)
             var created = "?"
             for try await lsn in rows.decode(String.self) { created = lsn }
@@ -183,9 +232,17 @@ public actor PostgresChangeSource: ChangeSource {
             slot = try await readSlot(connection)
         }
         guard let slot else { throw RelayError(.source, "replication slot \(configuration.slot) cannot be read") }
-        guard slot.plugin == "wal2json" else {
+        guard slot.plugin == configuration.plugin.rawValue else {
             throw RelayError(
-                .source, "replication slot \(configuration.slot) uses the plugin \(slot.plugin), not wal2json")
+                .source,
+                "replication slot \(configuration.slot) uses the plugin \(slot.plugin), not \(configuration.plugin.rawValue): "
+                    + (Plugin(rawValue: slot.plugin).map { "run with --plugin \($0.rawValue), or " } ?? "")
+                    + "drop it (SELECT pg_drop_replication_slot('\(configuration.slot)')) and start over with a full resync"
+            )
+        }
+        if configuration.plugin == .pgoutput {
+            try await ensurePublication(connection)
+            primaryKeys = try await readPrimaryKeys(connection)
         }
         confirmed = slot.confirmed
         resync = nil
@@ -225,7 +282,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     /// The next page of the resync: rows of the current table ordered by primary key (by physical position when
     /// the table has none).
-    private func resyncPage(_ connection: PostgresConnection, _ state: Resync) async throws -> ChangeBatch {
+    func resyncPage(_ connection: PostgresConnection, _ state: Resync) async throws -> ChangeBatch {
         var state = state
         let limit = configuration.maxChangesPerPeek
         var changes: [Change] = []
@@ -294,7 +351,7 @@ public actor PostgresChangeSource: ChangeSource {
         return ChangeBatch(changes: changes, position: state.checkpoint.description, resync: notice)
     }
 
-    private func primaryKey(_ connection: PostgresConnection, table quoted: String) async throws -> ResyncKey {
+    func primaryKey(_ connection: PostgresConnection, table quoted: String) async throws -> ResyncKey {
         let rows = try await connection.answer(
             """
             SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_index i \
@@ -319,12 +376,12 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     /// The connection was lost (`ended` reconnects after the backoff's pause).
-    private struct ConnectionLost: Error {
+    struct ConnectionLost: Error {
         var error: any Error
     }
 
     /// A new connection could not be opened (`ended` tries again after the backoff's pause).
-    private struct CannotReconnect: Error {
+    struct CannotReconnect: Error {
         var error: any Error
     }
 
@@ -380,9 +437,10 @@ public actor PostgresChangeSource: ChangeSource {
 
     /// What follows the end of a connection: a new one after the backoff's pause when it was lost or could not be
     /// opened; else the relay stops on the error (and is restarted).
-    private func ended(_ error: (any Error)?) -> PushFeed.Next {
+    func ended(_ error: (any Error)?) -> PushFeed.Next {
         switch error {
         case let lost as ConnectionLost:
+            metrics.reconnects.increment()
             logger.warning(
                 "lost the connection to PostgreSQL; reconnecting",
                 metadata: [
@@ -475,19 +533,21 @@ public actor PostgresChangeSource: ChangeSource {
     public func confirm(_ position: String) async throws {
         guard let parsed = PostgresPosition(position) else { throw RelayError(.source, "bad position \(position)") }
         relayed = max(relayed ?? parsed, parsed)
+        if parsed.isWholeTransaction { confirmStream(parsed.lsn) }
         feed.acknowledge()
     }
 
     /// How far the last batch read is behind the server's WAL head. The head is read by the reader before its next
     /// peek (the connection is its own); this reports the head it read last.
     public func lag() async -> SourceLag? {
+        if configuration.plugin == .pgoutput { return streamLag() }
         wantsHead = true
         guard let head else { return nil }
         let read = max(assembler.lastRead ?? assembler.after.lsn, assembler.after.lsn)
         return SourceLag(amount: head.value &- min(head.value, read.value), unit: "WAL bytes")
     }
 
-    private func readHead(_ connection: PostgresConnection) async throws {
+    func readHead(_ connection: PostgresConnection) async throws {
         let logger = logger
         let text = try await deadline(configuration.queryTimeout, connection) { () async throws -> String? in
             let rows = try await connection.answer("SELECT pg_current_wal_lsn()::text", logger: logger)
@@ -500,6 +560,10 @@ public actor PostgresChangeSource: ChangeSource {
     /// Stops the reader (ending its connection first, so that a query in flight does not hold it) and closes.
     public func close() async {
         feed.cancel()
+        if let replication {
+            self.replication = nil
+            try? await replication.close()
+        }
         if let connection {
             self.connection = nil
             try? await connection.close()
@@ -513,7 +577,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     // MARK: -
 
-    private func connect() async throws -> PostgresConnection {
+    func connect() async throws -> PostgresConnection {
         var configuration: PostgresConnection.Configuration
         do {
             configuration = try self.configuration.dsn.configuration()
@@ -563,7 +627,7 @@ public actor PostgresChangeSource: ChangeSource {
 
     /// Runs a query (or reads rows), giving up after `timeout`: the connection is then closed (a dead peer that
     /// sent nothing is noticed) and the caller treats it as lost. The timer is cancelled as soon as it answers.
-    private func deadline<T>(
+    func deadline<T>(
         _ timeout: TimeAmount, _ connection: PostgresConnection, _ body: () async throws -> T
     ) async throws -> T {
         do {
@@ -575,7 +639,7 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     /// Closes `connection` without waiting: whatever waits on it then fails.
-    private static func closeNow(_ connection: PostgresConnection) {
+    static func closeNow(_ connection: PostgresConnection) {
         let closing: EventLoopFuture<Void> = connection.close()
         closing.whenComplete { _ in }
     }

@@ -111,13 +111,19 @@ public struct PostgresDSN: Sendable, Equatable {
     }
 
     func tls() throws -> PostgresConnection.Configuration.TLS {
+        guard let (context, enforced) = try tlsContext() else { return .disable }
+        return enforced ? .require(context) : .prefer(context)
+    }
+
+    /// The TLS context for `sslmode`, and whether TLS is required; nil with `sslmode=disable`.
+    func tlsContext() throws -> (context: NIOSSLContext, enforced: Bool)? {
         var tls = TLSConfiguration.makeClientConfiguration()
         switch sslMode {
         case .disable:
-            return .disable
+            return nil
         case .allow, .prefer:
             tls.certificateVerification = .none
-            return .prefer(try NIOSSLContext(configuration: tls))
+            return (try NIOSSLContext(configuration: tls), false)
         case .require:
             tls.certificateVerification = sslRootCertificate == nil ? .none : .noHostnameVerification
         case .verifyCA:
@@ -126,7 +132,7 @@ public struct PostgresDSN: Sendable, Equatable {
             tls.certificateVerification = .fullVerification
         }
         if let sslRootCertificate { tls.trustRoots = .file(sslRootCertificate) }
-        return .require(try NIOSSLContext(configuration: tls))
+        return (try NIOSSLContext(configuration: tls), true)
     }
 
     /// Where it connects, without the password, for logs and errors.
