@@ -87,6 +87,7 @@ extension PostgresChangeSource {
                 user: dsn.user, database: dsn.database, password: dsn.password, slot: configuration.slot,
                 publication: publicationName, start: start))
         replication = channel
+        streamFailure = nil
         // Startup and authentication within the connect and query timeouts together.
         let startup = channel.eventLoop.scheduleTask(in: configuration.connectTimeout + configuration.queryTimeout) {
             channel.close(promise: nil)
@@ -119,6 +120,8 @@ extension PostgresChangeSource {
             }
         } catch let stop as StreamStop {
             throw stop.error
+        } catch  where streamFailure != nil {
+            throw streamFailure!
         } catch is CancellationError {
             throw CancellationError()
         } catch let lost as ConnectionLost {
@@ -126,6 +129,7 @@ extension PostgresChangeSource {
         } catch {
             throw ConnectionLost(error: error)
         }
+        if let streamFailure { throw streamFailure }
         throw ConnectionLost(
             error: RelayError(
                 .source,
@@ -188,8 +192,19 @@ extension PostgresChangeSource {
             return StreamStop(error: RelayError(.source, text))
         case .protocolViolation:
             return StreamStop(error: RelayError(.source, failure.description))
-        case .streamEnded:
+        case .streamEnded, .silent:
             return ConnectionLost(error: RelayError(.source, failure.description))
+        }
+    }
+
+    /// Performs actions outside the reader (a confirmation, a tick): a failure closes the channel, and the reader,
+    /// which sees the stream end, throws it.
+    private func performBeside(_ actions: [ReplicationStateMachine.Action], _ channel: any NIOCore.Channel) {
+        do {
+            try perform(actions, channel)
+        } catch {
+            streamFailure = (error as? StreamStop)?.error ?? error
+            channel.close(promise: nil)
         }
     }
 
@@ -200,7 +215,7 @@ extension PostgresChangeSource {
         guard let channel = replication, var current = machine else { return }
         let actions = current.confirmed(lsn, now: .now())
         machine = current
-        try? perform(actions, channel)
+        performBeside(actions, channel)
     }
 
     /// Once a second while streaming: a status when one is due, the metrics, and every 5 s the server's WAL head.
@@ -209,7 +224,7 @@ extension PostgresChangeSource {
         let now = NIODeadline.now()
         let actions = current.tick(now: now)
         machine = current
-        try? perform(actions, channel)
+        performBeside(actions, channel)
         if let lastKeepalive {
             metrics.keepaliveAge.record(Double((now - lastKeepalive).nanoseconds) / 1e9)
         }

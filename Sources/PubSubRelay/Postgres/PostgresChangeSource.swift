@@ -78,6 +78,8 @@ public actor PostgresChangeSource: ChangeSource {
     /// The replication stream's machine and channel while one is open (pgoutput).
     var machine: ReplicationStateMachine?
     var replication: (any NIOCore.Channel)?
+    /// Why a confirmation or a tick ended the stream (the reader throws it once the stream is over).
+    var streamFailure: (any Error)?
     /// The pgoutput stream's assembler, made anew for each connection.
     var streamAssembler = PgOutputAssembler(after: PostgresPosition(lsn: LSN(0)), limit: 1)
     /// Each relayed table's primary key columns (pgoutput), read by `open()`.
@@ -533,7 +535,7 @@ public actor PostgresChangeSource: ChangeSource {
     public func confirm(_ position: String) async throws {
         guard let parsed = PostgresPosition(position) else { throw RelayError(.source, "bad position \(position)") }
         relayed = max(relayed ?? parsed, parsed)
-        if parsed.isWholeTransaction { confirmStream(parsed.lsn) }
+        if configuration.plugin == .pgoutput, parsed.isWholeTransaction { confirmStream(parsed.lsn) }
         feed.acknowledge()
     }
 

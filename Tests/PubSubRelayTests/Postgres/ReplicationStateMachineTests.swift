@@ -85,6 +85,34 @@ import Testing
         #expect(machine.tick(now: now + .seconds(10)) == [.sendStatus(.init(position: LSN(0x17_0000_0000)))])
     }
 
+    @Test func aSilentServerIsAskedToAnswerThenGivenUp() {
+        var machine = ReplicationStateMachine(settings: Self.settings)
+        let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        Self.streaming(&machine, now: start)
+        #expect(machine.tick(now: start + .seconds(10)) == [.sendStatus(.init(position: Self.settings.start))])
+        #expect(
+            machine.tick(now: start + .seconds(30)) == [
+                .sendStatus(.init(position: Self.settings.start, replyRequested: true))
+            ])
+        // An answer (any message) ends the wait.
+        let keepalive = Self.copyData {
+            $0.writeInteger(UInt8(ascii: "k"))
+            $0.writeInteger(UInt64(1))
+            $0.writeInteger(Int64(0))
+            $0.writeInteger(UInt8(0))
+        }
+        _ = machine.received(keepalive, now: start + .seconds(31))
+        #expect(machine.tick(now: start + .seconds(59)).isEmpty == false)  // the ten-second status only
+        #expect(machine.streaming?.probe == nil)
+        // No answer at all: asked at 61, given up at 91.
+        #expect(
+            machine.tick(now: start + .seconds(61)).first
+                == .sendStatus(.init(position: Self.settings.start, replyRequested: true)))
+        #expect(machine.tick(now: start + .seconds(90)).isEmpty)
+        #expect(machine.tick(now: start + .seconds(91)) == [.fail(.silent(seconds: 60))])
+        #expect(!machine.isStreaming)
+    }
+
     @Test func theStatusBytes() {
         let status = ReplicationStateMachine.StandbyStatus(position: LSN(0x0102_0304_0506_0708))
         let bytes = status.bytes(clock: 0x1122)

@@ -19,6 +19,9 @@ struct ReplicationStateMachine: Sendable {
         /// Where the stream starts: the server goes from its slot's confirmed position when this is below it.
         var start: LSN
         var statusInterval: TimeAmount = .seconds(10)
+        /// After this long without a word from the server, a status asks it to answer; after as long again with
+        /// no answer, the connection is taken as dead (a network that drops everything tells nobody).
+        var silenceTimeout: TimeAmount = .seconds(30)
         var applicationName = "pubsub-relay"
     }
 
@@ -29,6 +32,8 @@ struct ReplicationStateMachine: Sendable {
         case protocolViolation(String)
         /// The server ended the copy stream (CopyDone) or the connection.
         case streamEnded
+        /// Nothing came from the server, not even the answer to a status that asked for one.
+        case silent(seconds: Int64)
 
         var description: String {
             switch self {
@@ -36,6 +41,8 @@ struct ReplicationStateMachine: Sendable {
             case .authentication(let text): text
             case .protocolViolation(let text): "PostgreSQL broke the replication protocol: \(text)"
             case .streamEnded: "PostgreSQL ended the replication stream"
+            case .silent(let seconds):
+                "no word from PostgreSQL in \(seconds) s, not even to a status that asked for one"
             }
         }
     }
@@ -89,6 +96,9 @@ struct ReplicationStateMachine: Sendable {
         var serverPosition: LSN
         var lastStatus: NIODeadline
         var lastKeepalive: NIODeadline?
+        /// When the server last sent anything, and when a status asked it to answer (nil: none is waiting).
+        var lastHeard: NIODeadline
+        var probe: NIODeadline?
     }
 
     let settings: Settings
@@ -138,9 +148,13 @@ struct ReplicationStateMachine: Sendable {
             state = .startingReplication
             return [.send(.query(startReplication))]
         case (.startingReplication, .copyBothResponse):
-            state = .streaming(Streaming(confirmed: settings.start, serverPosition: settings.start, lastStatus: now))
+            state = .streaming(
+                Streaming(
+                    confirmed: settings.start, serverPosition: settings.start, lastStatus: now, lastHeard: now))
             return [.streaming]
         case (.streaming(var streaming), .copyData(var body)):
+            streaming.lastHeard = now
+            streaming.probe = nil
             let actions = copyData(&body, &streaming, now: now)
             if case .failed = state { return actions }
             state = .streaming(streaming)
@@ -163,11 +177,21 @@ struct ReplicationStateMachine: Sendable {
         return [.sendStatus(StandbyStatus(position: position))]
     }
 
-    /// A timer's tick: a status when none went out for `statusInterval`.
+    /// A timer's tick: a status when none went out for `statusInterval`; one that asks for an answer after
+    /// `silenceTimeout` without a word from the server; the end when that answer did not come in as long again.
     mutating func tick(now: NIODeadline) -> [Action] {
-        guard case .streaming(var streaming) = state, now - streaming.lastStatus >= settings.statusInterval else {
-            return []
+        guard case .streaming(var streaming) = state else { return [] }
+        if let probe = streaming.probe, now - probe >= settings.silenceTimeout {
+            state = .failed
+            return [.fail(.silent(seconds: (now - streaming.lastHeard).nanoseconds / 1_000_000_000))]
         }
+        if streaming.probe == nil, now - streaming.lastHeard >= settings.silenceTimeout {
+            streaming.probe = now
+            streaming.lastStatus = now
+            state = .streaming(streaming)
+            return [.sendStatus(StandbyStatus(position: streaming.confirmed, replyRequested: true))]
+        }
+        guard now - streaming.lastStatus >= settings.statusInterval else { return [] }
         streaming.lastStatus = now
         state = .streaming(streaming)
         return [.sendStatus(StandbyStatus(position: streaming.confirmed))]
