@@ -351,13 +351,13 @@ public final class CouchDBChangeSource: ChangeSource {
         _ body: @escaping @Sendable (HTTPClientResponse.Body) async throws -> T
     ) async throws -> T {
         let limit = configuration.heartbeat * 2
-        let activity = Activity()
+        let activity = Activity(limit: limit)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask { try await Activity.$current.withValue(activity) { try await body(chunks) } }
             group.addTask {
                 while true {
                     try await Task.sleep(nanoseconds: UInt64(max(limit.nanoseconds / 4, 1_000_000)))
-                    if activity.silence > limit {
+                    if activity.isDead {
                         throw RelayError(.feed, "no heartbeat for \(limit.nanoseconds / 1_000_000) ms")
                     }
                 }
@@ -369,19 +369,23 @@ public final class CouchDBChangeSource: ChangeSource {
     }
 }
 
-/// When the current feed last showed life; while the reader waits for the relay, the server is not to blame.
+/// When the current feed last showed life (the feed cannot be asked: silence past `limit` is its end); while the
+/// reader waits for the relay, the server is not to blame.
 final class Activity: Sendable {
     @TaskLocal static var current: Activity?
-    private let last = Mutex((at: NIODeadline.now(), waiting: false))
+    private let silence: Mutex<SilenceDetector>
 
-    static func touch() { current?.last.withLock { $0 = (.now(), false) } }
+    init(limit: TimeAmount) {
+        silence = Mutex(SilenceDetector(quiet: limit, answer: nil, now: .now()))
+    }
+
+    static func touch() { current?.silence.withLock { $0.resume(now: .now()) } }
 
     /// The reader waits for the relay to take what it read: silence does not count until the next `touch`.
-    static func wait() { current?.last.withLock { $0.waiting = true } }
+    static func wait() { current?.silence.withLock { $0.wait() } }
 
-    var silence: TimeAmount {
-        let (at, waiting) = last.withLock { ($0.at, $0.waiting) }
-        return waiting ? .zero : .now() - at
+    var isDead: Bool {
+        silence.withLock { $0.check(now: .now()) } != .fine
     }
 }
 

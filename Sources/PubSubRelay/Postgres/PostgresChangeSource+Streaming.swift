@@ -113,9 +113,9 @@ extension PostgresChangeSource {
                     let actions = current.received(message, now: .now())
                     machine = current
                     try perform(actions, channel)
-                    while let batch = streamAssembler.batch(flush: false) { try await feed.hand(batch) }
+                    while let batch = streamAssembler.batch(flush: false) { try await hand(batch) }
                 }
-                if let batch = streamAssembler.batch(flush: true) { try await feed.hand(batch) }
+                if let batch = streamAssembler.batch(flush: true) { try await hand(batch) }
                 metrics.held.record(streamAssembler.heldChanges)
             }
         } catch let stop as StreamStop {
@@ -136,6 +136,13 @@ extension PostgresChangeSource {
                 machine?.isStreaming == true
                     ? "the replication connection was closed by the server"
                     : "the replication connection closed before the stream started"))
+    }
+
+    /// Hands `batch` to the relay; while it waits, the server's silence does not count.
+    private func hand(_ batch: ChangeBatch) async throws {
+        machine?.waiting()
+        defer { machine?.reading(now: .now()) }
+        try await feed.hand(batch)
     }
 
     /// An error that ends the feed (the relay stops on it) rather than the connection.

@@ -215,10 +215,9 @@ struct SimperiumEntry: Sendable {
 /// One connection: `init` → `auth`, then `cv` catch-up or the paged index, then live changes; heartbeats beside.
 final class SimperiumSession: Sendable {
     private struct Activity {
-        var lastReceived = NIODeadline.now()
-        /// The reader waits for the relay to take what it read: the server is not to blame for the silence.
-        var blocked = false
-        var heartbeatSent: NIODeadline?
+        /// A heartbeat after `heartbeatInterval` of silence, the end when its answer takes over `heartbeatTimeout`;
+        /// the wait for the relay does not count.
+        var silence: SilenceDetector
         /// The number the next heartbeat carries: 0 first, then the last number the server sent back.
         var heartbeatCount: Int64 = 0
         var error: RelayError?
@@ -237,7 +236,7 @@ final class SimperiumSession: Sendable {
     let feed: PushFeed
     let logger: Logger
     let onAuthenticated: @Sendable () -> Void
-    private let activity = NIOLockedValueBox(Activity())
+    private let activity: NIOLockedValueBox<Activity>
 
     init(
         configuration: SimperiumChangeSource.Configuration, resumeFrom: String?, feed: PushFeed,
@@ -248,6 +247,10 @@ final class SimperiumSession: Sendable {
         self.feed = feed
         self.logger = logger
         self.onAuthenticated = onAuthenticated
+        self.activity = NIOLockedValueBox(
+            Activity(
+                silence: SilenceDetector(
+                    quiet: configuration.heartbeatInterval, answer: configuration.heartbeatTimeout, now: .now())))
     }
 
     var error: RelayError? { activity.withLockedValue { $0.error } }
@@ -285,19 +288,17 @@ final class SimperiumSession: Sendable {
             try await Task.sleep(nanoseconds: UInt64(max(tick.nanoseconds, 1_000_000)))
             let now = NIODeadline.now()
             let send = try activity.withLockedValue { activity -> Int64? in
-                if activity.blocked { return nil }
-                if let sent = activity.heartbeatSent {
-                    if now - sent > configuration.heartbeatTimeout {
-                        throw RelayError(
-                            .source,
-                            "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms"
-                        )
-                    }
+                switch activity.silence.check(now: now) {
+                case .fine:
                     return nil
+                case .probe:
+                    return activity.heartbeatCount
+                case .dead:
+                    throw RelayError(
+                        .source,
+                        "no answer to heartbeat h:\(activity.heartbeatCount) within \(configuration.heartbeatTimeout.nanoseconds / 1_000_000) ms"
+                    )
                 }
-                guard now - activity.lastReceived >= configuration.heartbeatInterval else { return nil }
-                activity.heartbeatSent = now
-                return activity.heartbeatCount
             }
             if let send { try await outbound.write(.text(SimperiumMessage.heartbeat(send))) }
         }
@@ -306,14 +307,8 @@ final class SimperiumSession: Sendable {
     /// Hands `batch` (if any) to the relay, waiting while the relay is behind.
     private func hand(_ batch: ChangeBatch?) async throws {
         guard let batch else { return }
-        activity.withLockedValue { $0.blocked = true }
-        defer {
-            activity.withLockedValue { activity in
-                activity.blocked = false
-                activity.lastReceived = .now()
-                if activity.heartbeatSent != nil { activity.heartbeatSent = .now() }
-            }
-        }
+        activity.withLockedValue { $0.silence.wait() }
+        defer { activity.withLockedValue { $0.silence.resume(now: .now()) } }
         try await feed.hand(batch)
     }
 
@@ -385,7 +380,7 @@ final class SimperiumSession: Sendable {
         }
 
         for try await message in inbound.messages(maxSize: 1 << 24) {
-            activity.withLockedValue { $0.lastReceived = .now() }
+            activity.withLockedValue { $0.silence.heard(now: .now()) }
             guard case .text(let text) = message else {
                 throw RelayError(.simperiumProtocol, "unexpected binary message")
             }
@@ -394,7 +389,7 @@ final class SimperiumSession: Sendable {
             switch decoded {
             case .heartbeat(let count):
                 activity.withLockedValue { activity in
-                    activity.heartbeatSent = nil
+                    activity.silence.answered(now: .now())
                     activity.heartbeatCount = max(activity.heartbeatCount, count)
                 }
 

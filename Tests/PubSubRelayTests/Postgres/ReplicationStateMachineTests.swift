@@ -103,13 +103,17 @@ import Testing
         }
         _ = machine.received(keepalive, now: start + .seconds(31))
         #expect(machine.tick(now: start + .seconds(59)).isEmpty == false)  // the ten-second status only
-        #expect(machine.streaming?.probe == nil)
-        // No answer at all: asked at 61, given up at 91.
+        #expect(machine.streaming?.silence.probeSent == nil)
+        // A wait for the relay does not count.
+        machine.waiting()
+        #expect(machine.tick(now: start + .seconds(200)) == [.sendStatus(.init(position: Self.settings.start))])
+        machine.reading(now: start + .seconds(200))
+        // No answer at all: asked at 230, given up after 260.
         #expect(
-            machine.tick(now: start + .seconds(61)).first
+            machine.tick(now: start + .seconds(230)).first
                 == .sendStatus(.init(position: Self.settings.start, replyRequested: true)))
-        #expect(machine.tick(now: start + .seconds(90)).isEmpty)
-        #expect(machine.tick(now: start + .seconds(91)) == [.fail(.silent(seconds: 60))])
+        #expect(machine.tick(now: start + .seconds(260)) == [.sendStatus(.init(position: Self.settings.start))])
+        #expect(machine.tick(now: start + .seconds(261)) == [.fail(.silent(seconds: 61))])
         #expect(!machine.isStreaming)
     }
 

@@ -96,9 +96,8 @@ struct ReplicationStateMachine: Sendable {
         var serverPosition: LSN
         var lastStatus: NIODeadline
         var lastKeepalive: NIODeadline?
-        /// When the server last sent anything, and when a status asked it to answer (nil: none is waiting).
-        var lastHeard: NIODeadline
-        var probe: NIODeadline?
+        /// When the server last sent anything, and whether a status asked it to answer.
+        var silence: SilenceDetector
     }
 
     let settings: Settings
@@ -150,11 +149,13 @@ struct ReplicationStateMachine: Sendable {
         case (.startingReplication, .copyBothResponse):
             state = .streaming(
                 Streaming(
-                    confirmed: settings.start, serverPosition: settings.start, lastStatus: now, lastHeard: now))
+                    confirmed: settings.start, serverPosition: settings.start, lastStatus: now,
+                    silence: SilenceDetector(quiet: settings.silenceTimeout, answer: settings.silenceTimeout, now: now))
+            )
             return [.streaming]
         case (.streaming(var streaming), .copyData(var body)):
-            streaming.lastHeard = now
-            streaming.probe = nil
+            // Any message answers: the server answers a status that asks with a keepalive.
+            streaming.silence.answered(now: now)
             let actions = copyData(&body, &streaming, now: now)
             if case .failed = state { return actions }
             state = .streaming(streaming)
@@ -181,20 +182,35 @@ struct ReplicationStateMachine: Sendable {
     /// `silenceTimeout` without a word from the server; the end when that answer did not come in as long again.
     mutating func tick(now: NIODeadline) -> [Action] {
         guard case .streaming(var streaming) = state else { return [] }
-        if let probe = streaming.probe, now - probe >= settings.silenceTimeout {
+        switch streaming.silence.check(now: now) {
+        case .dead(let silence):
             state = .failed
-            return [.fail(.silent(seconds: (now - streaming.lastHeard).nanoseconds / 1_000_000_000))]
-        }
-        if streaming.probe == nil, now - streaming.lastHeard >= settings.silenceTimeout {
-            streaming.probe = now
+            return [.fail(.silent(seconds: silence.nanoseconds / 1_000_000_000))]
+        case .probe:
             streaming.lastStatus = now
             state = .streaming(streaming)
             return [.sendStatus(StandbyStatus(position: streaming.confirmed, replyRequested: true))]
+        case .fine:
+            break
         }
         guard now - streaming.lastStatus >= settings.statusInterval else { return [] }
         streaming.lastStatus = now
         state = .streaming(streaming)
         return [.sendStatus(StandbyStatus(position: streaming.confirmed))]
+    }
+
+    /// The reader waits for the relay (it reads nothing meanwhile): the server's silence does not count.
+    mutating func waiting() {
+        guard case .streaming(var streaming) = state else { return }
+        streaming.silence.wait()
+        state = .streaming(streaming)
+    }
+
+    /// The reader reads again.
+    mutating func reading(now: NIODeadline) {
+        guard case .streaming(var streaming) = state else { return }
+        streaming.silence.resume(now: now)
+        state = .streaming(streaming)
     }
 
     /// The connection closed under the machine.
