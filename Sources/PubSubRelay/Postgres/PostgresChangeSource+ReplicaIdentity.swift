@@ -87,6 +87,14 @@ extension PostgresChangeSource {
             {
                 throw RelayError(.configuration, problem)
             }
+            if configuration.plugin == .pgoutput, configuration.publication == nil, identity.identity.isEmpty {
+                // PostgreSQL refuses UPDATE and DELETE on a table published without one: the app would break.
+                throw RelayError(
+                    .configuration,
+                    "\(table) has no replica identity (\(identity.described)): once in the publication, PostgreSQL "
+                        + "would refuse its UPDATE and DELETE; add a primary key, or run: ALTER TABLE "
+                        + "\(ReplicaIdentity.sqlName(table)) REPLICA IDENTITY FULL")
+            }
             result[table] = identity.kind == "f" ? .some(nil) : .some(identity.identity)
         }
         return result

@@ -207,6 +207,12 @@ public actor PostgresChangeSource: ChangeSource {
         let connection = try await connect()
         self.connection = connection
         let identities = try await replicaIdentities(connection)
+        if configuration.plugin == .pgoutput {
+            // Before the slot: pgoutput reads a change with the catalog of its commit, so a change committed between
+            // a new slot and its publication could never be decoded; and a refused publication leaves no slot behind.
+            try await ensurePublication(connection)
+            primaryKeys = try await readPrimaryKeys(connection)
+        }
 
         var slot = try await readSlot(connection)
         var lostReason: String?
@@ -241,10 +247,6 @@ public actor PostgresChangeSource: ChangeSource {
                     + (Plugin(rawValue: slot.plugin).map { "run with --plugin \($0.rawValue), or " } ?? "")
                     + "drop it (SELECT pg_drop_replication_slot('\(configuration.slot)')) and start over with a full resync"
             )
-        }
-        if configuration.plugin == .pgoutput {
-            try await ensurePublication(connection)
-            primaryKeys = try await readPrimaryKeys(connection)
         }
         confirmed = slot.confirmed
         resync = nil
@@ -669,6 +671,9 @@ public actor PostgresChangeSource: ChangeSource {
     /// The server's message of a PostgreSQL error, else the error's code; another error as `FeedTLS` says it.
     public static func describe(_ error: any Error) -> String {
         guard let error = error as? PSQLError else { return FeedTLS.describe(error) }
+        if error.code == .authMechanismRequiresPassword {
+            return "PostgreSQL asks for a password, and the --dsn gives none"
+        }
         if let message = error.serverInfo?[.message] { return message }
         if let underlying = error.underlying { return "\(underlying)" }
         return "\(error.code)"
