@@ -28,6 +28,8 @@ cleanup() {
     # A slot nobody reads keeps WAL on the server for ever: this run's checkpoint goes, so its slot goes too.
     psql "$DATABASE_URL" -qAt -c "SELECT pg_drop_replication_slot('$SLOT') FROM pg_replication_slots
                                   WHERE slot_name = '$SLOT'" >/dev/null 2>&1 || true
+    # And the publication the relay made for it (pgoutput, the default plugin: pubsub_<slot>).
+    psql "$DATABASE_URL" -qAt -c "DROP PUBLICATION IF EXISTS pubsub_$SLOT" >/dev/null 2>&1 || true
   fi
   rm -rf "$state"
 }
@@ -51,10 +53,6 @@ if [ -z "${DATABASE_URL:-}" ]; then
   # A throwaway cluster in the temporary folder, reachable on a Unix socket only, with logical decoding on.
   PGBIN="${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}"
   [ -x "$PGBIN/initdb" ] || { echo "run.sh: PostgreSQL not found: apt-get install postgresql, or set DATABASE_URL" >&2; exit 1; }
-  [ -e "$PGBIN/../lib/wal2json.so" ] || [ -e "$("$PGBIN/pg_config" --pkglibdir 2>/dev/null)/wal2json.so" ] || {
-    echo "run.sh: the wal2json plugin is missing: apt-get install postgresql-$(basename "$(dirname "$PGBIN")")-wal2json" >&2
-    exit 1
-  }
   own_cluster=1
   if [ "$(id -u)" -eq 0 ]; then chown postgres "$state"; as_postgres=(runuser -u postgres --); fi
   "${as_postgres[@]}" "$PGBIN/initdb" -D "$state/data" -U postgres -A trust >/dev/null
@@ -64,7 +62,7 @@ if [ -z "${DATABASE_URL:-}" ]; then
   echo "sync-notifications: database $DATABASE_URL"
 else
   [ "$(psql "$DATABASE_URL" -qAt -c 'SHOW wal_level')" = logical ] || {
-    echo "run.sh: the relay needs wal_level = logical on that server (and the wal2json plugin)" >&2; exit 1; }
+    echo "run.sh: the relay needs wal_level = logical on that server" >&2; exit 1; }
 fi
 psql "$DATABASE_URL" -q -v ON_ERROR_STOP=1 -f schema.sql >/dev/null
 

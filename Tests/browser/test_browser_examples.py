@@ -12,7 +12,7 @@ import pytest
 
 from pubsubtest.broker import REPO, pubsub_bin
 from pubsubtest.ports import free_port
-from pubsubtest.postgres import needs_wal2json
+from pubsubtest.postgres import needs_postgres
 from pubsubtest.process import stop_group
 from pubsubtest.wait import wait_until
 
@@ -165,7 +165,7 @@ def assert_only_own(page, user, never=()):
     return [data for _, data in recorded]
 
 
-@needs_wal2json()
+@needs_postgres()
 @pytest.mark.timeout(180)
 def test_sync_notifications(browser, run_example, screenshot):
     """Two users' pages, each mirroring its own rows of public.notes through the relay's routes; a note moved

@@ -266,6 +266,14 @@ SLEEPS = {
             RELAY,  # time.sleep(0.2)
         ],
     },
+    "relay/test_relay_pgoutput.py": {
+        "test_changes_committed_while_the_relay_starts_are_relayed_from_the_slots_start.write": [
+            PACE,  # time.sleep(0.002)
+        ],
+        "test_a_terminated_walsender_mid_stream_loses_no_change.write": [
+            PACE,  # time.sleep(0.01)
+        ],
+    },
     "relay/test_relay_postgres.py": {
         "test_insert_update_delete_arrive_as_events": [
             RELAY,  # time.sleep(0.5)

@@ -16,7 +16,8 @@ Tests/ on the path):
     suite     suite_timeout(): a folder's timeout, declared in its conftest.py
     redis     RedisServer, Sentinel, RedisCluster (masters with replicas, redis-cli --cluster create), wait_ready()
     tls       make_authority(), make_self_signed(): throwaway certificates made with openssl
-    postgres  PostgresCluster (wal_level=logical, wal2json)
+    postgres  PostgresCluster (wal_level=logical; wal2json=True, auth="scram-sha-256"|"md5", tls=True, settings),
+              needs_postgres() and needs_wal2json() (the skip marks)
     browser   headless Chromium fixtures (browser, page, page_server, screenshot) over cdp
     faultproxy  FaultProxy: a loopback TCP proxy that stalls, blackholes, resets (RST, and holds down) and drops
               its connections on demand (between clients and broker, or broker and Redis); with

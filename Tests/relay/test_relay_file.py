@@ -1,5 +1,5 @@
 """Several feeds from a relay configuration file: `pubsub relay run FILE` (over Bayeux) and `pubsub serve --relay
-FILE` (in-process), with a real PostgreSQL 15 + wal2json."""
+FILE` (in-process), with a real PostgreSQL 15 (the default plugin, pgoutput)."""
 
 import json
 import os
@@ -11,12 +11,12 @@ import psycopg
 import pytest
 
 from pubsubtest.broker import Broker, pubsub_bin
-from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.postgres import PostgresCluster, needs_postgres
 from pubsubtest.wait import wait_until
 from relaykit import (  # noqa: F401  (fixtures)
     SECRET, Lines, assert_usage_error, events, start_subscriber, broker, workdir)
 
-pytestmark = needs_wal2json()
+pytestmark = needs_postgres()
 
 
 @pytest.fixture
@@ -164,6 +164,8 @@ def test_serve_relay_counts_a_full_resync_on_metrics(pg, workdir):
     ({"feeds": [{"source": "oracle", "checkpoint": "/tmp/x"}]}, "feeds[0].source: unknown source oracle"),
     ({"feeds": [{"source": "postgres", "checkpoint": "/tmp/x", "dsn": "postgres://h/db", "slot": "s",
                  "table": ["public.notes"], "tabel": 1}]}, "feeds[0].tabel: unknown setting"),
+    ({"feeds": [{"source": "postgres", "checkpoint": "/tmp/x", "dsn": "postgres://h/db", "slot": "s",
+                 "table": ["public.notes"], "plugin": "decoderbufs"}]}, "feeds[0].plugin"),
     ({"feeds": [{"source": "postgres", "checkpoint": "/tmp/x", "dsn": "postgres://h/db", "slot": "Bad-Slot",
                  "table": ["public.notes"]}]}, "feeds[0].slot:"),
     ({"feeds": [{"source": "postgres", "dsn": "postgres://h/db", "slot": "s", "table": ["public.notes"]}]},

@@ -1,4 +1,5 @@
-"""`pubsub relay postgres` against a real PostgreSQL 15 with wal2json, publishing to a real pubsub broker."""
+"""`pubsub relay postgres` against a real PostgreSQL 15, publishing to a real pubsub broker: with the default plugin,
+pgoutput (built into the server, streamed over the replication protocol), and the main test with wal2json too."""
 
 import json
 import os
@@ -11,26 +12,44 @@ import psycopg
 import pytest
 
 from pubsubtest.broker import pubsub_bin
-from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.postgres import PostgresCluster, needs_postgres, needs_wal2json
+from pubsubtest.wait import wait_until
 from relaykit import (  # noqa: F401  (broker and workdir are fixtures)
     SECRET, Lines, check_at_least_once, events, start_subscriber, wait_for_ids, broker, workdir)
 
-pytestmark = needs_wal2json()
+pytestmark = needs_postgres()
+
+# The output plugins of the relay: a test parametrized over them runs on a cluster that allows wal2json.
+PLUGINS = ["pgoutput", pytest.param("wal2json", marks=needs_wal2json())]
 
 
 @pytest.fixture
-def pg():
-    with PostgresCluster() as cluster:
+def plugin():
+    """The relay's output plugin (its default unless a test is parametrized over PLUGINS)."""
+    return "pgoutput"
+
+
+@pytest.fixture
+def pg_options():
+    """PostgresCluster's options beyond wal2json (a test overrides it with parametrize)."""
+    return {}
+
+
+@pytest.fixture
+def pg(plugin, pg_options):
+    with PostgresCluster(wal2json=plugin == "wal2json", **pg_options) as cluster:
         with psycopg.connect(cluster.conninfo, autocommit=True) as db:
             db.execute("CREATE TABLE notes (id text PRIMARY KEY, body text, rev int NOT NULL DEFAULT 1)")
             db.execute("CREATE TABLE other (id int PRIMARY KEY)")
         yield cluster
 
 
-def start_relay(pg, broker, workdir, *extra):
+def start_relay(pg, broker, workdir, *extra, plugin=None):
+    """The relay with its default plugin (pgoutput), or `--plugin <plugin>` when given."""
     return Lines([pubsub_bin(), "relay", "postgres", "--dsn", pg.dsn, "--slot", "relay_test",
                   "--table", "public.notes", "--checkpoint", os.path.join(workdir, "checkpoint"),
-                  "--url", broker.url, "--secret", SECRET, "--poll-interval", "0.05", *extra])
+                  "--url", broker.url, "--secret", SECRET, "--poll-interval", "0.05", *extra,
+                  *(["--plugin", plugin] if plugin else [])])
 
 
 def wait_for_slot(pg, relay):
@@ -41,11 +60,17 @@ def wait_for_slot(pg, relay):
     relay.wait_for(exists, 30, "the replication slot")
 
 
-def test_insert_update_delete_arrive_as_events(pg, broker, workdir):
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_insert_update_delete_arrive_as_events(pg, broker, workdir, plugin):
+    """The same events, data and checkpoint from either plugin: pgoutput (the default, no --plugin) and wal2json
+    (`--plugin wal2json`, on a cluster whose output_plugin_libraries allows it)."""
     sub = start_subscriber(broker)
-    relay = start_relay(pg, broker, workdir, "--include-doc")
+    relay = start_relay(pg, broker, workdir, "--include-doc", plugin=None if plugin == "pgoutput" else plugin)
     try:
         wait_for_slot(pg, relay)
+        with psycopg.connect(pg.conninfo, autocommit=True) as db:
+            assert db.execute("SELECT plugin FROM pg_replication_slots WHERE slot_name = 'relay_test'"
+                              ).fetchone()[0] == plugin
         with psycopg.connect(pg.conninfo, autocommit=True) as db:
             db.execute("INSERT INTO notes (id, body) VALUES ('n1', 'hello')")
             with db.transaction():
@@ -184,9 +209,10 @@ def test_survives_a_postgresql_crash_and_restart(pg, broker, workdir):
 
 
 def test_a_terminated_backend_reconnects_without_a_gap(pg, broker, workdir):
-    """`pg_terminate_backend` (as an operator or a failover tool does) ends the relay's session, six times while
+    """`pg_terminate_backend` (as an operator or a failover tool does) ends the relay's sessions, six times while
     changes are written: the relay finds the socket closed (or, for a query in flight, SQLSTATE 57P01 just before
-    it closes), reconnects, and relays every change."""
+    it closes), reconnects, and relays every change. Its sessions are client backends and, streaming with pgoutput,
+    a walsender (a replication=database connection has the database's name too)."""
     sub = start_subscriber(broker)
     relay = start_relay(pg, broker, workdir, "--batch-size", "20", "--max-changes", "50")
     terminated = 0
@@ -198,7 +224,8 @@ def test_a_terminated_backend_reconnects_without_a_gap(pg, broker, workdir):
                     db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i}",))
                 terminated += db.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                    "AND datname = current_database() AND backend_type = 'client backend'").fetchone()[0]
+                    "AND datname = current_database() AND backend_type IN ('client backend', 'walsender')"
+                ).fetchone()[0]
                 time.sleep(0.3)
         ids = [f"n{i}" for i in range(300)]
         try:
@@ -229,11 +256,37 @@ def relay_until_caught_up(pg, broker, workdir, sub, count):
     assert relay.proc.returncode == 0, relay.errors()
 
 
-@pytest.mark.parametrize("how", ["dropped", "advanced"])
+# The cluster of the "invalidated" case: a slot may hold back 1 MB of WAL (in 1 MB segments), then it is lost.
+SMALL_WAL = {"settings": {"max_slot_wal_keep_size": "1MB"}, "wal_segsize": 1}
+
+
+def invalidate_slot(pg):
+    """Writes WAL (to a table the relay does not follow) and checkpoints until the checkpointer invalidates the
+    idle slot for holding back more than max_slot_wal_keep_size: pg_replication_slots.wal_status = 'lost'."""
+    with psycopg.connect(pg.conninfo, autocommit=True) as db:
+        db.execute("CREATE TABLE filler (x text)")
+
+        def lost():
+            db.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 1000)")
+            db.execute("SELECT pg_switch_wal()")
+            db.execute("CHECKPOINT")
+            return db.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'relay_test'"
+                              ).fetchone()[0] == "lost"
+        wait_until(lost, 60, interval=0, message="the slot invalidated (wal_status 'lost')")
+
+
+@pytest.mark.parametrize("how, pg_options", [pytest.param("dropped", {}, id="dropped"),
+                                             pytest.param("advanced", {}, id="advanced"),
+                                             pytest.param("invalidated", SMALL_WAL, id="invalidated")])
 def test_a_lost_position_means_a_full_resync_then_live_changes(pg, broker, workdir, how):
+    """The slot cannot give the changes since the checkpoint: dropped, advanced past it by hand, or invalidated by
+    max_slot_wal_keep_size while the relay was stopped (wal_status 'lost'). The relay announces a full resync, sends
+    every row as an update, then live changes; started again, it resyncs nothing."""
     sub = start_subscriber(broker)
     relay_until_caught_up(pg, broker, workdir, sub, 3)
     before = len(sub.lines())
+    if how == "invalidated":
+        invalidate_slot(pg)  # the rows below change once the slot is lost
     with psycopg.connect(pg.conninfo, autocommit=True) as db:
         if how == "dropped":
             db.execute("SELECT pg_drop_replication_slot('relay_test')")
@@ -317,12 +370,14 @@ def test_tls_to_postgresql_with_a_verified_certificate(broker, workdir):
             wait_for_slot(pg, relay)
             with psycopg.connect(pg.conninfo, autocommit=True) as db:
                 db.execute("INSERT INTO notes VALUES ('t1', 'over TLS')")
-                encrypted = db.execute("SELECT bool_and(ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a "
-                                       "ON a.pid = s.pid WHERE a.backend_type = 'client backend' "
-                                       "AND a.pid <> pg_backend_pid() AND a.datname = 'postgres'").fetchone()[0]
+                # The relay's sessions: client backends, and its walsender when it streams (pgoutput).
+                encrypted, sessions = db.execute(
+                    "SELECT bool_and(ssl), count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a "
+                    "ON a.pid = s.pid WHERE a.backend_type IN ('client backend', 'walsender') "
+                    "AND a.pid <> pg_backend_pid() AND a.datname = 'postgres'").fetchone()
             sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the event")
             assert events(sub)[0]["data"]["id"] == "t1"
-            assert encrypted is True
+            assert sessions >= 1 and encrypted is True, (sessions, encrypted)
         finally:
             relay.stop()
             sub.stop()

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 
 from pubsubtest.broker import Broker, pubsub_bin
-from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.postgres import PostgresCluster, needs_postgres
 from pubsubtest.process import status_kib
 from relaykit import SECRET, Lines, events, start_subscriber, workdir  # noqa: F401  (workdir is a fixture)
 
-pytestmark = needs_wal2json()
+pytestmark = needs_postgres()
 
 # One UPDATE of every row, committed as one transaction, relayed in batches of BATCH changes (a debug build relays
 # a few hundred changes per second on a loaded machine: CI time bounds LARGE).
@@ -183,7 +183,13 @@ def test_a_full_resync_reads_by_key_while_rows_are_deleted_and_inserted(pg, brok
         relay.wait_for(lambda: slot_exists(pg), 30, "the replication slot")
         with psycopg.connect(pg.conninfo, autocommit=True) as db:
             db.execute("INSERT INTO notes (id, body) VALUES ('n-first', 'x')")  # relayed: the checkpoint exists
-        sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the first change")
+        try:
+            sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the first change")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nrelay:\n{relay.errors()[-3000:]}") from None
+    except BaseException:
+        sub.stop()  # the second part's `finally` is not reached
+        raise
     finally:
         relay.stop()
     with psycopg.connect(pg.conninfo, autocommit=True) as db:

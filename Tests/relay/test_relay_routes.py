@@ -1,5 +1,6 @@
 """`pubsub relay postgres --route`: each row's changes reach the channels of its audience only, on a real
-PostgreSQL 15 with wal2json and a real broker that takes JWTs only (the relay publishes with `--token`).
+PostgreSQL 15 (the relay's default plugin, pgoutput) and a real broker that takes JWTs only (the relay publishes
+with `--token`).
 
 Every client here speaks raw Bayeux over its own socket (WebSocket or long-polling) and keeps every message that
 socket delivered, so "received nothing" means nothing reached the socket, not that a library filtered it."""
@@ -19,7 +20,7 @@ import requests
 import websocket
 
 from pubsubtest.broker import Broker, pubsub_bin
-from pubsubtest.postgres import PostgresCluster, needs_wal2json
+from pubsubtest.postgres import PostgresCluster, needs_postgres
 from pubsubtest.wait import wait_until
 from relaykit import Lines, workdir  # noqa: F401  (workdir is a fixture)
 
@@ -30,7 +31,7 @@ TRUNCATE_CHANNEL = "/changes/public/notes"
 DATA_FIELDS = {"id", "op", "seq", "key", "collection", "source", "txn"}
 NO_DOC = object()  # an expected message that must carry no `doc`
 
-postgres = needs_wal2json()
+postgres = needs_postgres()
 
 
 def token(sub, **claims):
@@ -237,8 +238,11 @@ def pg_cluster():
 
 
 def drop_slots(pg):
+    """The slots, and the publication the relay made for its slot (pgoutput): the table is made again for each
+    test, and a publication keeps only the tables that existed when it was made."""
     with psycopg.connect(pg.conninfo, autocommit=True) as db:
         db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active")
+        db.execute(f"DROP PUBLICATION IF EXISTS pubsub_{SLOT}")
 
 
 @pytest.fixture
@@ -463,7 +467,10 @@ def test_null_owner_rows_are_counted_in_the_broker_metrics(pg, workdir):
                 "UPDATE notes SET body = 'nobody v2' WHERE id = 'n1'",
                 "DELETE FROM notes WHERE id = 'n1'",
                 "INSERT INTO notes VALUES ('a1', 'A', 'mine')")
-            wait_events(alice, 1, "A's insert")
+            try:
+                wait_events(alice, 1, "A's insert")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\nbroker:\n{b.log()[-3000:]}") from None
             time.sleep(1.5)
         finally:
             stop_all(alice)
