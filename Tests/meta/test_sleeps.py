@@ -267,11 +267,8 @@ SLEEPS = {
         ],
     },
     "relay/test_relay_pgoutput.py": {
-        "test_changes_committed_while_the_relay_starts_are_relayed_from_the_slots_start.write": [
-            PACE,  # time.sleep(0.002)
-        ],
-        "test_a_terminated_walsender_mid_stream_loses_no_change.write": [
-            PACE,  # time.sleep(0.01)
+        "writer_of.write": [
+            PACE,  # time.sleep(pause)
         ],
     },
     "relay/test_relay_postgres.py": {

@@ -135,6 +135,26 @@ def insert(pg, *ids, table="notes"):
 
 # ---------------------------------------------------------------- a. no extension: pgoutput on a default server
 
+def writer_of(pg, prefix, pause):
+    """A thread (not started) inserting rows <prefix>00000, <prefix>00001, … one a transaction, `pause` seconds
+    apart, until `stop` is set: the ids written, the stop event, the failures, the thread."""
+    written, stop, failure = [], threading.Event(), []
+
+    def write():
+        try:
+            with pg.connect() as db:
+                i = 0
+                while not stop.is_set():
+                    db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"{prefix}{i:05d}",))
+                    written.append(f"{prefix}{i:05d}")
+                    i += 1
+                    time.sleep(pause)
+        except Exception as e:  # reported by the test
+            failure.append(e)
+
+    return written, stop, failure, threading.Thread(target=write, daemon=True)
+
+
 def test_the_relay_streams_a_pgoutput_slot_on_a_server_that_allows_no_extension_plugin(pg, broker, workdir):
     with pg.connect() as db:
         assert [r[0] for r in db.execute("SELECT extname FROM pg_extension")] == ["plpgsql"]
@@ -180,21 +200,7 @@ def test_changes_committed_while_the_relay_starts_are_relayed_from_the_slots_sta
     change with the catalog of its time: the publication must exist before the slot's start, or a change committed
     between the two could never be decoded ('publication "pubsub_relay_test" does not exist', at every try). What
     arrives is every row from some row on, without a gap, up to the last."""
-    written, stop, failure = [], threading.Event(), []
-
-    def write():
-        try:
-            with pg.connect() as db:
-                i = 0
-                while not stop.is_set():
-                    db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"s{i:05d}",))
-                    written.append(f"s{i:05d}")
-                    i += 1
-                    time.sleep(0.002)
-        except Exception as e:  # reported by the test
-            failure.append(e)
-
-    writer = threading.Thread(target=write, daemon=True)
+    written, stop, failure, writer = writer_of(pg, "s", pause=0.002)
     writer.start()
     sub = start_subscriber(broker)
     relay = None
@@ -498,21 +504,7 @@ def test_a_terminated_walsender_mid_stream_loses_no_change(pg, broker, workdir):
     in commit order, a repeat with the same key and seq."""
     sub = start_subscriber(broker)
     relay = start_relay(pg, broker, workdir, "--max-changes", "50")
-    written, stop, failure = [], threading.Event(), []
-
-    def write():
-        try:
-            with pg.connect() as db:
-                i = 0
-                while not stop.is_set():
-                    db.execute("INSERT INTO notes (id, body) VALUES (%s, 'x')", (f"n{i:05d}",))
-                    written.append(f"n{i:05d}")
-                    i += 1
-                    time.sleep(0.01)
-        except Exception as e:  # reported by the test
-            failure.append(e)
-
-    writer = threading.Thread(target=write, daemon=True)
+    written, stop, failure, writer = writer_of(pg, "n", pause=0.01)
     terminated = []
     try:
         wait(relay, lambda: slot(pg), 30, "the replication slot")

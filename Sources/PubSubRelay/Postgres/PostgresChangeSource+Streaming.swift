@@ -23,7 +23,7 @@ extension PostgresChangeSource {
         } else {
             // Resume after everything handed over: the relay's confirmations tell where that is.
             try await feed.settled()
-            try await reopenForStream()
+            try await reopen(anew: true)
         }
         guard let connection, !connection.isClosed else {
             throw ConnectionLost(error: RelayError(.source, "connection closed by the server"))
@@ -59,21 +59,6 @@ extension PostgresChangeSource {
         try await channel.executeThenClose { inbound, _ in
             try await self.read(inbound, channel: channel.channel, start: start)
         }
-    }
-
-    private func reopenForStream() async throws {
-        if let connection {
-            self.connection = nil
-            try? await connection.close()
-        }
-        do {
-            try await open()
-        } catch {
-            if let connection, !connection.isClosed { try? await connection.close() }
-            connection = nil
-            throw CannotReconnect(error: error)
-        }
-        logger.notice("reconnected to PostgreSQL", metadata: ["pubsub.relay.slot": "\(configuration.slot)"])
     }
 
     /// Reads the stream until it ends: every socket read's messages through the machine, a batch handed over as

@@ -390,8 +390,13 @@ public actor PostgresChangeSource: ChangeSource {
     }
 
     /// The reader's `open`: connects again after a lost connection (the first connection is `start`'s).
-    private func reopen() async throws {
-        if let connection, !connection.isClosed { return }
+    /// `anew`: even when the SQL connection is still open (the stream's connection is the one that was lost).
+    func reopen(anew: Bool = false) async throws {
+        if let connection, !connection.isClosed {
+            guard anew else { return }
+            self.connection = nil
+            try? await connection.close()
+        }
         do {
             try await open()
         } catch {
