@@ -1,4 +1,5 @@
 import NIOCore
+import NIOPosix
 import Testing
 
 @testable import PubSubRelay
@@ -277,5 +278,22 @@ import Testing
         buffer.clear()
         PostgresFrontendMessage.saslInitialResponse(mechanism: "M", data: [1]).encode(into: &buffer)
         #expect(Array(buffer.readableBytesView) == [112, 0, 0, 0, 11, 77, 0, 0, 0, 0, 1, 1])
+    }
+}
+
+/// The socket's setup, against a server that takes the connection and says nothing.
+@Suite struct ReplicationChannelTests {
+    @Test(.timeLimit(.minutes(1))) func aServerThatNeverAnswersTheSSLRequestIsGivenUpInTime() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0).get()
+        defer { server.close(promise: nil) }
+        let port = server.localAddress!.port!
+        let dsn = try PostgresDSN("postgres://relay@127.0.0.1:\(port)/app?sslmode=require")
+        let started = NIODeadline.now()
+        await #expect(throws: (any Error).self) {
+            _ = try await ReplicationChannel.connect(
+                dsn: dsn, timeout: .milliseconds(300), on: group.next(), maxMessageSize: 1 << 20)
+        }
+        #expect(NIODeadline.now() - started < .seconds(10))
     }
 }

@@ -28,6 +28,9 @@ enum ReplicationChannel {
         }
         do {
             if let tls {
+                // A server that takes the connection and never answers the SSLRequest is given `timeout` too.
+                let silent = channel.eventLoop.scheduleTask(in: timeout) { channel.close(promise: nil) }
+                defer { silent.cancel() }
                 let answered = channel.eventLoop.makePromise(of: Bool.self)
                 let hostname = isIPAddress(dsn.host) ? nil : dsn.host
                 try await channel.eventLoop.submit {
