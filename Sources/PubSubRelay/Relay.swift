@@ -7,6 +7,7 @@ import NIOCore
 /// The relay loop for one source: read a batch → publish it and wait for the broker's acknowledgement → persist
 /// the checkpoint durably → confirm to the source. Delivery is at least once and never has a gap: a crash at any
 /// instant resumes from the last persisted checkpoint, and what the source replays at or below it is skipped.
+/// `run()` writes the checkpoint behind the publishes (`CheckpointWriter`); `step()` does all four in turn.
 public struct Relay: Sendable {
     public struct Configuration: Sendable {
         public var mapping: ChangeMapping
@@ -19,12 +20,16 @@ public struct Relay: Sendable {
         /// last seen are kept (`AudienceMemory`; nil keeps them in memory only), and how many at most.
         public var audiencePath: String?
         public var rememberedDocuments: Int
+        /// The most acknowledged batches waiting for their checkpoint before the relay stops publishing until the
+        /// write under way is durable (`CheckpointPipeline`).
+        public var checkpointBacklog: Int
 
         public init(
             mapping: ChangeMapping = ChangeMapping(), retryDelay: TimeAmount = .milliseconds(200),
             maxRetryDelay: TimeAmount = .seconds(5), progressInterval: TimeAmount = .seconds(2),
-            audiencePath: String? = nil, rememberedDocuments: Int = 100_000
+            audiencePath: String? = nil, rememberedDocuments: Int = 100_000, checkpointBacklog: Int = 1024
         ) {
+            self.checkpointBacklog = checkpointBacklog
             self.audiencePath = audiencePath
             self.rememberedDocuments = rememberedDocuments
             self.mapping = mapping
@@ -96,6 +101,16 @@ public struct Relay: Sendable {
     /// Publish → ack → persist → confirm for one batch. A failed publish is retried (with the same keys); a
     /// failed persist or confirm throws, leaving the source unconfirmed.
     public func relay(_ batch: ChangeBatch) async throws -> Int {
+        let count = try await publish(batch)
+        try memory?.save()
+        try store.save(Checkpoint(sourceID: source.sourceID, position: batch.position))
+        try await source.confirm(batch.position)
+        return count
+    }
+
+    /// Maps `batch` to messages and publishes them, retrying until the broker acknowledged every one. Returns how
+    /// many were published.
+    func publish(_ batch: ChangeBatch) async throws -> Int {
         if let resync = batch.resync {
             metrics.resyncs.increment()
             logger.error(
@@ -141,9 +156,6 @@ public struct Relay: Sendable {
                 }
             }
         }
-        try memory?.save()
-        try store.save(Checkpoint(sourceID: source.sourceID, position: batch.position))
-        try await source.confirm(batch.position)
         metrics.changes.increment(by: batch.changes.count)
         metrics.messages.increment(by: messages.count)
         return messages.count
@@ -173,15 +185,50 @@ public struct Relay: Sendable {
     /// Runs until cancelled or a non-retryable error; logs progress while catching up. Each batch is relayed as the
     /// source's reader hands it over (`PushFeed`), and the reader reads on (up to its stream's capacity, and for a
     /// polled feed to the end of its poll) while the batch before is published.
+    ///
+    /// The checkpoint is written behind the publishes (`CheckpointWriter`): the next batch is published while the
+    /// checkpoint of the ones before is made durable, and the source is confirmed once it is. With routes over a
+    /// source that lacks old values, the remembered values must not run ahead of the checkpoint, so there each
+    /// batch is persisted before the next is published.
     public func run() async throws {
         try await start()
-        var progress = Progress()
-        while let batch = try await source.next() {
-            progress.add(try await relay(batch))
-            await report(&progress)
+        guard memory == nil else {
+            var progress = Progress()
+            while let batch = try await source.next() {
+                progress.add(try await relay(batch))
+                await report(&progress)
+            }
+            // A source ends its stream only when it is closed; anything else is a restart's business.
+            if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
+            return
         }
-        // A source ends its stream only when it is closed; anything else is a restart's business.
-        if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
+        let writer = CheckpointWriter(capacity: configuration.checkpointBacklog)
+        let (source, store) = (source, store)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await writer.run(
+                    save: { try store.save(Checkpoint(sourceID: source.sourceID, position: $0)) },
+                    confirm: { try await source.confirm($0) })
+            }
+            group.addTask {
+                defer { writer.finish() }
+                var progress = Progress()
+                while let batch = try await source.next() {
+                    progress.add(try await publish(batch))
+                    try await writer.acknowledged(batch.position)
+                    await report(&progress)
+                }
+                if !Task.isCancelled { throw RelayError(.source, "the feed ended") }
+            }
+            // The first to end with an error ends the other: a failed write stops the relay at once, however
+            // quiet the feed; the relay's end lets the writer write what waits, then end.
+            do {
+                while try await group.next() != nil {}
+            } catch {
+                group.cancelAll()
+                throw error
+            }
+        }
     }
 
     /// Changes published in the current progress window.
