@@ -109,8 +109,11 @@ extension RedisEngine {
                         "pubsub.redis.recovered": "\(found.recovered)", "pubsub.redis.missed": "\(found.missed)",
                     ])
             }
-            // The gap is known once the history was read while listening: then the sessions of the cut are told.
+            // The gap is known once the history was read while listening: then the sessions of the cut are told,
+            // before the events the history gave back (all after the hole) and the live ones reach anybody, so
+            // that a client's positions stay before the hole and its resume says what is gone.
             if found.isGap { tellGap(atCut) }
+            for recovered in found.events { dropOverflowed(local.enqueue(recovered.event, on: recovered.channel)) }
             for message in buffered { handle(message) }
         case .notificationsLost:
             resetLedger()
@@ -184,7 +187,7 @@ extension RedisEngine {
                         }
                         if fresh {
                             found.recovered += 1
-                            self.dropOverflowed(self.local.enqueue(reader.buffer, on: channel))
+                            found.events.append(.init(channel: channel, event: reader.buffer))
                         }
                     }
                     let firstNeeded = from + 1
@@ -225,8 +228,9 @@ extension RedisEngine {
         case .connected:
             perform(state.withLockedValue { $0.machine.commandsConnected() })
         case .disconnected(let error):
+            let resident = Set(local.snapshot().map(\.id))
             let action = state.withLockedValue { s in
-                let action = s.machine.commandsLost(now: .now())
+                let action = s.machine.commandsLost(now: .now(), resident: resident)
                 if action == .outageBegan { s.redis.outages += 1 }
                 return action
             }

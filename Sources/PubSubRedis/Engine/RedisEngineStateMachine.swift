@@ -37,8 +37,17 @@ struct RedisEngineStateMachine: Sendable {
 
     /// What a history read found.
     struct FillOutcome: Equatable, Sendable {
+        /// An event the history gave back, with its channel.
+        struct Recovered: Equatable, Sendable {
+            var channel: String
+            var event: ByteBuffer
+        }
+
         /// Events found in the history and delivered late.
         var recovered: UInt64 = 0
+        /// Those events, in position order: delivered only once the fill ends, after the sessions of the cut
+        /// were told of a gap, so that no event after a hole reaches a session before it is told of the hole.
+        var events: [Recovered] = []
         /// Positions the history no longer held (an upper bound of what was missed).
         var missed: UInt64 = 0
         /// Redis lost its data (a new history epoch).
@@ -46,6 +55,7 @@ struct RedisEngineStateMachine: Sendable {
 
         mutating func add(_ other: FillOutcome) {
             recovered += other.recovered
+            events += other.events
             missed += other.missed
             lostData = lostData || other.lostData
         }
@@ -184,8 +194,10 @@ struct RedisEngineStateMachine: Sendable {
         }
     }
 
-    mutating func commandsLost(now: NIODeadline) -> Action {
-        let held: Held
+    /// The command connection was lost; `resident`: the sessions on this node now, the ones told of a gap the
+    /// history read finds when the connection is back.
+    mutating func commandsLost(now: NIODeadline, resident: Set<String>) -> Action {
+        var held: Held
         switch phase {
         case .connecting(let h), .routing(let h), .routed(let h), .filling(let h, _), .outage(_, let h):
             held = h
@@ -194,6 +206,7 @@ struct RedisEngineStateMachine: Sendable {
         case .closed, .modifying:
             return .none
         }
+        if held.sessionsAtCut == nil { held.sessionsAtCut = resident }
         phase = .modifying
         phase = .outage(Outage(since: now), held)
         return .outageBegan

@@ -227,6 +227,9 @@ import Testing
             try await b.settle()
             _ = try await waitUntil(timeout: .seconds(5)) { !ws.detaches.isEmpty }
             #expect(ws.detaches == [.overflow])
+            // Told before anything after the hole: its client's positions stay before the hole (8–10, which the
+            // history still held, reached nobody who missed 2–7).
+            #expect(ws.data == [1])
             #expect(b.redis!.redisStatistics.missedAfterCut > 0)
             #expect(b.redis!.redisStatistics.toldOfGap == 1)
             #expect(try await b.connectReply(cid)["error"] == .string("409:\(cid):Queue overflow"))

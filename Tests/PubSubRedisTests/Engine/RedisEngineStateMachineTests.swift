@@ -146,7 +146,7 @@ import Testing
     @Test func anOutageIsTimedAndCountsLocalPublishesUntilRedisIsBack() {
         var m = serving()
         m.publishedLocally()  // not in an outage: nothing to count
-        #expect(m.commandsLost(now: t0) == .outageBegan)
+        #expect(m.commandsLost(now: t0, resident: []) == .outageBegan)
         #expect(m.outage == .init(since: t0, localPublishes: 0))
         #expect(!m.isServing && m.isSubscribed)
         m.publishedLocally()
@@ -159,12 +159,53 @@ import Testing
         #expect(m.fillFinished(2, .init()) == .resume(buffered: [event(1)], found: .init(), sessionsAtCut: []))
     }
 
+    /// Redis cut off entirely (the command connection lost first): the sessions there then are the ones told of
+    /// a gap the read finds once it is back, as after a cut of the notifications alone.
+    @Test func theSessionsWhenTheCommandsWereLostAreToldOfAGap() {
+        var m = serving()
+        #expect(m.commandsLost(now: t0, resident: ["a"]) == .outageBegan)
+        _ = m.notificationsCut(resident: ["a", "b"])
+        #expect(m.commandsConnected() == .route(after: .init(since: t0)))
+        #expect(m.routingDone() == .none)
+        #expect(m.notificationsConnected() == .subscribe)
+        guard case .fill(let fill) = m.notificationsSubscribed() else {
+            Issue.record("expected a fill")
+            return
+        }
+        let gap = Machine.FillOutcome(recovered: 0, missed: 9, lostData: false)
+        #expect(m.fillFinished(fill, gap) == .resume(buffered: [], found: gap, sessionsAtCut: ["a"]))
+    }
+
+    /// What a read gives back is handed out with the resume (after the gap is told), never as it is read; an
+    /// abandoned read's events come first, in the order read.
+    @Test func recoveredEventsWaitForTheResumeInTheOrderRead() {
+        var m = Machine()
+        let fill = filling(&m)
+        _ = m.notificationsCut(resident: ["c1"])
+        func recovered(_ n: Int) -> Machine.FillOutcome.Recovered {
+            .init(channel: "/a", event: ByteBuffer(string: "\(n)"))
+        }
+        let early = Machine.FillOutcome(recovered: 2, events: [recovered(1), recovered(2)], missed: 5)
+        #expect(m.fillFinished(fill, early) == .none)
+        guard case .fill(let again) = m.notificationsSubscribed() else {
+            Issue.record("expected a fill")
+            return
+        }
+        let late = Machine.FillOutcome(recovered: 1, events: [recovered(3)])
+        #expect(
+            m.fillFinished(again, late)
+                == .resume(
+                    buffered: [],
+                    found: .init(recovered: 3, events: [recovered(1), recovered(2), recovered(3)], missed: 5),
+                    sessionsAtCut: ["c1"]))
+    }
+
     @Test func aLossDuringAnOutageStartsItAgain() {
         var m = serving()
-        _ = m.commandsLost(now: t0)
+        _ = m.commandsLost(now: t0, resident: [])
         m.publishedLocally()
         let t1 = t0 + .seconds(1)
-        #expect(m.commandsLost(now: t1) == .outageBegan)
+        #expect(m.commandsLost(now: t1, resident: []) == .outageBegan)
         #expect(m.commandsConnected() == .route(after: .init(since: t1, localPublishes: 0)))
     }
 
@@ -172,11 +213,11 @@ import Testing
         var m = Machine()
         let fill = filling(&m)
         _ = m.received(event(1))
-        #expect(m.commandsLost(now: t0) == .outageBegan)
+        #expect(m.commandsLost(now: t0, resident: []) == .outageBegan)
         #expect(m.fillFinished(fill, nil) == .none)
         #expect(m.routingDone() == .none)  // a routing of the lost connection
         #expect(m.commandsConnected() == .route(after: .init(since: t0)))
-        #expect(m.commandsLost(now: t0) == .outageBegan)  // lost again while routing
+        #expect(m.commandsLost(now: t0, resident: []) == .outageBegan)  // lost again while routing
         #expect(m.commandsConnected() == .route(after: .init(since: t0)))
         guard case .fill(let again) = m.routingDone() else {
             Issue.record("expected a fill")
@@ -213,7 +254,7 @@ import Testing
             m = serving()
         default:
             m = serving()
-            _ = m.commandsLost(now: t0)
+            _ = m.commandsLost(now: t0, resident: [])
         }
         _ = m.received(event(1))
         #expect(m.close() == .close)
@@ -224,7 +265,7 @@ import Testing
         #expect(m.notificationsSubscribed() == .none)
         #expect(m.notificationsCut(resident: ["a"]) == .none)
         #expect(m.commandsConnected() == .none)
-        #expect(m.commandsLost(now: t0) == .none)
+        #expect(m.commandsLost(now: t0, resident: []) == .none)
         #expect(m.routingDone() == .none)
         #expect(m.fillDue() == .none)
         #expect(m.fillFinished(1, .init()) == .none)
