@@ -160,7 +160,4 @@ final class CheckpointWriter: Sendable {
             if ready { continuation.resume(returning: write) }
         }
     }
-
-    /// Whether nothing waits for a write or is being written (tests).
-    var isIdle: Bool { state.withLock { $0.pipeline.isIdle } }
 }

@@ -80,18 +80,34 @@ final class CountingPublisher: Publisher {
         ChangeBatch(changes: [change("d\(index)", "0/\(index):1")], position: "0/\(index)")
     }
 
+    /// A relay over a pushing source and a `SlowStore` in `directory`, running, its source connected.
+    struct Running {
+        let journal = Journal()
+        let source: PushingSource
+        let store: SlowStore
+        let task: Task<Void, any Error>
+
+        init(directory: String, capacity: Int, backlog: Int = 1024, failing: Bool = false) async throws {
+            source = PushingSource(journal: journal, capacity: capacity)
+            store = SlowStore(path: directory + "/checkpoint", journal: journal)
+            if failing {
+                store.failing.withLockedValue { $0 = true }
+                store.open()
+            }
+            let relay = Relay(
+                source: source, publisher: CountingPublisher(journal: journal), store: store,
+                configuration: .init(checkpointBacklog: backlog), logger: Logger(label: "test"))
+            task = Task { try await relay.run() }
+            try await PushingSourceTests.waitFor { source.feed.connections == 1 }
+        }
+    }
+
     @Test func batchesArePublishedWhileTheCheckpointIsWrittenAndConfirmedOnlyOnceItIsDurable() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let journal = Journal()
-        let source = PushingSource(journal: journal, capacity: 8)
-        let store = SlowStore(path: directory + "/checkpoint", journal: journal)
-        let relay = Relay(
-            source: source, publisher: CountingPublisher(journal: journal), store: store,
-            logger: Logger(label: "test"))
-        let task = Task { try await relay.run() }
+        let running = try await Running(directory: directory, capacity: 8)
+        let (journal, source, store, task) = (running.journal, running.source, running.store, running.task)
         defer { task.cancel() }
-        try await PushingSourceTests.waitFor { source.feed.connections == 1 }
         for index in 1...4 { try await source.feed.hand(Self.batch(index)) }
         // The first checkpoint is stuck on the disk; every batch is published anyway, and none is confirmed.
         try await PushingSourceTests.waitFor { journal.events.contains("publish d4") }
@@ -120,14 +136,8 @@ final class CountingPublisher: Publisher {
     @Test func aStoppedRelayStillLeavesTheCheckpointItBegan() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let journal = Journal()
-        let source = PushingSource(journal: journal, capacity: 8)
-        let store = SlowStore(path: directory + "/checkpoint", journal: journal)
-        let relay = Relay(
-            source: source, publisher: CountingPublisher(journal: journal), store: store,
-            logger: Logger(label: "test"))
-        let task = Task { try await relay.run() }
-        try await PushingSourceTests.waitFor { source.feed.connections == 1 }
+        let running = try await Running(directory: directory, capacity: 8)
+        let (journal, source, store, task) = (running.journal, running.source, running.store, running.task)
         for index in 1...3 { try await source.feed.hand(Self.batch(index)) }
         try await PushingSourceTests.waitFor { journal.events.contains("publish d3") }
         task.cancel()
@@ -142,16 +152,8 @@ final class CountingPublisher: Publisher {
     @Test func aFailedCheckpointStopsTheRelayAtOnceAndConfirmsNothing() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let journal = Journal()
-        let source = PushingSource(journal: journal, capacity: 8)
-        let store = SlowStore(path: directory + "/checkpoint", journal: journal)
-        store.failing.withLockedValue { $0 = true }
-        store.open()
-        let relay = Relay(
-            source: source, publisher: CountingPublisher(journal: journal), store: store,
-            logger: Logger(label: "test"))
-        let task = Task { try await relay.run() }
-        try await PushingSourceTests.waitFor { source.feed.connections == 1 }
+        let running = try await Running(directory: directory, capacity: 8, failing: true)
+        let (journal, source, store, task) = (running.journal, running.source, running.store, running.task)
         try await source.feed.hand(Self.batch(1))
         // The feed is quiet after it: the relay ends with the store's error all the same.
         await #expect(throws: Injected.self) { try await task.value }
@@ -163,15 +165,9 @@ final class CountingPublisher: Publisher {
     @Test func theRelayWaitsForTheWriteOnceTheBacklogIsFull() async throws {
         let directory = temporaryDirectory()
         defer { removeDirectory(directory) }
-        let journal = Journal()
-        let source = PushingSource(journal: journal, capacity: 16)
-        let store = SlowStore(path: directory + "/checkpoint", journal: journal)
-        let relay = Relay(
-            source: source, publisher: CountingPublisher(journal: journal), store: store,
-            configuration: .init(checkpointBacklog: 2), logger: Logger(label: "test"))
-        let task = Task { try await relay.run() }
+        let running = try await Running(directory: directory, capacity: 16, backlog: 2)
+        let (journal, source, store, task) = (running.journal, running.source, running.store, running.task)
         defer { task.cancel() }
-        try await PushingSourceTests.waitFor { source.feed.connections == 1 }
         for index in 1...6 { try await source.feed.hand(Self.batch(index)) }
         // One batch in the write under way, two waiting for the next: the fourth waits for the disk.
         try await PushingSourceTests.waitFor { journal.events.contains("publish d3") }
