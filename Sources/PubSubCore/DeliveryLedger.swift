@@ -114,12 +114,13 @@ package struct DeliveryLedger: Sendable {
         return events
     }
 
-    /// Removes the events `covered` names (a resume's range, which goes out again as a whole).
-    package mutating func remove(_ covered: Set<WireEvent>) {
-        guard !covered.isEmpty, count > 0 else { return }
+    /// Removes the events a resume supersedes: its range, which goes out again as a whole, and what the client
+    /// already had of the channels it resumed (`MemoryEngine.placeRange`).
+    package mutating func remove(where superseded: (WireEvent) -> Bool) {
+        guard count > 0 else { return }
         for i in spans.indices {
             let before = spans[i].events.count
-            spans[i].events.removeAll(where: covered.contains)
+            spans[i].events.removeAll(where: superseded)
             count -= Int32(before - spans[i].events.count)
         }
     }

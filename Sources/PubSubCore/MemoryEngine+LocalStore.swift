@@ -84,22 +84,24 @@ extension MemoryEngine {
         distribute(event, keys: Channel.expand(channel))
     }
 
-    /// Puts events before the session's queue: handed over by another node, or a resume's range (`isRange`: what
-    /// the queue and the ledger already hold of it is removed, so it goes out once, before anything newer).
-    /// Nil when there is no such session; false when they did not fit and the client was dropped for overflow.
-    package func insert(_ events: CircularBuffer<WireEvent>, into clientId: String, isRange: Bool) -> Bool? {
+    /// Puts events before the session's queue: handed over by another node (`resuming` nil), or the range of a
+    /// resume of the channels `resuming` (`placeRange`: what the queue and the ledger hold of them is removed, so
+    /// each goes out once, before anything newer). Nil when there is no such session; false when they did not fit
+    /// and the client was dropped for overflow.
+    package func insert(_ events: CircularBuffer<WireEvent>, into clientId: String, resuming: [String]?) -> Bool? {
         var wake: [(Session, any DeliverySink)] = []
         var notifications: [(any DeliverySink, DetachReason)] = []
         let shard = shard(for: clientId)
         let result = shard.lock.withLock { () -> Bool? in
             guard let session = shard.sessions[clientId] else { return nil }
-            guard !events.isEmpty else { return true }
-            if isRange {
-                guard placeRange(events, in: session, of: shard) else {
+            if let resuming {
+                guard placeRange(events, resuming: resuming, in: session, of: shard) else {
                     remove(session, from: shard, reason: .overflow, notifications: &notifications)
                     return false
                 }
+                guard !events.isEmpty else { return true }
             } else {
+                guard !events.isEmpty else { return true }
                 guard session.queue.count + events.count <= configuration.maxQueue else {
                     remove(session, from: shard, reason: .overflow, notifications: &notifications)
                     return false

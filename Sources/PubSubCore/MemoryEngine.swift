@@ -380,22 +380,35 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             return (missed, missed.count)
         }
         guard let missed = found.0 else { return ResumeResult(recovered: false, missed: found.missed) }
-        guard placeRange(missed, in: session, of: shard) else {
+        guard placeRange(missed, resuming: patterns, in: session, of: shard) else {
             return ResumeResult(recovered: false, missed: missed.count)
         }
         return ResumeResult(recovered: true, missed: missed.count)
     }
 
-    /// Queues a resume's range before anything newer, exactly once: what the session's queue and ledger already
-    /// hold of it is removed first (the same event is the same bytes, its position in them). False when it does
-    /// not fit the queue (nothing changed then). The shard's lock is held.
-    func placeRange(_ range: CircularBuffer<WireEvent>, in session: Session, of shard: Shard) -> Bool {
-        guard !range.isEmpty else { return true }
+    /// Queues a resume's range before anything newer, exactly once. What the session's queue and ledger hold of
+    /// it is removed first (the same event is the same bytes, its position in them), and so is every other event
+    /// with a position on a channel the resume names: the client resumed from its last position there, so it had
+    /// those up to it, and the range holds the rest. An event without a position (one published while Redis was
+    /// away) stays. False when it does not fit the queue (nothing changed then). The shard's lock is held.
+    func placeRange(
+        _ range: CircularBuffer<WireEvent>, resuming patterns: [String], in session: Session, of shard: Shard
+    ) -> Bool {
+        guard !range.isEmpty || !patterns.isEmpty else { return true }
         let covered = Set(range)
+        var resumed: [String: Bool] = [:]
+        func superseded(_ event: WireEvent) -> Bool {
+            if covered.contains(event) { return true }
+            guard !patterns.isEmpty, let channel = event.positionedChannel else { return false }
+            if let known = resumed[channel] { return known }
+            let matches = patterns.contains { Channel.matches(pattern: $0, name: channel) }
+            resumed[channel] = matches
+            return matches
+        }
         var rest = session.queue
-        rest.removeAll(where: covered.contains)
+        rest.removeAll(where: superseded)
         guard rest.count + range.count <= configuration.maxQueue else { return false }
-        session.ledger.remove(covered)
+        session.ledger.remove(where: superseded)
         var queue = range
         queue.append(contentsOf: rest)
         session.queue = queue

@@ -77,6 +77,15 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { String(buffer: json) }
 
+    /// The channel of an event that carries a position (`ext.position`), read from its JSON; nil for one without
+    /// (published with no history, or while Redis was away). Only a resume asks (`MemoryEngine.placeRange`).
+    package var positionedChannel: String? {
+        guard let message = try? JSONParser().parse(json).arrayValue?.first?.objectValue,
+            message["ext"]?.objectValue?["position"]?.stringValue != nil
+        else { return nil }
+        return message["channel"]?.stringValue
+    }
+
     /// The length of the header of a frame carrying `count` bytes.
     static func headerLength(ofPayload count: Int) -> Int {
         count <= 125 ? 2 : count <= 0xFFFF ? 4 : 10

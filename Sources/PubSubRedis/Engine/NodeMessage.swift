@@ -11,8 +11,9 @@ enum NodeMessage: Sendable, Equatable {
     case move(clientId: String, node: String)
     /// The queue of a session that moved here, from its former node.
     case handoff(clientId: String, events: [ByteBuffer])
-    /// Channels added to a session, then the events replayed for a resume.
-    case subscribed(clientId: String, channels: [String], events: [ByteBuffer])
+    /// Channels added to a session, then the events replayed for a resume, then the channels of a recovered
+    /// resume (what the session kept of them is superseded by the range).
+    case subscribed(clientId: String, channels: [String], events: [ByteBuffer], resumed: [String])
     case unsubscribed(clientId: String, channels: [String])
     case destroyed(clientId: String, reason: String)
     /// Everything sent before it has been received (tests and `settle`).
@@ -42,7 +43,10 @@ enum NodeMessage: Sendable, Equatable {
             guard let id = reader.string(), let channels = reader.strings(), let events = reader.fields() else {
                 return nil
             }
-            return .subscribed(clientId: id, channels: channels, events: events)
+            // Absent when the resume was not recovered.
+            let resumed = reader.buffer.readableBytes > 0 ? reader.strings() : []
+            guard let resumed else { return nil }
+            return .subscribed(clientId: id, channels: channels, events: events, resumed: resumed)
         case UInt8(ascii: "U"):
             guard let id = reader.string(), let channels = reader.strings() else { return nil }
             return .unsubscribed(clientId: id, channels: channels)
@@ -88,13 +92,17 @@ enum NodeMessage: Sendable, Equatable {
             Self.write(connected ? "1" : "0", into: &out)
             Self.write(String(subs.count), into: &out)
             for s in subs { Self.write(s, into: &out) }
-        case .subscribed(let id, let channels, let events):
+        case .subscribed(let id, let channels, let events, let resumed):
             out.writeString("S")
             Self.write(id, into: &out)
             Self.write(String(channels.count), into: &out)
             for c in channels { Self.write(c, into: &out) }
             Self.write(String(events.count), into: &out)
             for e in events { Self.write(e, into: &out) }
+            if !resumed.isEmpty {
+                Self.write(String(resumed.count), into: &out)
+                for c in resumed { Self.write(c, into: &out) }
+            }
         case .unsubscribed(let id, let channels):
             out.writeString("U")
             Self.write(id, into: &out)

@@ -47,17 +47,19 @@ extension RedisEngine {
                 (s.handoffWaiters.removeValue(forKey: clientId), s.abandoned.remove(clientId) != nil)
             }
             if !abandoned, !events.isEmpty,
-                local.insert(local.wireEvents(events), into: clientId, isRange: false) == false
+                local.insert(local.wireEvents(events), into: clientId, resuming: nil) == false
             {
                 dropOverflowed([clientId])
             }
             waiter?.succeed(())
-        case .subscribed(let clientId, let channels, let events):
+        case .subscribed(let clientId, let channels, let events, let resumed):
             guard local.hasSession(clientId) else { return }
             if !channels.isEmpty {
                 _ = local.subscribe(clientId, to: channels, resume: nil, now: .now(), on: commands.eventLoop)
             }
-            if !events.isEmpty, local.insert(local.wireEvents(events), into: clientId, isRange: true) == false {
+            if !events.isEmpty || !resumed.isEmpty,
+                local.insert(local.wireEvents(events), into: clientId, resuming: resumed) == false
+            {
                 dropOverflowed([clientId])
             }
         case .unsubscribed(let clientId, let channels):

@@ -377,27 +377,41 @@ extension RedisEngine {
         } else {
             arguments += ["0"]
         }
-        return eval(RedisScripts.subscribe, arguments).map { reply -> (SubscriptionResult, ResumeResult?) in
-            let values = reply.array ?? []
-            switch values.first?.int {
-            case 1?:
-                let limit = values.count > 1 ? values[1].string ?? "" : ""
-                var resumed: ResumeResult?
-                if resume != nil {
-                    resumed =
-                        historyOn && values.count > 3
-                        ? ResumeResult(recovered: values[2].int == 1, missed: Int(values[3].int ?? 0))
-                        : ResumeResult(recovered: false, missed: 0)
-                }
-                let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
-                self.reportSubscribed(
-                    clientId, added: Self.channels(in: values.count > 5 ? values[5] : nil),
-                    user: Self.user(in: values.count > 4 ? values[4] : nil))
-                return (result, resumed)
-            case 2?: return (.overflowed, nil)
-            default: return (.unknownClient, nil)
+        return eval(RedisScripts.subscribe, arguments).flatMap { reply in
+            let outcome = self.subscribed(clientId, reply: reply, resume: resume, historyOn: historyOn)
+            // A recovered resume's range reaches a session here through the `S` notification the script sent
+            // before its reply: the reply waits for it, so that the client's next connect finds the range in
+            // place of the copies it supersedes, and gets each event once.
+            guard outcome.1?.recovered == true, self.local.hasSession(clientId) else {
+                return self.commands.eventLoop.makeSucceededFuture(outcome)
             }
+            return self.settle(within: self.settings.redis.commandTimeout).map { outcome }.recover { _ in outcome }
         }.hop(to: loop)
+    }
+
+    /// The subscribe script's answer: {1, limit, recovered, missed, user, added} or {2} (overflowed) or {0}.
+    private func subscribed(_ clientId: String, reply: RESPValue, resume: String?, historyOn: Bool)
+        -> (SubscriptionResult, ResumeResult?)
+    {
+        let values = reply.array ?? []
+        switch values.first?.int {
+        case 1?:
+            let limit = values.count > 1 ? values[1].string ?? "" : ""
+            var resumed: ResumeResult?
+            if resume != nil {
+                resumed =
+                    historyOn && values.count > 3
+                    ? ResumeResult(recovered: values[2].int == 1, missed: Int(values[3].int ?? 0))
+                    : ResumeResult(recovered: false, missed: 0)
+            }
+            let result: SubscriptionResult = limit.isEmpty ? .ok : .limitReached(limit)
+            self.reportSubscribed(
+                clientId, added: Self.channels(in: values.count > 5 ? values[5] : nil),
+                user: Self.user(in: values.count > 4 ? values[4] : nil))
+            return (result, resumed)
+        case 2?: return (.overflowed, nil)
+        default: return (.unknownClient, nil)
+        }
     }
 
     public func unsubscribe(_ clientId: String, from channels: [String], on loop: any EventLoop)

@@ -381,7 +381,11 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
 
     /// Completes once every notification sent to this node before the call has been handled, and the deliveries
     /// it caused have been handed to their sinks' event loops.
-    public func settle() -> EventLoopFuture<Void> {
+    public func settle() -> EventLoopFuture<Void> { settle(within: nil) }
+
+    /// `settle`, failing after `timeout` (a barrier lost on its way) or at once when nobody listens on this node's
+    /// channel ((S)PUBLISH answers 0: the barrier would never come).
+    func settle(within timeout: TimeAmount?) -> EventLoopFuture<Void> {
         let loop = commands.eventLoop
         let promise = loop.makePromise(of: Void.self)
         let n = state.withLockedValue { s -> UInt64 in
@@ -391,12 +395,21 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         }
         commands.send(
             RESPCommand(publishCommand, .string(notificationChannel), .bytes(NodeMessage.barrier(n).encoded()))
-        )
-        .whenFailure { error in
-            self.state.withLockedValue { $0.barriers[n] = nil }
-            promise.fail(error)
+        ).whenComplete { result in
+            if case .success(let reply) = result, (reply.int ?? 0) > 0 { return }
+            let error: any Error
+            switch result {
+            case .failure(let e): error = e
+            case .success: error = RedisError(.connectionClosed, "nobody listens on this node's channel")
+            }
+            self.state.withLockedValue { $0.barriers.removeValue(forKey: n) }?.fail(error)
         }
-        return promise.futureResult
+        guard let timeout else { return promise.futureResult }
+        return bounded(promise.futureResult, by: timeout) {
+            let error = RedisError(.timeout, "no barrier back")
+            self.state.withLockedValue { $0.barriers.removeValue(forKey: n) }?.fail(error)
+            return error
+        }
     }
 
     public func shutdown() {

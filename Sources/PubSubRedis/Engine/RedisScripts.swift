@@ -192,7 +192,8 @@ enum RedisScripts {
 
     /// ARGV: id, maxSubscriptions, n, channel × n, then resume (1 or 0), the token's epoch and permuted sequence
     /// (as its 32-bit halves hi, lo: the key stays in Redis), maxQueue, ttl ms, now ms.
-    /// The home node gets an `S` notification: the channels added, then the replayed events.
+    /// The home node gets an `S` notification: the channels added, the replayed events, then, when recovered, the
+    /// channels resumed.
     /// {1, limitChannel or '', recovered, missed, user or '', {channel added, ...}} or {0} / {2}.
     static let subscribe = Script(
         positionFunctions + """
@@ -288,7 +289,11 @@ enum RedisScripts {
             end
             parts[#parts + 1] = f(#events)
             for _, e in ipairs(events) do parts[#parts + 1] = f(e) end
-            if #added > 0 or #events > 0 then notify(home, table.concat(parts)) end
+            if recovered == 1 then
+              parts[#parts + 1] = f(#subscribed)
+              for _, ch in ipairs(subscribed) do parts[#parts + 1] = f(ch) end
+            end
+            if #added > 0 or #events > 0 or recovered == 1 then notify(home, table.concat(parts)) end
             return {1, limit, recovered, missed, redis.call('HGET', ck, 'user') or '', added}
             """)
 

@@ -316,7 +316,7 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
     /// Events a shard sent to a fan-in that had already answered: back at the front of that shard's queue.
     func putBack(_ events: CircularBuffer<WireEvent>, for clientId: String, shard: Int) {
         guard !events.isEmpty else { return }
-        switch shards[shard].local.insert(events, into: clientId, isRange: false) {
+        switch shards[shard].local.insert(events, into: clientId, resuming: nil) {
         case true?:
             break
         case false?:
