@@ -8,6 +8,8 @@ extension Broker {
     /// Why a publish of the server API was refused (its message becomes the `error` of a 400).
     public struct APIPublishError: Error, Sendable, Equatable {
         public var message: String
+
+        public init(message: String) { self.message = message }
     }
 
     /// Publishes `data` on `channel` as a client's publish would be delivered (outgoing extensions included),

@@ -203,6 +203,12 @@ extension Broker {
             return loop.makeSucceededFuture(.reply(reply))
         }
         return engine.publish(delivered, to: channel, now: now, on: loop).map { [reply] _ in .reply(reply) }
+            .flatMapErrorThrowing { [reply] error in
+                guard error is PublishRefused else { throw error }
+                var refused = reply
+                refused.fail(BayeuxError(.publishFailed, channel))
+                return .reply(refused)
+            }
     }
 }
 

@@ -94,6 +94,17 @@ public struct EngineStatistics: Sendable, Equatable {
     public var queueDepth = 0
 }
 
+/// A publish the engine did not take, and did not deliver to anyone: a clustered engine cut off from its store
+/// refuses rather than acknowledge what other nodes would never get. A Bayeux publisher gets
+/// `407:<channel>:Failed to publish`, the server API a 503; either may publish again.
+public struct PublishRefused: Error, Sendable, Equatable, CustomStringConvertible {
+    public var reason: String
+
+    public init(reason: String) { self.reason = reason }
+
+    public var description: String { reason }
+}
+
 /// The shared state of the broker: sessions, subscriptions and routing, that is the data path (handshake,
 /// subscribe, connect, publish, detach). The memory engine serves one node; a clustered engine implements the same
 /// calls over a shared store. Every call may complete later, so they return futures; the memory engine completes
@@ -136,7 +147,8 @@ public protocol Engine: Sendable {
     func destroyClient(_ clientId: String, reason: DetachReason, on loop: any EventLoop) -> EventLoopFuture<Bool>
     /// Encodes the event once (with its `ext.position` when the history is on) and queues the same bytes for
     /// every subscriber of `channel` (one copy each, whatever the number of matching patterns). Completes with
-    /// the event's position (nil without history).
+    /// the event's position (nil without history). Fails with `PublishRefused` when the engine cannot keep the
+    /// event (nothing was delivered: the publisher may send it again).
     func publish(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<String?>
     /// Records the user an authorization mode established for the session (JWT `sub`, the hook's handshake

@@ -43,14 +43,30 @@ struct EngineOptions: ParsableArguments {
     var redisShardSegments: Int?
     @Option(help: "PEM file of the CAs to trust for rediss:// instead of the system's (PUBSUB_REDIS_CA_FILE).")
     var redisCaFile: String?
+    @Option(
+        help: ArgumentHelp(
+            "A publish while this node cannot write to Redis: refused, for the publisher to retry, or delivered to this node's subscribers only (PUBSUB_REDIS_WHEN_AWAY; default refuse).",
+            valueName: "refuse|local"))
+    var redisWhenAway: String?
 
     func validate() throws {
         let memory = try resolvedEngine() == .memory
         if memory, redisUrl != nil { throw ValidationError("--redis-url needs --engine redis") }
         if memory, redisSentinels != nil { throw ValidationError("--redis-sentinels needs --engine redis") }
         if memory, redisCluster != nil { throw ValidationError("--redis-cluster needs --engine redis") }
+        if memory, redisWhenAway != nil { throw ValidationError("--redis-when-away needs --engine redis") }
         _ = try resolvedRedis()
         _ = try resolvedShards()
+        _ = try resolvedWhenAway()
+    }
+
+    /// `--redis-when-away`.
+    func resolvedWhenAway() throws -> RedisEngineConfiguration.PublishWhileAway {
+        let text = try Environment.pick(redisWhenAway, "PUBSUB_REDIS_WHEN_AWAY", "refuse")
+        guard let value = RedisEngineConfiguration.PublishWhileAway(rawValue: text) else {
+            throw ValidationError("--redis-when-away must be refuse or local, not '\(text)'")
+        }
+        return value
     }
 
     /// `--redis-shards` and `--redis-shard-segments` as a shard map; nil without shards.
@@ -152,6 +168,7 @@ struct EngineOptions: ParsableArguments {
             settings = RedisEngineConfiguration(redis: cluster.connection, cluster: cluster)
         }
         if let prefix = try Environment.pick(redisPrefix, "PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
+        settings.whenAway = try resolvedWhenAway()
         let engine: any Engine
         let started: EventLoopFuture<Void>
         let description: String

@@ -48,6 +48,7 @@ class Publisher(threading.Thread):
         self.stop = threading.Event()
         self.positioned = []  # acknowledged by Redis: (n, position)
         self.local_only = []  # acknowledged by the node while it had no master: delivered on that node only
+        self.refused = []     # refused while the node had no master (503, nothing delivered): to publish again
         self.failed = []      # an error: delivered or not, nobody knows
         self.errors = []
         self.n = 0
@@ -64,7 +65,9 @@ class Publisher(threading.Thread):
             self.failed.append(n)
             self.errors.append(f"{n}: {e}")
             return
-        if r.status_code != 200:
+        if r.status_code == 503 and "nothing was delivered" in r.text:
+            self.refused.append(n)
+        elif r.status_code != 200:
             self.failed.append(n)
             self.errors.append(f"{n}: {r.status_code} {r.text[:200]}")
         elif r.json().get("position"):

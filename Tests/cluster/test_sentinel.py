@@ -4,6 +4,10 @@ The master is killed with SIGKILL while clients publish through both nodes. Befo
 miss the last writes (its replication link is cut while it is stopped for a moment), so the failover really loses
 acknowledged events, as asynchronous replication can. Afterwards both nodes serve again without a restart, the
 sessions and subscriptions made before the kill still work, and what was lost is counted exactly in /metrics.
+
+Run twice: with `--redis-when-away refuse` (the default), a publish made while a node has no master is refused
+(503, for the publisher to retry), so every acknowledged event reaches every subscriber but those the old master
+never replicated (counted); with `local`, it reaches that node's subscribers only (counted as local-only).
 """
 
 import os
@@ -23,8 +27,8 @@ API_KEY = "k-sentinel-test-0123456789abcdef"
 CHANNEL = "/feed"
 
 
-@pytest.fixture
-def sentinel_setup():
+@pytest.fixture(params=["refuse", "local"])
+def sentinel_setup(request):
     master = RedisServer()
     master.start()
     replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
@@ -48,12 +52,13 @@ def sentinel_setup():
         for _ in range(2):
             b = Broker(timeout=10, extra_args=[
                 "--engine", "redis", "--redis-sentinels", addresses, "--redis-master-name", "mymaster",
-                "--history-size", "20000", "--api-key", API_KEY, "--log-level", "info"])
+                "--history-size", "20000", "--api-key", API_KEY, "--log-level", "info",
+                "--redis-when-away", request.param])
             b.start()
             nodes.append(b)
         for b in nodes:
             wait_ready(b)
-        yield master, replica, sentinels, nodes
+        yield master, replica, sentinels, nodes, request.param
     finally:
         for b in nodes:
             b.stop()
@@ -64,7 +69,7 @@ def sentinel_setup():
 
 
 def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_setup):
-    master, replica, sentinels, (a, b) = sentinel_setup
+    master, replica, sentinels, (a, b), when_away = sentinel_setup
     t0 = time.monotonic()
     pids = (a.pid, b.pid)
     # Subscribers on both nodes, WebSocket, and a long-polling session made on a and used later through b.
@@ -170,6 +175,13 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
         assert set(q.local_only) <= missing and missing - set(q.local_only) <= set(lost[other]), (
             name, sorted(missing), sorted(q.local_only), sorted(lost[other]))
         assert metrics[other]["pubsub_redis_local_only_publishes_total"] == len(q.local_only), metrics
+        assert metrics[other]["pubsub_redis_refused_publishes_total"] == len(q.refused), metrics
+        if when_away == "refuse":
+            # Nothing acknowledged without a position: every acknowledged event reached both nodes' subscribers,
+            # but those the old master never replicated, counted above.
+            assert q.local_only == [] and missing <= set(lost[other]), (name, sorted(missing), sorted(lost[other]))
+        else:
+            assert q.refused == [], q.refused
         # A publish that failed is one whose connection broke before Redis answered: counted as uncertain.
         assert metrics[other]["pubsub_redis_uncertain_publishes_total"] == len(q.failed), (metrics, q.errors)
     for client in subscribers.values():
@@ -177,4 +189,5 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
     print({k: p.errors for k, p in publishers.items()})
     print(f"failover followed in {failover_seconds:.1f} s; lost publishes {dict((k, len(v)) for k, v in lost.items())}; "
           f"local-only {dict((k, len(p.local_only)) for k, p in publishers.items())}; "
+          f"refused {dict((k, len(p.refused)) for k, p in publishers.items())}; "
           f"failed {dict((k, len(p.failed)) for k, p in publishers.items())}; total {time.monotonic() - t0:.1f} s")

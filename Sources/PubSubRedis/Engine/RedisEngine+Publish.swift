@@ -4,15 +4,14 @@ import NIOConcurrencyHelpers
 import NIOCore
 import PubSubCore
 
-/// Publishing: one script run in Redis, or this node's subscribers only while Redis is away; clients whose
-/// queue overflowed are dropped here and in Redis.
+/// Publishing: one script run in Redis; while Redis is away, refused or (`--redis-when-away local`) delivered to
+/// this node's subscribers only. Clients whose queue overflowed are dropped here and in Redis.
 extension RedisEngine {
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<String?>
     {
         guard isConnected else {
-            publishLocally(message, to: channel)
-            return loop.makeSucceededFuture(nil)
+            return loop.makeCompletedFuture { try publishWhileAway(message, to: channel, because: "not connected") }
         }
         let keys = Channel.expand(channel)
         var head: ByteBuffer
@@ -64,16 +63,21 @@ extension RedisEngine {
             {
                 // Never sent (the connection went down just before), or refused by a master demoted to a replica
                 // (Sentinel; the connection is dropped and the master found again): it did not happen in Redis.
-                self.publishLocally(message, to: channel)
-                return nil
+                return try self.publishWhileAway(
+                    message, to: channel, because: e.code == .notConnected ? "not connected" : "master demoted")
             }
             self.state.withLockedValue { $0.redis.uncertainPublishes += 1 }
             throw error
         }.hop(to: loop)
     }
 
-    /// Redis is away: this node's subscribers get the event now; other nodes never will (counted, logged).
-    func publishLocally(_ message: Message, to channel: String) {
+    /// Redis is away: the publish is refused, or this node's subscribers get the event now (other nodes never
+    /// will; counted, logged).
+    func publishWhileAway(_ message: Message, to channel: String, because reason: String) throws -> String? {
+        guard settings.whenAway == .local else {
+            state.withLockedValue { $0.redis.refusedPublishes += 1 }
+            throw PublishRefused(reason: "Redis is unreachable (\(reason)); nothing was delivered, publish again")
+        }
         dropOverflowed(
             local.enqueue(WireEvent(encoding: message, compression: configuration.eventCompression), on: channel))
         state.withLockedValue { s in
@@ -81,6 +85,7 @@ extension RedisEngine {
             s.redis.localOnlyPublishes += 1
             s.machine.publishedLocally()
         }
+        return nil
     }
 
     static func find(_ marker: String, in buffer: ByteBuffer) -> Int? {

@@ -214,6 +214,9 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
                 "local_only_publishes", s.localOnlyPublishes,
                 "Publishes made while Redis was unreachable, delivered to this node's subscribers only."),
             counter(
+                "refused_publishes", s.refusedPublishes,
+                "Publishes refused while Redis was unreachable, for the publisher to retry (--redis-when-away refuse)."),
+            counter(
                 "uncertain_publishes", s.uncertainPublishes,
                 "Publishes whose Redis connection broke before the answer: delivered or not."),
             counter(

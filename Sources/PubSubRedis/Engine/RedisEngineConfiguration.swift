@@ -23,6 +23,8 @@ public struct RedisEngineConfiguration: Sendable {
     public var handoffTimeout: TimeAmount
     /// Sessions expired per sweep, at most.
     public var sweepBatch: Int
+    /// What a publish does while this node cannot write to Redis.
+    public var whenAway: PublishWhileAway = .refuse
 
     public init(
         redis: RedisConfiguration = .init(),
@@ -42,6 +44,17 @@ public struct RedisEngineConfiguration: Sendable {
         self.sweepPeriod = sweepPeriod
         self.handoffTimeout = handoffTimeout
         self.sweepBatch = sweepBatch
+    }
+
+    /// What a publish does while the node cannot write to Redis: its connection is down (an outage, a master that
+    /// died and is not yet replaced) or the server it writes to was demoted to a replica (`READONLY`).
+    public enum PublishWhileAway: String, Sendable, CaseIterable {
+        /// Refused with `PublishRefused`, which the publisher can retry: nothing is acknowledged that the other
+        /// nodes' subscribers would never get, without a word, and that no resume could recover.
+        case refuse
+        /// Delivered to this node's subscribers only and acknowledged without a position
+        /// (`pubsub_redis_local_only_publishes_total`): the other nodes' subscribers never get it, untold.
+        case local
     }
 
     /// Positions skipped when the first node reaches a new master after a failover (Sentinel or Cluster).

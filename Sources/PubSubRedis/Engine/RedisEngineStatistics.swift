@@ -4,6 +4,8 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     public var outages: UInt64 = 0
     /// Publishes made while Redis was unreachable: delivered to this node's subscribers only.
     public var localOnlyPublishes: UInt64 = 0
+    /// Publishes refused while Redis was unreachable (`RedisEngineConfiguration.PublishWhileAway.refuse`).
+    public var refusedPublishes: UInt64 = 0
     /// Publishes whose connection broke before Redis answered: they may or may not have been delivered.
     public var uncertainPublishes: UInt64 = 0
     /// Events found in the history after the notification connection was cut, and delivered late.

@@ -133,6 +133,11 @@ struct ServerAPI: Sendable {
             case .success(let position):
                 return Self.json(.ok, .object(["position": position.map(JSONValue.string) ?? .null]))
             }
+        }.flatMapErrorThrowing { error in
+            guard let refused = error as? PublishRefused else { throw error }
+            var response = Self.error(.serviceUnavailable, refused.reason)
+            response.headers.add(name: "Retry-After", value: "1")
+            return response
         }
     }
 
@@ -166,17 +171,25 @@ struct ServerAPI: Sendable {
         var future = loop.makeSucceededFuture([JSONValue]())
         for channel in channels {
             future = future.flatMap { results in
-                self.broker.publishFromAPI(channel: channel, data: data, ext: ext, now: now, on: loop).map { outcome in
-                    var results = results
-                    switch outcome {
-                    case .success(let position):
-                        results.append(
-                            .object(["channel": .string(channel), "position": position.map(JSONValue.string) ?? .null]))
-                    case .failure(let problem):
-                        results.append(.object(["channel": .string(channel), "error": .string(problem.message)]))
+                // A refused publish is this channel's error: the ones before it were published, and a retry of
+                // the whole broadcast would send them twice.
+                self.broker.publishFromAPI(channel: channel, data: data, ext: ext, now: now, on: loop)
+                    .flatMapErrorThrowing { error -> Result<String?, Broker.APIPublishError> in
+                        guard let refused = error as? PublishRefused else { throw error }
+                        return .failure(Broker.APIPublishError(message: refused.reason))
+                    }.map { outcome in
+                        var results = results
+                        switch outcome {
+                        case .success(let position):
+                            results.append(
+                                .object([
+                                    "channel": .string(channel), "position": position.map(JSONValue.string) ?? .null,
+                                ]))
+                        case .failure(let problem):
+                            results.append(.object(["channel": .string(channel), "error": .string(problem.message)]))
+                        }
+                        return results
                     }
-                    return results
-                }
             }
         }
         return future.map { Self.json(.ok, .object(["results": .array($0)])) }
