@@ -48,6 +48,16 @@ struct EngineOptions: ParsableArguments {
             "A publish while this node cannot write to Redis: refused, for the publisher to retry, or delivered to this node's subscribers only (PUBSUB_REDIS_WHEN_AWAY; default refuse).",
             valueName: "refuse|local"))
     var redisWhenAway: String?
+    @Option(
+        help: ArgumentHelp(
+            "Acknowledge a publish only once this many Redis replicas hold it (WAIT) (PUBSUB_REDIS_WAIT_REPLICAS; default 0).",
+            valueName: "n"))
+    var redisWaitReplicas: Int?
+    @Option(
+        help: ArgumentHelp(
+            "With --redis-wait-replicas: seconds a publish waits for them before it is answered with an error (PUBSUB_REDIS_WAIT_TIMEOUT; default 1).",
+            valueName: "seconds"))
+    var redisWaitTimeout: Double?
 
     func validate() throws {
         let memory = try resolvedEngine() == .memory
@@ -58,6 +68,21 @@ struct EngineOptions: ParsableArguments {
         _ = try resolvedRedis()
         _ = try resolvedShards()
         _ = try resolvedWhenAway()
+        _ = try resolvedWait()
+        if memory, redisWaitReplicas != nil || redisWaitTimeout != nil {
+            throw ValidationError("--redis-wait-replicas and --redis-wait-timeout need --engine redis")
+        }
+    }
+
+    /// `--redis-wait-replicas` and `--redis-wait-timeout`.
+    func resolvedWait() throws -> (replicas: Int, timeout: TimeAmount) {
+        let replicas = try Environment.pick(redisWaitReplicas, "PUBSUB_REDIS_WAIT_REPLICAS", 0)
+        let seconds = try Environment.pick(redisWaitTimeout, "PUBSUB_REDIS_WAIT_TIMEOUT", 1)
+        guard replicas >= 0 else { throw ValidationError("--redis-wait-replicas must not be negative") }
+        guard seconds > 0, seconds <= 4 else {
+            throw ValidationError("--redis-wait-timeout must be more than 0 and at most 4 seconds")
+        }
+        return (replicas, .nanoseconds(Int64(seconds * 1e9)))
     }
 
     /// `--redis-when-away`.
@@ -169,6 +194,7 @@ struct EngineOptions: ParsableArguments {
         }
         if let prefix = try Environment.pick(redisPrefix, "PUBSUB_REDIS_PREFIX") { settings.keyPrefix = prefix }
         settings.whenAway = try resolvedWhenAway()
+        (settings.waitReplicas, settings.waitTimeout) = try resolvedWait()
         let engine: any Engine
         let started: EventLoopFuture<Void>
         let description: String

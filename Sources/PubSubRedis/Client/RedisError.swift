@@ -2,7 +2,8 @@
 public struct RedisError: Error, Hashable, CustomStringConvertible {
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         enum Base: Hashable, Sendable {
-            case notConnected, connectionClosed, timeout, server, protocolViolation, closed, notMaster, tls
+            case notConnected, connectionClosed, timeout, server, protocolViolation, closed, notMaster, tls,
+                notReplicated
         }
         let base: Base
         public static let notConnected = Code(base: .notConnected)
@@ -18,6 +19,8 @@ public struct RedisError: Error, Hashable, CustomStringConvertible {
         public static let notMaster = Code(base: .notMaster)
         /// TLS could not be set up (a CA file that cannot be read).
         public static let tls = Code(base: .tls)
+        /// A write the master took but fewer replicas than asked confirmed in time (`WAIT`).
+        public static let notReplicated = Code(base: .notReplicated)
         public var description: String { "\(base)" }
     }
 

@@ -40,7 +40,7 @@ extension RedisEngine {
             .bytes(head), .bytes(tail), .integer(milliseconds(now)), .integer(Int64(keys.count)),
         ]
         arguments += keys.map { .string($0) }
-        return eval(RedisScripts.publish, arguments).map { reply -> String? in
+        return eval(RedisScripts.publish, arguments, replicas: settings.waitReplicas).map { reply -> String? in
             let values = reply.array ?? []
             let sequence = values.first?.int.map { UInt64($0) } ?? 0
             let epoch = values.count > 1 ? values[1].string.flatMap { UInt64($0) } : nil
@@ -66,7 +66,13 @@ extension RedisEngine {
                 return try self.publishWhileAway(
                     message, to: channel, because: e.code == .notConnected ? "not connected" : "master demoted")
             }
-            self.state.withLockedValue { $0.redis.uncertainPublishes += 1 }
+            self.state.withLockedValue { s in
+                if let e = error as? RedisError, e.code == .notReplicated {
+                    s.redis.unreplicatedPublishes += 1
+                } else {
+                    s.redis.uncertainPublishes += 1
+                }
+            }
             throw error
         }.hop(to: loop)
     }

@@ -84,6 +84,8 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
     struct ScriptJob: Sendable {
         var script: RedisScripts.Script
         var arguments: [RESPArgument]
+        /// Replicas that must confirm the script's writes (`WAIT`); 0: none.
+        var replicas: Int = 0
         var promise: EventLoopPromise<RESPValue>
     }
     let state = NIOLockedValueBox(State())
@@ -217,6 +219,10 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
                 "refused_publishes", s.refusedPublishes,
                 "Publishes refused while Redis was unreachable, for the publisher to retry (--redis-when-away refuse)."),
             counter(
+                "unreplicated_publishes", s.unreplicatedPublishes,
+                "Publishes fewer replicas than --redis-wait-replicas confirmed in time: delivered, answered with an error."
+            ),
+            counter(
                 "uncertain_publishes", s.uncertainPublishes,
                 "Publishes whose Redis connection broke before the answer: delivered or not."),
             counter(
@@ -299,9 +305,13 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
     /// `MOVED`: it did not run) is sent again after a short delay, until the slot has settled where the commands
     /// connection follows it (`ClusterStateMachine.retryDelay`); `ClusterRetryGate` keeps scripts in order
     /// meanwhile.
-    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
-        guard sharded else { return send(script, arguments) }
-        let job = ScriptJob(script: script, arguments: arguments, promise: commands.eventLoop.makePromise())
+    /// Runs a script; with `replicas`, fails with `notReplicated` unless that many replicas confirmed its writes.
+    func eval(_ script: RedisScripts.Script, _ arguments: [RESPArgument], replicas: Int = 0)
+        -> EventLoopFuture<RESPValue>
+    {
+        guard sharded else { return send(script, arguments, replicas: replicas) }
+        let job = ScriptJob(
+            script: script, arguments: arguments, replicas: replicas, promise: commands.eventLoop.makePromise())
         switch state.withLockedValue({ $0.gate.admit(job) }) {
         case .send(let ticket):
             run(job, ticket: ticket, attempt: 0)
@@ -315,22 +325,45 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         return job.promise.futureResult
     }
 
-    private func send(_ script: RedisScripts.Script, _ arguments: [RESPArgument]) -> EventLoopFuture<RESPValue> {
+    private func send(_ script: RedisScripts.Script, _ arguments: [RESPArgument], replicas: Int)
+        -> EventLoopFuture<RESPValue>
+    {
         let common = scriptPrelude
         let commands = self.commands
         let variant = script.variant(sharded: sharded)
-        return commands.send(RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)).flatMapError {
-            error in
-            if let e = error as? RedisError, e.code == .server, e.message.hasPrefix("NOSCRIPT") {
-                return commands.send(RESPCommand(["EVAL", .string(variant.source)] + common + arguments))
+        let byHash = RESPCommand(["EVALSHA", .string(variant.sha)] + common + arguments)
+        let bySource = RESPCommand(["EVAL", .string(variant.source)] + common + arguments)
+        guard replicas > 0 else {
+            return commands.send(byHash).flatMapError { error in
+                if let e = error as? RedisError, e.code == .server, e.message.hasPrefix("NOSCRIPT") {
+                    return commands.send(bySource)
+                }
+                return commands.eventLoop.makeFailedFuture(error)
             }
-            return commands.eventLoop.makeFailedFuture(error)
+        }
+        // WAIT counts the replicas that hold this connection's writes so far: it goes in the same write as the
+        // script, so that it is the script's connection it asks about, whatever reconnects meanwhile.
+        let timeout = min(settings.waitTimeout, settings.redis.commandTimeout - .milliseconds(500))
+        let wait = RESPCommand(["WAIT", .integer(Int64(replicas)), .integer(max(1, timeout.nanoseconds / 1_000_000))])
+        return commands.send([byHash, wait]).flatMap { replies -> EventLoopFuture<[RESPValue]> in
+            if case .error(let message) = replies[0], message.hasPrefix("NOSCRIPT") {
+                return commands.send([bySource, wait])
+            }
+            return commands.eventLoop.makeSucceededFuture(replies)
+        }.flatMapThrowing { replies in
+            if case .error(let message) = replies[0] { throw RedisError(.server, message) }
+            let confirmed = replies.count > 1 ? replies[1].int ?? 0 : 0
+            guard confirmed >= replicas else {
+                throw RedisError(
+                    .notReplicated, "\(confirmed) of \(replicas) replicas confirmed the write in \(timeout)")
+            }
+            return replies[0]
         }
     }
 
     /// Sends a script of the gate's and tells the gate how it went (Redis Cluster).
     private func run(_ job: ScriptJob, ticket: UInt64, attempt: Int) {
-        send(job.script, job.arguments).whenComplete { result in
+        send(job.script, job.arguments, replicas: job.replicas).whenComplete { result in
             var outcome = ClusterRetryGate<ScriptJob>.Outcome.done
             if case .failure(let error) = result {
                 if let delay = ClusterStateMachine.retryDelay(after: error, attempt: attempt) {

@@ -25,6 +25,12 @@ public struct RedisEngineConfiguration: Sendable {
     public var sweepBatch: Int
     /// What a publish does while this node cannot write to Redis.
     public var whenAway: PublishWhileAway = .refuse
+    /// Replicas that must hold a publish before it is acknowledged (`WAIT`, sent with the publish on the same
+    /// connection); 0: the master's answer is enough.
+    public var waitReplicas: Int = 0
+    /// How long a publish waits for `waitReplicas`; one not confirmed in time is answered with an error (it was
+    /// delivered, and a failover may lose it from the history). Kept under the connection's command timeout.
+    public var waitTimeout: TimeAmount = .seconds(1)
 
     public init(
         redis: RedisConfiguration = .init(),

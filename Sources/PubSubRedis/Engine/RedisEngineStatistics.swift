@@ -6,6 +6,9 @@ public struct RedisEngineStatistics: Sendable, Equatable {
     public var localOnlyPublishes: UInt64 = 0
     /// Publishes refused while Redis was unreachable (`RedisEngineConfiguration.PublishWhileAway.refuse`).
     public var refusedPublishes: UInt64 = 0
+    /// Publishes the master took but fewer replicas than `--redis-wait-replicas` confirmed in time: delivered,
+    /// answered with an error, and exposed to a failover.
+    public var unreplicatedPublishes: UInt64 = 0
     /// Publishes whose connection broke before Redis answered: they may or may not have been delivered.
     public var uncertainPublishes: UInt64 = 0
     /// Events found in the history after the notification connection was cut, and delivered late.
