@@ -15,17 +15,23 @@ extension EngineConformanceTests {
         return #"{"channel":"/meta/connect","clientId":"\#(cid)","connectionType":"\#(type)","id":"\#(id)"\#(ext)}"#
     }
 
+    /// A session subscribed to `/r` whose WebSocket was handed events 1, 2 and 3.
+    private static func threeEventsOnASocket(_ h: Node) async throws -> (String, RecordingSink) {
+        let cid = try await h.handshake()
+        _ = try await h.subscribe(cid, "/r")
+        let dead = RecordingSink(loop: h.loop, persistent: true)
+        _ = try await h.send(connect(cid, id: "1", type: "websocket"), sink: dead, type: .websocket)
+        for i in 1...3 { _ = try await h.publish("/r", "\(i)") }
+        try await h.settle()
+        #expect(dead.data == [1, 2, 3])
+        return (cid, dead)
+    }
+
     @Test(arguments: EngineKind.allCases)
     func eventsWrittenIntoADeadConnectionGoOutAgainOnTheNext(_ kind: EngineKind) async throws {
         try await withCluster(kind) { cluster in
             let h = cluster.first
-            let cid = try await h.handshake()
-            _ = try await h.subscribe(cid, "/r")
-            let dead = RecordingSink(loop: h.loop, persistent: true)
-            _ = try await h.send(Self.connect(cid, id: "1", type: "websocket"), sink: dead, type: .websocket)
-            for i in 1...3 { _ = try await h.publish("/r", "\(i)") }
-            try await h.settle()
-            #expect(dead.data == [1, 2, 3])
+            let (cid, dead) = try await Self.threeEventsOnASocket(h)
             // The socket died unread; the same session comes back on another one, repeating its connect.
             _ = h.broker.detach(cid, sink: dead, takeEvents: false)
             let next = RecordingSink(loop: h.loop, persistent: true)
@@ -131,13 +137,7 @@ extension EngineConformanceTests {
     func aResumeFromTheLastPositionSeenGetsNothingTwice(_ kind: EngineKind) async throws {
         try await withCluster(kind) { cluster in
             let h = cluster.first
-            let cid = try await h.handshake()
-            _ = try await h.subscribe(cid, "/r")
-            let dead = RecordingSink(loop: h.loop, persistent: true)
-            _ = try await h.send(Self.connect(cid, id: "1", type: "websocket"), sink: dead, type: .websocket)
-            for i in 1...3 { _ = try await h.publish("/r", "\(i)") }
-            try await h.settle()
-            #expect(dead.data == [1, 2, 3])
+            let (cid, dead) = try await Self.threeEventsOnASocket(h)
             let positions = dead.events.map { $0.objectValue?["ext"]?.objectValue?["position"]?.stringValue }
             // The client read 1 and 2 before its socket died; it comes back on a new one, on the same session,
             // and resumes from 2: 3 comes once, from the range, and 1 and 2, unconfirmed, do not come again.
