@@ -18,7 +18,8 @@ import Testing
         let configuration = BrokerConfiguration()
         var settings = RedisEngineConfiguration(redis: try RedisConfiguration(url: master.url))
         settings.waitReplicas = 1
-        settings.waitTimeout = .milliseconds(300)
+        // Long enough for a loaded machine's replica to confirm; the phase without one waits it out once.
+        settings.waitTimeout = .seconds(3)
         let engine = RedisEngine(configuration: configuration, settings: settings, logger: Logger(label: "test"))
         try await engine.start(timeout: .seconds(10)).get()
         let loop = engine.commands.eventLoop
