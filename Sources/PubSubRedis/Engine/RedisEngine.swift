@@ -465,8 +465,15 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         }
     }
 
+    /// Scripts and barriers still waiting fail before the connections and the thread go: a promise left
+    /// pending on a loop that shut down is never completed (a resume's subscribe waits on a barrier).
     private func failWaitingScripts() {
-        for job in state.withLockedValue({ $0.gate.drain() }) { job.promise.fail(RedisError(.closed)) }
+        let (jobs, barriers) = state.withLockedValue { s in
+            defer { s.barriers = [:] }
+            return (s.gate.drain(), Array(s.barriers.values))
+        }
+        for job in jobs { job.promise.fail(RedisError(.closed)) }
+        for barrier in barriers { barrier.fail(RedisError(.closed)) }
     }
 
     /// Closes the Redis connections and stops the engine's thread (tests; `shutdown` does it too).
