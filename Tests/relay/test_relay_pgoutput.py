@@ -230,13 +230,23 @@ def test_changes_committed_while_the_relay_starts_are_relayed_from_the_slots_sta
 
 PASSWORDS = {"scram-sha-256": "s3cret:/@?#% pw", "md5": "md5-secret-pw"}
 STORED = {"scram-sha-256": "SCRAM-SHA-256$", "md5": "md5"}
+# A password SASLprep changes (RFC 4013): a decomposed "a" + diaeresis (normalized to one "ä"), a no-break space
+# (mapped to a space), a soft hyphen (mapped to nothing). PostgreSQL stores a SCRAM verifier of the prepared form
+# and an MD5 hash of the raw one.
+UNPREPARED = "pa\u0308ss\u00a0wo\u00adrd-\u00fc"
+# One SASLprep only normalizes: canonically equal to its prepared form, other bytes.
+COMPOSED_ONLY = "pa\u0308sswort"
 
 
-@pytest.mark.parametrize("method", ["scram-sha-256", "md5"])
-def test_password_authentication_over_tcp(broker, workdir, method):
+@pytest.mark.parametrize("method, password", [
+    ("scram-sha-256", PASSWORDS["scram-sha-256"]), ("md5", PASSWORDS["md5"]),
+    ("scram-sha-256", UNPREPARED), ("md5", UNPREPARED), ("scram-sha-256", COMPOSED_ONLY)],
+    ids=["scram", "md5", "scram-saslprep", "md5-saslprep", "scram-normalized"])
+def test_password_authentication_over_tcp(broker, workdir, method, password):
     """pg_hba.conf asks for `method` on TCP (host and replication lines), the password is stored by that method:
-    the relay authenticates both its connections with the password of its DSN (percent-escaped in the URL)."""
-    with PostgresCluster(auth=method, password=PASSWORDS[method]) as pg:
+    the relay authenticates both its connections with the password of its DSN (percent-escaped in the URL), a
+    SCRAM password SASLprep'd as PostgreSQL prepares it."""
+    with PostgresCluster(auth=method, password=password) as pg:
         make_tables(pg)
         assert query(pg, "SELECT left(rolpassword, %s) FROM pg_authid WHERE rolname = 'postgres'",
                      len(STORED[method])) == [(STORED[method],)]
@@ -256,7 +266,7 @@ def test_password_authentication_over_tcp(broker, workdir, method):
             relay.stop()
             sub.stop()
         assert relay.proc.returncode == 0, relay.errors()
-        assert PASSWORDS[method] not in relay.errors() and pg.dsn not in relay.errors()
+        assert password not in relay.errors() and pg.dsn not in relay.errors()
 
 
 @pytest.mark.parametrize("method", ["scram-sha-256", "md5"])

@@ -595,6 +595,20 @@ public actor PostgresChangeSource: ChangeSource {
         }
         configuration.options.connectTimeout = self.configuration.connectTimeout
         do {
+            // postgres-nio sends a SCRAM password as given: hand it the SASLprep'd one, as PostgreSQL prepared it
+            // for the verifier. A server that refuses it may hold an MD5 hash of the raw password instead.
+            if let password = configuration.password, case let prepared = SASLprep.prepare(password),
+                !prepared.utf8.elementsEqual(password.utf8)  // bytes: String equality is canonical
+            {
+                configuration.password = prepared
+                do {
+                    return try await PostgresConnection.connect(
+                        on: eventLoopGroup.next(), configuration: configuration, id: 1, logger: logger
+                    ).get()
+                } catch let error as PSQLError where error.serverInfo?[.sqlState] == "28P01" {
+                    configuration.password = password
+                }
+            }
             return try await PostgresConnection.connect(
                 on: eventLoopGroup.next(), configuration: configuration, id: 1, logger: logger
             ).get()

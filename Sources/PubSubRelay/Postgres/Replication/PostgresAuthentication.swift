@@ -2,8 +2,8 @@ import Crypto
 import ExtrasBase64
 
 /// The client side of SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL speaks it: no channel binding (`n,,`), an
-/// empty user name in the messages (the server takes the startup's), the password as given (not SASLprep'd: a
-/// password of ASCII characters is the same either way).
+/// empty user name in the messages (the server takes the startup's), the password SASLprep'd as PostgreSQL
+/// prepares it (`SASLprep`).
 struct SCRAMSHA256Client: Sendable {
     enum Failure: Error, Sendable, Equatable, CustomStringConvertible {
         case malformedServerMessage(String)
@@ -34,7 +34,7 @@ struct SCRAMSHA256Client: Sendable {
     private var saltedPassword: [UInt8] = []
 
     init(password: String, nonce: String, user: String = "") {
-        self.password = Array(password.utf8)
+        self.password = Array(SASLprep.prepare(password).utf8)
         self.clientNonce = nonce
         self.user = user
     }
