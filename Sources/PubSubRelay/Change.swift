@@ -103,6 +103,9 @@ public protocol ChangeSource: Sendable {
     func confirm(_ position: String) async throws
     /// How far behind the feed's head the last batch was, when the source can tell.
     func lag() async -> SourceLag?
+    /// Whether the source is further behind its server than it allows (PostgreSQL: the slot's lag above
+    /// `behindBytes`), for readiness. Default: no.
+    func isBehind() async -> Bool
     func close() async
     /// `error` (from this source, the publisher or the checkpoint file) in one line, for the relay's last words.
     /// Default: its text, with what to do about a refused certificate (`FeedTLS.describe`).
@@ -114,5 +117,6 @@ public protocol ChangeSource: Sendable {
 
 extension ChangeSource {
     public var givesPreviousValues: Bool { false }
+    public func isBehind() async -> Bool { false }
     public func describe(_ error: any Error) -> String { FeedTLS.describe(error) }
 }

@@ -1,6 +1,7 @@
 import Bayeux
 import CoreMetrics
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 
 /// Publishes by handing Bayeux publish messages to a function that returns the broker's replies in order (the
@@ -61,10 +62,19 @@ public struct FeedRunner: Sendable {
     public var feed: RelayFile.Feed
     public var publisher: any Publisher
     public var logger: Logger
+    /// Where the feed says what it is doing (`serve --relay`'s `/readyz`); nil: nowhere but the log.
+    public var health: RelayHealth?
+    /// How often a running feed's source is asked whether it is behind, for `health`.
+    public var healthInterval: Duration = .seconds(1)
+    /// Builds the feed's source for each run (tests hand in their own).
+    var makeSource: @Sendable (RelayFile.Feed, Logger) throws -> any ChangeSource = { feed, logger in
+        try feed.makeSource(logger: logger)
+    }
 
-    public init(feed: RelayFile.Feed, publisher: any Publisher, logger: Logger) {
+    public init(feed: RelayFile.Feed, publisher: any Publisher, health: RelayHealth? = nil, logger: Logger) {
         self.feed = feed
         self.publisher = publisher
+        self.health = health
         var logger = logger
         logger[metadataKey: "pubsub.relay.feed"] = "\(feed.name)"
         self.logger = logger
@@ -75,7 +85,7 @@ public struct FeedRunner: Sendable {
         while !Task.isCancelled {
             let source: any ChangeSource
             do {
-                source = try feed.makeSource(logger: logger)
+                source = try makeSource(feed, logger)
             } catch {
                 logger.critical("relay feed cannot be built: \(error)")
                 return
@@ -88,17 +98,19 @@ public struct FeedRunner: Sendable {
                 logger: logger)
             let began = ContinuousClock.now
             do {
-                try await relay.run()
+                try await run(relay, source: source)
             } catch is CancellationError where Task.isCancelled {
             } catch let error as RelayError where error.code == .configuration {
                 // The database refuses the feed as configured (a routed table's replica identity): no restart
                 // can mend that.
                 logger.critical(
                     "relay feed stopped: \(error.message)", metadata: ["pubsub.relay.source": "\(source.sourceID)"])
+                health?.set(feed.name, .stopped(error.message))
                 await source.close()
                 return
             } catch {
                 if ContinuousClock.now - began > .seconds(60) { backoff.reset() }
+                health?.set(feed.name, .restarting(source.describe(error)))
                 if !Task.isCancelled {
                     Counter(label: "pubsub_relay_restarts_total", dimensions: [("source", source.sourceID)]).increment()
                     logger.error(
@@ -113,6 +125,32 @@ public struct FeedRunner: Sendable {
             if Task.isCancelled { return }
             if ContinuousClock.now - began > .seconds(60) { backoff.reset() }
             try? await backoff.wait()
+        }
+    }
+
+    /// Runs the relay; with `health`, beside it asks the source every `healthInterval` whether it is behind.
+    private func run(_ relay: Relay, source: any ChangeSource) async throws {
+        guard let health else { return try await relay.run() }
+        let name = feed.name
+        health.set(name, .starting)
+        let started = NIOLockedValueBox(false)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await relay.run {
+                    started.withLockedValue { $0 = true }
+                    health.set(name, .relaying)
+                }
+            }
+            group.addTask { [healthInterval] in
+                while true {
+                    try await Task.sleep(for: healthInterval)
+                    guard started.withLockedValue({ $0 }) else { continue }
+                    let behind = await source.isBehind()
+                    health.set(name, behind ? .behind(await source.lag()) : .relaying)
+                }
+            }
+            defer { group.cancelAll() }
+            try await group.next()
         }
     }
 

@@ -112,10 +112,12 @@ public enum FeedKind: String, Sendable, CaseIterable {
 }
 
 extension PostgresChangeSource.Configuration {
-    static let settingKeys: Set<String> = ["dsn", "slot", "table", "max_changes", "plugin", "publication"]
+    static let settingKeys: Set<String> = [
+        "dsn", "slot", "table", "max_changes", "plugin", "publication", "behind_mb",
+    ]
 
-    /// From `{"dsn", "slot", "table": [...], "max_changes"?, "poll_interval"?, "plugin"?, "publication"?}`, validated as `pubsub relay postgres` validates its
-    /// options.
+    /// From `{"dsn", "slot", "table": [...], "max_changes"?, "poll_interval"?, "plugin"?, "publication"?,
+    /// "behind_mb"?}`, validated as `pubsub relay postgres` validates its options.
     public init(settings: FeedSettings) throws {
         let dsn: PostgresDSN
         do {
@@ -134,11 +136,14 @@ extension PostgresChangeSource.Configuration {
         }
         let maxChanges = try settings.int("max_changes", default: 5000)
         guard maxChanges > 0 else { throw settings.error("max_changes", "must be positive") }
+        let behind = try settings.int("behind_mb", default: 64)
+        guard (1...1_000_000).contains(behind) else { throw settings.error("behind_mb", "must be 1 to 1000000") }
         let poll = try settings.double("poll_interval", default: 0.1)
         guard poll > 0 && poll <= 3600 else { throw settings.error("poll_interval", "must be above 0 seconds") }
         self.init(
             dsn: dsn, slot: slot, tables: tables, maxChangesPerPeek: maxChanges,
             pollInterval: .nanoseconds(Int64(poll * 1e9)))
+        behindBytes = UInt64(behind) << 20
         if let name = try settings.optionalString("plugin") {
             guard let plugin = PostgresChangeSource.Plugin(rawValue: name) else {
                 throw settings.error("plugin", "pgoutput or wal2json")

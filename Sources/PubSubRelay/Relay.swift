@@ -189,9 +189,10 @@ public struct Relay: Sendable {
     /// The checkpoint is written behind the publishes (`CheckpointWriter`): the next batch is published while the
     /// checkpoint of the ones before is made durable, and the source is confirmed once it is. With routes over a
     /// source that lacks old values, the remembered values must not run ahead of the checkpoint, so there each
-    /// batch is persisted before the next is published.
-    public func run() async throws {
+    /// batch is persisted before the next is published. `started` is called once the source has started.
+    public func run(started: (@Sendable () -> Void)? = nil) async throws {
         try await start()
+        started?()
         guard memory == nil else {
             var progress = Progress()
             while let batch = try await source.next() {

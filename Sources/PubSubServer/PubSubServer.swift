@@ -138,6 +138,12 @@ public final class PubSubServer: Sendable {
         try sync.addHandlers([encoder, decoder, pipelining, probe, handler])
     }
 
+    /// Lines for `/readyz` to say below the broker's own word (what the feeds of `serve --relay` are doing), asked
+    /// at each request; they never change its status.
+    public func addReadinessNotes(_ notes: @escaping @Sendable () -> [String]) {
+        shared.operations.addReadinessNotes(notes)
+    }
+
     /// Stops accepting, releases every parked connect and socket, closes, and stops the event loops: a drain
     /// (`drain(timeout:)`) with the configured drain timeout.
     public func shutdown() async throws {

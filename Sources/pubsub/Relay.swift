@@ -195,6 +195,12 @@ struct RelayPostgres: AsyncParsableCommand {
     @Option(help: "Most changes per batch; a larger transaction is relayed and checkpointed in pieces.")
     var maxChanges: Int = 5000
 
+    @Option(
+        help:
+            "The slot lag (MB of WAL between the server's head and what the relay confirmed) above which the relay says it is behind (log, /readyz with serve --relay)."
+    )
+    var behindMb: Int = 64
+
     @OptionGroup var relay: RelayOptions
 
     @OptionGroup var jwt: JWTOptions
@@ -212,6 +218,7 @@ struct RelayPostgres: AsyncParsableCommand {
             throw ValidationError("--publication must be lower-case letters, digits and underscores (at most 63)")
         }
         guard maxChanges > 0 else { throw ValidationError("--max-changes must be positive") }
+        guard (1...1_000_000).contains(behindMb) else { throw ValidationError("--behind-mb must be 1 to 1000000") }
         do {
             _ = try PostgresDSN(dsn)
         } catch {
@@ -226,6 +233,7 @@ struct RelayPostgres: AsyncParsableCommand {
             pollInterval: .nanoseconds(Int64(pollInterval * 1e9)))
         configuration.plugin = plugin
         configuration.publication = publication
+        configuration.behindBytes = UInt64(behindMb) << 20
         do {
             try configuration.route(try relay.routes())
         } catch let error as RelayError {

@@ -340,13 +340,15 @@ struct Serve: AsyncParsableCommand {
     private func relayService(_ relayFile: RelayFile, server: PubSubServer, logger: Logger) throws -> RelayService {
         let token = try auth.secretToken()
         let jwt = relayFile.token ?? Environment.string("PUBSUB_TOKEN")
+        let health = RelayHealth()
+        server.addReadinessNotes { health.lines }
         let runners = relayFile.feeds.map { feed in
             FeedRunner(
                 feed: feed,
                 publisher: MessagePublisher(token: token, jwt: jwt, batchSize: feed.batchSize) { messages in
                     try await server.publishInProcess(messages)
                 },
-                logger: Logger(label: "pubsub.relay"))
+                health: health, logger: Logger(label: "pubsub.relay"))
         }
         logger.info("relaying \(runners.count) feed(s) in-process")
         return RelayService(runners: runners)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import psycopg
@@ -133,6 +134,35 @@ def test_serve_relay_publishes_in_process_and_counts_on_metrics(pg, workdir):
             assert 'pubsub_relay_changes_total{source="pg:relay_tasks"} 1' in text
         finally:
             notes.stop()
+        broker.stop()
+        assert broker.returncode == 0, broker.log()
+
+
+def readyz(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_serve_relay_says_on_readyz_what_each_feed_is_doing(pg, workdir):
+    """/readyz of `serve --relay` says one line per feed below the broker's own word: a feed relaying, a feed whose
+    database does not answer restarting after its error. A feed in trouble never takes the broker out of rotation:
+    the status stays 200."""
+    config = two_feeds(pg, workdir)
+    config["feeds"][1]["dsn"] = "postgres://postgres@127.0.0.1:1/postgres"
+    with Broker(secret=SECRET, extra_args=["--relay", write_config(workdir, config)]) as broker:
+        def says(*lines):
+            status, text = readyz(broker.port)
+            return status == 200 and text.startswith("ready\n") and all(line in text for line in lines)
+        wait_until(lambda: says("relay notes: relaying\n", "relay tasks: restarting after an error: "), 30,
+                   message="/readyz saying what both feeds do", raises=False)
+        status, text = readyz(broker.port)
+        lines = text.splitlines()
+        assert status == 200 and lines[0] == "ready" and len(lines) == 3, text
+        assert "relay notes: relaying" in lines[1:], text
+        assert [line for line in lines[1:] if line.startswith("relay tasks: restarting after an error: ")], text
         broker.stop()
         assert broker.returncode == 0, broker.log()
 

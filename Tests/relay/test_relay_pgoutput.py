@@ -8,6 +8,7 @@ and a walsender terminated mid-stream."""
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -503,6 +504,38 @@ def test_a_busy_database_with_a_quiet_relayed_table_keeps_the_slot_moving(pg, br
         relay.stop()
         if second is not None:
             second.stop()
+        sub.stop()
+
+
+def test_a_slot_held_back_by_a_stalled_broker_is_said_to_be_behind_and_then_caught_up(pg, broker, workdir):
+    """`--behind-mb 1`: the broker is stopped (SIGSTOP) with a relayed change in flight, so the relay confirms
+    nothing while ~4 MB of WAL are written to a table it does not follow. The relay says in its log that it is
+    behind (its slot's lag above the limit); once the broker runs again the change is delivered and the relay says
+    it caught up."""
+    sub = start_subscriber(broker)
+    relay = start_relay(pg, broker, workdir, "--behind-mb", "1", "--log-level", "notice")
+    try:
+        wait_streaming(pg, relay)
+        insert(pg, "warm")
+        sub.wait_for(lambda: len(sub.lines()) >= 1, 30, "the first event")
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            insert(pg, "held")
+            with pg.connect() as db:
+                for i in range(4):
+                    db.execute("INSERT INTO other SELECT g, repeat(md5(g::text), 31) "
+                               "FROM generate_series(%s::int, %s::int) g", (i * 1000, i * 1000 + 999))
+            wait(relay, lambda: "behind: the slot is more WAL behind" in relay.errors(), 30,
+                 "the relay saying it is behind")
+            assert "lag_bytes" in relay.errors() and "caught up" not in relay.errors()
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        sub.wait_for(lambda: "held" in ids_of(sub), 60, "the held change once the broker runs again")
+        wait(relay, lambda: "caught up with the server" in relay.errors(), 60, "the relay saying it caught up")
+        relay.stop()
+        assert relay.proc.returncode == 0, relay.errors()
+    finally:
+        relay.stop()
         sub.stop()
 
 

@@ -546,6 +546,10 @@ public actor PostgresChangeSource: ChangeSource {
         feed.acknowledge()
     }
 
+    /// Whether the slot's lag, as streaming last reported it, is above `behindBytes` (it is said so again once it
+    /// is at most half of that). Polling never says it is behind.
+    public func isBehind() async -> Bool { behind }
+
     /// How far the last batch read is behind the server's WAL head. The head is read by the reader before its next
     /// peek (the connection is its own); this reports the head it read last.
     public func lag() async -> SourceLag? {

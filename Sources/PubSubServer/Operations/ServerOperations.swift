@@ -50,6 +50,8 @@ final class ServerOperations: Sendable {
     /// holds the slot that lets the next waiting client be answered.
     let shedGuardSettings: ConnectionGuardSettings
     private let timers = NIOLockedValueBox<[RepeatedTask]>([])
+    /// Lines `/readyz` says below the broker's own word (the feeds of `serve --relay`); they never change its status.
+    private let readinessNotes = NIOLockedValueBox<[@Sendable () -> [String]]>([])
     private let watchdogBox = NIOLockedValueBox<Watchdog?>(nil)
 
     /// `metrics`: where the server's metrics are made and how `/metrics` renders them.
@@ -331,6 +333,15 @@ final class ServerOperations: Sendable {
     /// Serving, and the engine ready when it says (`EngineObservability`); an engine that does not is ready.
     func isReady(engine: any Engine) -> Bool {
         phase == .serving && ((engine as? any EngineObservability)?.isReady ?? true)
+    }
+
+    func addReadinessNotes(_ notes: @escaping @Sendable () -> [String]) {
+        readinessNotes.withLockedValue { $0.append(notes) }
+    }
+
+    /// The lines of `addReadinessNotes`, each ended by a newline.
+    var readinessNoteText: String {
+        readinessNotes.withLockedValue { $0 }.flatMap { $0() }.map { $0 + "\n" }.joined()
     }
 
     /// The text of `/metrics`, after reading the engine and every event loop.

@@ -19,7 +19,7 @@ struct MetricsResponder: HTTPResponder {
             case .starting: text = "starting\n"
             case .draining, .stopped: text = "draining\n"
             }
-            return .now(Self.noStore(.text(ready ? .ok : .serviceUnavailable, text)))
+            return .now(Self.noStore(.text(ready ? .ok : .serviceUnavailable, text + operations.readinessNoteText)))
         case .metrics where onMetricsPort || !operations.hasMetricsListener:
             return .later(
                 operations.renderMetrics(engine: shared.broker.engine, on: loop).map { body in
