@@ -56,7 +56,6 @@ extension ByteBuffer {
     private mutating func writeEscaped(_ bytes: UnsafeBufferPointer<UInt8>, escapeLineSeparators: Bool) {
         var runStart = 0
         var i = 0
-        let hex: [UInt8] = Array("0123456789abcdef".utf8)
         func flush(_ end: Int) {
             if end > runStart {
                 writeBytes(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[runStart..<end])))
@@ -83,8 +82,11 @@ extension ByteBuffer {
                 if b < 0x20 {
                     flush(i)
                     writeStaticString("\\u00")
-                    writeInteger(hex[Int(b >> 4)])
-                    writeInteger(hex[Int(b & 0xF)])
+                    // b < 0x20: the high digit is 0 or 1, the low one 0-9 or a-f (no table: an array here was an
+                    // allocation for every string written).
+                    writeInteger(UInt8(ascii: "0") + (b >> 4))
+                    let low = b & 0xF
+                    writeInteger(low < 10 ? UInt8(ascii: "0") + low : UInt8(ascii: "a") + low - 10)
                     i += 1
                     runStart = i
                     continue

@@ -58,6 +58,16 @@ import Testing
         #expect(try JSONParser().parse(text) == value)
     }
 
+    @Test func everyControlCharacterIsEscapedInLowerCaseHex() throws {
+        let controls = String(String.UnicodeScalarView((0..<0x20).map { Unicode.Scalar(UInt8($0)) }))
+        let text = JSONValue.string(controls).jsonString
+        let short: [UInt8: String] = [0x08: #"\b"#, 0x09: #"\t"#, 0x0A: #"\n"#, 0x0C: #"\f"#, 0x0D: #"\r"#]
+        let expected = (0..<UInt8(0x20)).map { short[$0] ?? "\\u00" + ($0 < 0x10 ? "0" : "") + String($0, radix: 16) }
+            .joined()
+        #expect(text == "\"" + expected + "\"")
+        #expect(try JSONParser().parse(text) == .string(controls))
+    }
+
     @Test func escapesLineSeparatorsOnlyWhenAsked() {
         var plain = ByteBuffer()
         plain.writeJSON(.string("a\u{2028}b"))
