@@ -48,7 +48,7 @@ class Broker:
     def __init__(self, *, timeout=45, interval=0, secret=None, signature_expiration=None,
                  extra_args=(), target=None, env=None):
         self.timeout = timeout
-        self.env = None if env is None else {**os.environ, **env}  # the process's environment, with `env` added
+        self._added_env = dict(env or {})  # added to the environment the process is started with
         self.interval = interval
         self.secret = secret
         self.signature_expiration = signature_expiration
@@ -116,7 +116,8 @@ class Broker:
             self.ws_url = f"ws://127.0.0.1:{self.port}/faye"
             cmd, cwd = self._command()
             self._out = []
-            self._proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, env=self.env,
+            self._proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          env={**os.environ, **self._added_env} if self._added_env else None,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           start_new_session=True)
             self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)
