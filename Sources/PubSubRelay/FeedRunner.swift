@@ -88,6 +88,7 @@ public struct FeedRunner: Sendable {
                 source = try makeSource(feed, logger)
             } catch {
                 logger.critical("relay feed cannot be built: \(error)")
+                health?.set(feed.name, .stopped("cannot be built: \(error)"))
                 return
             }
             let relay = Relay(

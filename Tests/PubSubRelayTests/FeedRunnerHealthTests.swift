@@ -96,4 +96,14 @@ final class SteeredSource: ChangeSource {
         #expect(health.state(of: "notes") == .stopped("public.notes has replica identity nothing"))
         #expect(health.state(of: "other") == nil)
     }
+
+    @Test func aFeedWhoseSourceCannotBeBuiltSaysItStopped() async throws {
+        let directory = temporaryDirectory()
+        defer { removeDirectory(directory) }
+        let health = RelayHealth()
+        var runner = try runner(SteeredSource(), health: health, directory: directory)
+        runner.makeSource = { _, _ in throw RelayError(.configuration, "no such source") }
+        await runner.run()
+        #expect(health.lines == ["relay notes: stopped: cannot be built: no such source"])
+    }
 }
