@@ -6,6 +6,12 @@ public protocol EngineObservability: Sendable {
     var isReady: Bool { get }
     /// What this engine counts beyond `Engine.statistics`, read at each scrape of `/metrics`.
     var extraMetrics: [EngineMetric] { get }
+    /// Why the engine is not ready, in a few words for `/readyz`; nil when it is, or when it cannot say.
+    var readinessNote: String? { get }
+}
+
+extension EngineObservability {
+    public var readinessNote: String? { nil }
 }
 
 /// One value an engine reports on `/metrics`: a counter (a running total, only ever growing) or a gauge.

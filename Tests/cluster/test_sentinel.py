@@ -15,11 +15,13 @@ import signal
 import time
 
 import pytest
+import requests
 
 from cluster_helpers import (BayeuxWebSocket, Publisher, Reader, handshake, history_positions, long_poll, publish,
                              received, redis_metrics, stop_after_publishing_resumed, subscribe,
                              wait_failover_followed)
 from pubsubtest.broker import Broker
+from pubsubtest.metrics import metric, scrape
 from pubsubtest.redis import RedisServer, Sentinel, wait_ready
 from pubsubtest.wait import wait_until
 
@@ -191,3 +193,62 @@ def test_master_killed_while_publishing_both_nodes_follow_the_failover(sentinel_
           f"local-only {dict((k, len(p.local_only)) for k, p in publishers.items())}; "
           f"refused {dict((k, len(p.refused)) for k, p in publishers.items())}; "
           f"failed {dict((k, len(p.failed)) for k, p in publishers.items())}; total {time.monotonic() - t0:.1f} s")
+
+
+def readyz(node):
+    r = requests.get(f"http://127.0.0.1:{node.port}/readyz", timeout=5)
+    return r.status_code, r.text
+
+
+def test_a_node_that_cannot_confirm_its_master_or_follows_a_stale_one_is_not_ready_and_leaves_it():
+    """A node cut off from its sentinels (stopped) cannot know whether they replaced its master: it says not ready
+    within seconds, and why, and ready again once a sentinel confirms the master. A node whose master the
+    sentinels replaced without a word reaching it (no +switch-master, no READONLY: the old master still takes
+    writes, as on the far side of a partition) leaves it for the one they name."""
+    master = RedisServer()
+    master.start()
+    replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+    replica.start()
+    sentinel = Sentinel(master, quorum=1)
+    node = None
+    try:
+        sentinel.start()
+        node = Broker(timeout=10, extra_args=[
+            "--engine", "redis", "--redis-sentinels", f"127.0.0.1:{sentinel.port}", "--redis-master-name",
+            "mymaster", "--log-level", "info"])
+        node.start()
+        wait_ready(node)
+        wait_until(lambda: readyz(node)[0] == 200, 10, 0.1, message="the node did not become ready")
+
+        # The sentinel stops answering: after five seconds unconfirmed the node is not ready, and says why.
+        os.kill(sentinel.server_pid(), signal.SIGSTOP)
+        try:
+            wait_until(lambda: readyz(node)[0] == 503, 20, 0.2, message="a node nobody confirms its master stayed ready")
+            status, text = readyz(node)
+            assert "no sentinel has named" in text and str(master.port) in text, text
+        finally:
+            os.kill(sentinel.server_pid(), signal.SIGCONT)
+        wait_until(lambda: readyz(node)[0] == 200, 20, 0.2, message="the node did not come back once confirmed")
+        assert metric(scrape(node), "pubsub_redis_failovers_total") == 0
+
+        # The sentinel now names another master, and tells nobody: the old one still answers as a master.
+        assert replica.command("REPLICAOF", "NO", "ONE") == "OK"
+        assert sentinel.command("SENTINEL", "REMOVE", "mymaster") == "OK"
+        assert sentinel.command("SENTINEL", "MONITOR", "mymaster", "127.0.0.1", replica.port, 1) == "OK"
+        assert "role:master" in master.command("INFO", "replication")
+        wait_until(lambda: metric(scrape(node), "pubsub_redis_failovers_total") == 1 and readyz(node)[0] == 200,
+                   20, 0.2, message=f"the node stayed on a stale master\n{node.log()[-3000:]}")
+        log = node.log()
+        assert "a sentinel names another Redis master" in log and f"127.0.0.1:{replica.port}" in log, log[-3000:]
+        # What it publishes now goes to the master the sentinel names.
+        cid = handshake(node)
+        subscribe(node, cid, "/stale")
+        assert publish(node, "/stale", "after")["successful"]
+        reply, events = long_poll(node, cid)
+        assert [e["data"] for e in events] == ["after"], (reply, events)
+    finally:
+        if node:
+            node.stop()
+        sentinel.stop()
+        replica.stop()
+        master.stop()

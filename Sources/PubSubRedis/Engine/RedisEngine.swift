@@ -184,10 +184,20 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         return promise.futureResult
     }
 
-    /// Both connections are up and this node receives its notifications.
+    /// Both connections are up, this node receives its notifications, and (Sentinel) a sentinel confirmed the
+    /// master lately: a node cut off from the sentinels may be writing to a master they have replaced.
     public var isReady: Bool {
         commands.isConnected && subscriber.isConnected
-            && state.withLockedValue { $0.machine.isServing }
+            && state.withLockedValue { $0.machine.isServing } && (sentinel?.isConfirmed ?? true)
+    }
+
+    public var readinessNote: String? {
+        if !commands.isConnected || !subscriber.isConnected {
+            let cause = (commands.lastError ?? subscriber.lastError).map { ": \($0)" } ?? ""
+            return "no connection to \(redisDescription)\(cause)"
+        }
+        if !state.withLockedValue({ $0.machine.isServing }) { return "catching up with Redis after reconnecting" }
+        return sentinel?.unconfirmedNote
     }
 
     public var redisStatistics: RedisEngineStatistics { state.withLockedValue { $0.redis } }

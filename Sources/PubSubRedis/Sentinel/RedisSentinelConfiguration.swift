@@ -1,3 +1,5 @@
+import NIOCore
+
 /// Redis Sentinel: where the sentinels are and the name of the master they watch.
 public struct RedisSentinelConfiguration: Sendable {
     public var sentinels: [RedisEndpoint]
@@ -8,15 +10,22 @@ public struct RedisSentinelConfiguration: Sendable {
     /// takes the position of one the old master had acknowledged but not replicated. Larger than the number of
     /// events a replica can lag behind.
     public var failoverPositionGap: UInt64
+    /// How often the sentinels are asked to confirm the master followed (`SentinelStateMachine`).
+    public var confirmInterval: TimeAmount
+    /// A master no sentinel confirmed for this long keeps the node not ready: it may be a stale one.
+    public var unconfirmedAfter: TimeAmount
 
     public init(
         sentinels: [RedisEndpoint], masterName: String, sentinelConnection: RedisConfiguration = .init(),
-        failoverPositionGap: UInt64 = 1_000_000
+        failoverPositionGap: UInt64 = 1_000_000, confirmInterval: TimeAmount = .seconds(1),
+        unconfirmedAfter: TimeAmount = .seconds(5)
     ) {
         self.sentinels = sentinels
         self.masterName = masterName
         self.sentinelConnection = sentinelConnection
         self.failoverPositionGap = failoverPositionGap
+        self.confirmInterval = confirmInterval
+        self.unconfirmedAfter = unconfirmedAfter
     }
 }
 

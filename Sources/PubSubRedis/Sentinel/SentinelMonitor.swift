@@ -34,14 +34,23 @@ struct SentinelSource: MasterSource {
     var following: Logger.Message { "following the new Redis master" }
 }
 
-/// The master's monitor in Sentinel mode, and a watch on the sentinels' `+switch-master` announcements on a
-/// pub/sub connection of its own (to one sentinel, the next at each reconnect).
+/// The master's monitor in Sentinel mode, a watch on the sentinels' `+switch-master` announcements on a
+/// pub/sub connection of its own (to one sentinel, the next at each reconnect), and the confirmation of the
+/// master followed, every `confirmInterval` (`SentinelStateMachine`).
 final class SentinelMonitor: MasterLocator {
     let settings: RedisSentinelConfiguration
     let eventLoop: any EventLoop
     private let logger: Logger
     private let monitor: MasterMonitor<SentinelSource>
+    private let onRediscover: @Sendable (String) -> Void
+    private struct Confirming {
+        var task: RepeatedTask?
+        /// Why the last round confirmed nothing (logged once, until a round confirms again).
+        var failure: String?
+        var closed = false
+    }
     private let watcher = NIOLockedValueBox<RedisClient?>(nil)
+    private let confirming = NIOLockedValueBox(Confirming())
 
     init(
         settings: RedisSentinelConfiguration, eventLoop: any EventLoop, logger: Logger,
@@ -50,6 +59,7 @@ final class SentinelMonitor: MasterLocator {
         self.settings = settings
         self.eventLoop = eventLoop
         self.logger = logger
+        self.onRediscover = onRediscover
         self.monitor = MasterMonitor(
             source: SentinelSource(settings: settings),
             discovery: SentinelStateMachine(sentinels: settings.sentinels, masterName: settings.masterName),
@@ -62,7 +72,23 @@ final class SentinelMonitor: MasterLocator {
     func resolve() -> EventLoopFuture<RedisEndpoint> { monitor.resolve() }
 
     func verify(_ endpoint: RedisEndpoint, send: @escaping RedisClient.Sender) -> EventLoopFuture<Bool> {
-        monitor.verify(endpoint, send: send)
+        monitor.verify(endpoint, send: send).map { switched in
+            self.monitor.withDiscovery { $0.verified(now: .now()) }
+            return switched
+        }
+    }
+
+    /// A sentinel named the master followed within `unconfirmedAfter`.
+    var isConfirmed: Bool {
+        monitor.withDiscovery { $0.isConfirmed(now: .now(), within: settings.unconfirmedAfter) }
+    }
+
+    /// Why the master followed is not confirmed, for `/readyz`; nil when it is.
+    var unconfirmedNote: String? {
+        guard !isConfirmed, let master = monitor.master else { return nil }
+        let why = confirming.withLockedValue { $0.failure }.map { ": \($0)" } ?? ""
+        return "no sentinel has named \(master) the master of '\(settings.masterName)' for "
+            + "\(settings.unconfirmedAfter.nanoseconds / 1_000_000_000) s\(why)"
     }
 
     func redirected(_ message: String) { monitor.redirected(message) }
@@ -81,11 +107,65 @@ final class SentinelMonitor: MasterLocator {
             })
         self.watcher.withLockedValue { $0 = watcher }
         watcher.start()
+        let interval = settings.confirmInterval
+        let loop = eventLoop
+        let task = eventLoop.scheduleRepeatedAsyncTask(initialDelay: interval, delay: interval) { [weak self] _ in
+            self?.confirm() ?? loop.makeSucceededVoidFuture()
+        }
+        let closed = confirming.withLockedValue { c -> Bool in
+            c.task = task
+            return c.closed
+        }
+        if closed { task.cancel() }
     }
 
     func close() -> EventLoopFuture<Void> {
+        confirming.withLockedValue { c -> RepeatedTask? in
+            c.closed = true
+            defer { c.task = nil }
+            return c.task
+        }?.cancel()
         guard let watcher = watcher.withLockedValue({ $0 }) else { return eventLoop.makeSucceededVoidFuture() }
         return watcher.close()
+    }
+
+    /// One confirmation round.
+    private func confirm() -> EventLoopFuture<Void> {
+        perform(monitor.withDiscovery { $0.confirm() })
+    }
+
+    private func perform(_ action: SentinelStateMachine.ConfirmAction) -> EventLoopFuture<Void> {
+        switch action {
+        case .ask(let index, let server):
+            return monitor.source.ask(server, on: eventLoop).flatMap { reply in
+                self.perform(self.monitor.withDiscovery { $0.confirmationAnswered(index, reply, now: .now()) })
+            }
+        case .confirmed:
+            let was = confirming.withLockedValue { c -> String? in
+                defer { c.failure = nil }
+                return c.failure
+            }
+            if was != nil { logger.notice("the sentinels confirm the Redis master again") }
+        case .stale(let named, let by):
+            logger.warning(
+                "a sentinel names another Redis master than the one followed",
+                metadata: [
+                    "pubsub.redis.endpoint": "\(monitor.master.map(\.description) ?? "none")",
+                    "pubsub.redis.named": "\(named)", "pubsub.redis.sentinel": "\(by)",
+                ])
+            onRediscover("sentinel \(by) names \(named)")
+        case .unconfirmed(let why):
+            let first = confirming.withLockedValue { c -> Bool in
+                defer { c.failure = why }
+                return c.failure == nil
+            }
+            if first {
+                logger.warning("no sentinel confirms the Redis master followed", metadata: ["pubsub.error": "\(why)"])
+            }
+        case .none:
+            break
+        }
+        return eventLoop.makeSucceededVoidFuture()
     }
 
     private func received(_ push: RESPValue) {

@@ -1,3 +1,5 @@
+import NIOCore
+
 /// Where a Redis server listens.
 public struct RedisEndpoint: Hashable, Sendable, CustomStringConvertible {
     public var host: String
@@ -19,6 +21,12 @@ public struct RedisEndpoint: Hashable, Sendable, CustomStringConvertible {
 /// master sends the next discovery to the next sentinel. A failover is noticed by a `+switch-master` message
 /// from a sentinel, a `READONLY` error reply (the node was demoted), or a lost connection: the first two ask
 /// for the connections to be dropped; every reconnect discovers the master again.
+///
+/// None of those reaches a node cut off from the sentinels but not from the old master, which goes on taking
+/// writes the new one will never have. So the master followed is confirmed: every `confirmInterval` a
+/// confirmation round asks the sentinels in turn, from the preferred one, until one answers. A sentinel that
+/// names another master makes this one stale (the connections are dropped, and the next discovery starts at that
+/// sentinel); a master no sentinel confirmed for `unconfirmedAfter` keeps the node not ready (`/readyz`).
 struct SentinelStateMachine: MasterDiscovery {
     let sentinels: [RedisEndpoint]
     let masterName: String
@@ -33,6 +41,9 @@ struct SentinelStateMachine: MasterDiscovery {
     /// Which sentinel named each address (bounded), for the verdict on `ROLE`.
     private var namedBy: [RedisEndpoint: Int] = [:]
     private var round: DiscoveryRound?
+    /// When a sentinel last named `master` (or it was verified).
+    private(set) var confirmedAt: NIODeadline?
+    private var confirmation: DiscoveryRound?
 
     init(sentinels: [RedisEndpoint], masterName: String) {
         precondition(!sentinels.isEmpty, "at least one sentinel")
@@ -97,6 +108,11 @@ struct SentinelStateMachine: MasterDiscovery {
         roleChecked(endpoint, named: namedBy[endpoint] ?? preferred, role: role)
     }
 
+    /// A sentinel named the master a connection was just verified on (`checked` said `use`).
+    mutating func verified(now: NIODeadline) {
+        if master != nil { confirmedAt = now }
+    }
+
     /// What `ROLE` said on a connection to `endpoint`, which sentinel `index` named (nil: no answer).
     mutating func roleChecked(_ endpoint: RedisEndpoint, named index: Int, role: String?) -> Verdict {
         guard role == "master" else {
@@ -132,6 +148,69 @@ struct SentinelStateMachine: MasterDiscovery {
         case .readOnly:
             return .rediscover
         }
+    }
+
+    // MARK: Confirming the master followed
+
+    enum ConfirmAction: Equatable {
+        /// Ask this sentinel which master it names.
+        case ask(server: Int, RedisEndpoint)
+        /// A sentinel named the master followed.
+        case confirmed
+        /// Sentinel `by` names another master: drop the connections, discover again (from that sentinel).
+        case stale(named: RedisEndpoint, by: RedisEndpoint)
+        /// No sentinel answered this round; the reasons.
+        case unconfirmed(String)
+        /// No master is followed yet, or a round is running.
+        case none
+    }
+
+    /// Starts a confirmation round (every `confirmInterval`).
+    mutating func confirm() -> ConfirmAction {
+        guard master != nil, confirmation == nil else { return .none }
+        confirmation = DiscoveryRound(count: sentinels.count, startingAt: preferred)
+        return nextConfirmation()
+    }
+
+    private mutating func nextConfirmation() -> ConfirmAction {
+        guard var r = confirmation else { return .none }
+        guard let index = r.nextIndex() else {
+            confirmation = nil
+            return .unconfirmed(r.failures.joined(separator: "; "))
+        }
+        confirmation = r
+        return .ask(server: index, sentinels[index])
+    }
+
+    /// Sentinel `index` answered a confirmation round.
+    mutating func confirmationAnswered(_ index: Int, _ reply: SentinelReply, now: NIODeadline) -> ConfirmAction {
+        guard confirmation != nil else { return .none }
+        switch reply {
+        case .master(let endpoint) where endpoint == master:
+            confirmation = nil
+            confirmedAt = now
+            preferred = index
+            return .confirmed
+        case .master(let endpoint):
+            confirmation = nil
+            guard master != nil else { return .none }
+            namedBy[endpoint] = index
+            if namedBy.count > 64 { namedBy = [endpoint: index] }
+            preferred = index
+            return .stale(named: endpoint, by: sentinels[index])
+        case .unknownName:
+            confirmation?.failed("\(sentinels[index]) knows no master of that name")
+            return nextConfirmation()
+        case .failed(let reason):
+            confirmation?.failed("\(sentinels[index]): \(reason)")
+            return nextConfirmation()
+        }
+    }
+
+    /// A sentinel named the master followed at most `within` ago; false when none is followed.
+    func isConfirmed(now: NIODeadline, within: TimeAmount) -> Bool {
+        guard master != nil, let confirmedAt else { return false }
+        return now - confirmedAt <= within
     }
 
     /// The sentinel the `+switch-master` watcher connects to: each reconnect tries the next one.

@@ -67,6 +67,14 @@ public final class RedisShardedEngine: Engine, EngineQueries, EngineObservabilit
 
     public var isReady: Bool { shards.allSatisfy(\.isReady) }
 
+    /// The first shard's that is not ready, named by its place in `--redis-shards`.
+    public var readinessNote: String? {
+        for (index, shard) in shards.enumerated() where !shard.isReady {
+            return "shard \(index + 1): " + (shard.readinessNote ?? "not ready")
+        }
+        return nil
+    }
+
     public var statistics: EngineStatistics {
         var s = control.statistics
         for shard in shards.dropFirst() {

@@ -147,4 +147,71 @@ import Testing
             try RedisSentinelConfiguration.parse(sentinels: "s1", masterName: "my master")
         }
     }
+
+    // MARK: Confirming the master followed
+
+    /// A machine following m1, named by sentinel 1 (index 0) and verified at `t0`.
+    func following(at t0: NIODeadline) -> SentinelStateMachine {
+        var m = machine()
+        _ = m.discover()
+        _ = m.answered(0, .master(m1))
+        _ = m.checked(m1, "master")
+        m.verified(now: t0)
+        return m
+    }
+
+    @Test func nothingIsConfirmedBeforeAMasterIsFollowed() {
+        var m = machine()
+        #expect(m.confirm() == .none)
+        #expect(!m.isConfirmed(now: .uptimeNanoseconds(1), within: .seconds(5)))
+    }
+
+    @Test func aSentinelNamingTheMasterFollowedConfirmsIt() {
+        let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        var m = following(at: t0)
+        #expect(m.isConfirmed(now: t0 + .seconds(5), within: .seconds(5)))
+        #expect(!m.isConfirmed(now: t0 + .seconds(6), within: .seconds(5)))
+        #expect(m.confirm() == .ask(server: 0, s1))
+        // One round at a time.
+        #expect(m.confirm() == .none)
+        #expect(m.confirmationAnswered(0, .master(m1), now: t0 + .seconds(6)) == .confirmed)
+        #expect(m.isConfirmed(now: t0 + .seconds(11), within: .seconds(5)))
+        #expect(m.confirm() == .ask(server: 0, s1))
+    }
+
+    /// A node cut off from the sentinels but not from the old master: no announcement, no READONLY, and the
+    /// master it follows goes on answering. Only the confirmation can tell.
+    @Test func noSentinelAnsweringLeavesTheMasterUnconfirmedWithEveryReason() {
+        let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        var m = following(at: t0)
+        #expect(m.confirm() == .ask(server: 0, s1))
+        #expect(m.confirmationAnswered(0, .failed("timeout"), now: t0) == .ask(server: 1, s2))
+        #expect(m.confirmationAnswered(1, .unknownName, now: t0) == .ask(server: 2, s3))
+        guard case .unconfirmed(let why) = m.confirmationAnswered(2, .failed("refused"), now: t0) else {
+            Issue.record("expected the round to confirm nothing")
+            return
+        }
+        #expect(why.contains("timeout") && why.contains("knows no master") && why.contains("refused"))
+        #expect(!m.isConfirmed(now: t0 + .seconds(6), within: .seconds(5)))
+        // The next round starts again, and a late answer of the old round changes nothing.
+        #expect(m.confirmationAnswered(0, .master(m2), now: t0) == .none)
+        #expect(m.confirm() == .ask(server: 0, s1))
+    }
+
+    @Test func aSentinelNamingAnotherMasterMakesTheOneFollowedStale() {
+        let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        var m = following(at: t0)
+        #expect(m.confirm() == .ask(server: 0, s1))
+        #expect(m.confirmationAnswered(0, .failed("refused"), now: t0) == .ask(server: 1, s2))
+        #expect(m.confirmationAnswered(1, .master(m2), now: t0) == .stale(named: m2, by: s2))
+        // The next discovery starts at the sentinel that named the new master, and the ROLE check is judged
+        // with it; the switch is counted once m2 is verified.
+        #expect(m.discover() == .ask(server: 1, s2))
+        #expect(m.answered(1, .master(m2)) == .connect(m2))
+        #expect(m.checked(m2, "master") == .use(switched: true))
+        m.verified(now: t0 + .seconds(1))
+        #expect(m.master == m2 && m.switches == 1)
+        #expect(m.confirm() == .ask(server: 1, s2))
+        #expect(m.confirmationAnswered(1, .master(m2), now: t0 + .seconds(2)) == .confirmed)
+    }
 }

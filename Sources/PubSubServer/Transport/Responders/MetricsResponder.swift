@@ -15,7 +15,9 @@ struct MetricsResponder: HTTPResponder {
             let ready = operations.isReady(engine: shared.broker.engine)
             let text: String
             switch operations.phase {
-            case .serving: text = ready ? "ready\n" : "engine not ready\n"
+            case .serving:
+                let note = (shared.broker.engine as? any EngineObservability)?.readinessNote.map { ": " + $0 } ?? ""
+                text = ready ? "ready\n" : "engine not ready\(note)\n"
             case .starting: text = "starting\n"
             case .draining, .stopped: text = "draining\n"
             }
