@@ -119,16 +119,18 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         let setup = RedisScripts.all.map {
             RESPCommand("SCRIPT", "LOAD", .string($0.variant(sharded: settings.cluster != nil).source))
         }
-        let box = NIOLockedValueBox<RedisEngine?>(nil)
+        // The clients' and monitors' callbacks reach the engine through a weak reference: the engine owns them,
+        // and they must not keep it alive (RedisEngineLifetimeTests).
+        let box = WeakEngine()
         let sentinel = settings.sentinel.map { sentinelSettings in
             SentinelMonitor(settings: sentinelSettings, eventLoop: loop, logger: logger) { why in
-                box.withLockedValue { $0 }?.rediscover(because: why)
+                box.engine?.rediscover(because: why)
             }
         }
         self.sentinel = sentinel
         let cluster = settings.cluster.map { clusterSettings in
             ClusterMonitor(settings: clusterSettings, probeKey: keyPrefix, eventLoop: loop, logger: logger) { why in
-                box.withLockedValue { $0 }?.rediscover(because: why)
+                box.engine?.rediscover(because: why)
             }
         }
         self.cluster = cluster
@@ -141,7 +143,7 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
             resolve = { locator.resolve() }
             verifyCommands = { endpoint, send in
                 locator.verify(endpoint, send: send).flatMap { _ -> EventLoopFuture<Void> in
-                    guard let engine = box.withLockedValue({ $0 }) else { return loop.makeSucceededVoidFuture() }
+                    guard let engine = box.engine else { return loop.makeSucceededVoidFuture() }
                     return engine.reseat(at: endpoint, send: send)
                 }
             }
@@ -151,13 +153,13 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         self.commands = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "commands", setup: setup, logger: logger,
             resolve: resolve, verify: verifyCommands, onRedirect: onRedirect,
-            onEvent: { event in box.withLockedValue { $0 }?.commandsEvent(event) })
+            onEvent: { event in box.engine?.commandsEvent(event) })
         self.subscriber = RedisClient(
             configuration: settings.redis, eventLoop: loop, name: "notifications", logger: logger,
             resolve: resolve, verify: verifySubscriber,
-            onPush: { push in box.withLockedValue { $0 }?.received(push) },
-            onEvent: { event in box.withLockedValue { $0 }?.subscriberEvent(event) })
-        box.withLockedValue { $0 = self }
+            onPush: { push in box.engine?.received(push) },
+            onEvent: { event in box.engine?.subscriberEvent(event) })
+        box.engine = self
         let lifetime = TimeAmount.nanoseconds(configuration.timeout.nanoseconds * 2)
         state.withLockedValue { $0.ledger = ResidencyLedger(lifetime: lifetime) }
     }
@@ -494,5 +496,18 @@ public final class RedisEngine: Engine, EngineObservability, Sendable {
         _ = try? await sentinel?.close().get()
         _ = try? await commands.close().and(subscriber.close()).get()
         try? await group.shutdownGracefully()
+    }
+}
+
+/// The engine, for the callbacks of what it owns, without keeping it alive.
+private final class WeakEngine: Sendable {
+    private let box = NIOLockedValueBox<Weak>(Weak())
+    private struct Weak {
+        weak var engine: RedisEngine?
+    }
+
+    var engine: RedisEngine? {
+        get { box.withLockedValue { $0.engine } }
+        set { box.withLockedValue { $0.engine = newValue } }
     }
 }
