@@ -8,8 +8,9 @@ application gets in a faultkit.Tally (deliver(n)), and the gaps it is told of (a
                    connect reply received (0 before any); a successful connect reply's ext.ack is the new batch
                    number. WebSocket or long-polling. A session the broker ended (advice.reconnect = handshake) is an
                    announced gap.
-    FayeRuby       Faye 1.4's Ruby client (faye_counter.rb), WebSocket or long-polling: no positions, no acks, never
-                   told of a gap
+    FayeRuby       Faye 1.4's Ruby client (faye_counter.rb), WebSocket or long-polling: no positions, no acks; a
+                   handshake after the first (the broker ended its session) is the only announcement it can get,
+                   counted as one with `handshake_is_gap`
     BrowserClient  the broker's client.js in headless Chromium, loaded through the proxy; its `resume` event with
                    recovered: false is an announced gap
     SSEClient      a client over EventSource following docs/PROTOCOL.md: handshake and connects over HTTP, events on
@@ -46,16 +47,23 @@ def _event_number(message, channel):
 
 
 class _Process:
-    """A subscriber process whose stdout and stderr lines are handed to callbacks by threads."""
+    """A subscriber process whose stdout and stderr lines are handed to callbacks by threads. With `is_err`, both
+    streams share one pipe and one reader, which keeps the order in which the process wrote them (an event printed
+    before a notice is counted before it), and `is_err(line)` tells the notices apart."""
 
-    def __init__(self, cmd, on_out, on_err):
+    def __init__(self, cmd, on_out, on_err, is_err=None):
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT if is_err else subprocess.PIPE, start_new_session=True)
         self.err = []
-        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, on_out), daemon=True),
-                        threading.Thread(target=self._read, args=(self.proc.stderr, self._keep_err(on_err)),
-                                         daemon=True)]
+        keep_err = self._keep_err(on_err)
+        if is_err:
+            self.threads = [threading.Thread(
+                target=self._read, args=(self.proc.stdout, lambda line: (keep_err if is_err(line) else on_out)(line)),
+                daemon=True)]
+        else:
+            self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, on_out), daemon=True),
+                            threading.Thread(target=self._read, args=(self.proc.stderr, keep_err), daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -83,7 +91,9 @@ class SubscribeCLI:
         cmd = [pubsub_bin(), "subscribe", "--url", url, "--accept-gaps"]
         if transport == "websocket":
             cmd.append("--websocket")
-        self.process = _Process(cmd + [channel], self._out, self._err)
+        # One pipe for both: a `recovered: false` notice and the events around it are counted in the order
+        # printed (two readers could count an event printed before the notice after it).
+        self.process = _Process(cmd + [channel], self._out, self._err, is_err=lambda line: line.startswith("pubsub:"))
 
     def _out(self, line):
         try:
@@ -284,10 +294,13 @@ class AckClient:
 
 
 class FayeRuby:
-    """faye_counter.rb: Faye's Ruby client subscribed to `channel`."""
+    """faye_counter.rb: Faye's Ruby client subscribed to `channel`. With `handshake_is_gap`, every handshake after
+    the first (the broker ended the session: advice handshake) counts as an announced gap: the only way a Faye
+    client can be told that it may have missed events."""
 
-    def __init__(self, url, channel, transport, name=None, deadline=80):
+    def __init__(self, url, channel, transport, name=None, deadline=80, handshake_is_gap=False):
         self.tally = Tally(name or f"Faye Ruby client ({transport})")
+        self.handshake_is_gap = handshake_is_gap
         self.ready = threading.Event()
         self.handshakes = 0
         self.downs = 0
@@ -306,6 +319,8 @@ class FayeRuby:
             self.ready.set()
         elif kind == "handshake":
             self.handshakes += 1
+            if self.handshakes > 1 and self.handshake_is_gap:
+                self.tally.announce("a new session: the broker advised a handshake")
         elif kind == "transport" and e.get("state") == "down":
             self.downs += 1
 

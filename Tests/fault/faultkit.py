@@ -43,11 +43,15 @@ GAP = 1.0
 
 
 class Publisher:
-    """Publishes {"n": 1}, {"n": 2}, … on `channel` at `rate` per second, one HTTP POST each, and keeps the numbers
-    whose reply was successful."""
+    """Publishes {"n": first}, {"n": first + 1}, … on `channel` at `rate` per second, one HTTP POST each, and keeps
+    the numbers whose reply was successful. Publishers to one channel are told apart by `first` (each numbers
+    below `first + SPAN`)."""
 
-    def __init__(self, url, channel=CHANNEL, rate=RATE, timeout=5.0):
+    SPAN = 1_000_000
+
+    def __init__(self, url, channel=CHANNEL, rate=RATE, timeout=5.0, first=1):
         self.url = url
+        self.first = first
         self.host, rest = url.split("://", 1)[1].split("/", 1)
         self.path = "/" + rest
         self.channel = channel
@@ -69,15 +73,15 @@ class Publisher:
 
     def _run(self):
         started = time.monotonic()
-        n = 0
+        n = self.first - 1
         while not self._stop.is_set():
             n += 1
-            due = started + (n - 1) / self.rate
+            due = started + (n - self.first) / self.rate
             delay = due - time.monotonic()
             if delay > 0 and self._stop.wait(delay):
                 break
             body = json.dumps([{"channel": self.channel, "data": {"n": n}}])
-            self.sent = n
+            self.sent = n - self.first + 1
             # One connection per publish: a server that closes an idle keep-alive connection (puma) would
             # otherwise fail the next publish, and retrying one that may have been handled is not allowed here.
             conn = http.client.HTTPConnection(self.host, timeout=self.timeout)
@@ -93,6 +97,10 @@ class Publisher:
                 self.errors.append(f"{n}: {e!r}")
             finally:
                 conn.close()
+
+
+    def owns(self, n):
+        return self.first <= n < self.first + self.SPAN
 
 
 class Tally:
@@ -222,39 +230,62 @@ def settle(clients, acked_of, quiet=QUIET, deadline=SETTLE_DEADLINE):
     return wait_until(lambda: all(settled(c) for c in clients), deadline, interval=0.1, raises=False)
 
 
-def play(clients, proxies, publishers, schedule=SCHEDULE, *, tail=TAIL):
+def only(arrivals, announcements, keep):
+    """The arrivals that `keep` accepts, and the announcements placed among those: a client's tally restricted to
+    one publisher's events, which are then counted (order, gaps) as if that publisher were alone."""
+    kept, index_of = [], []
+    for n in arrivals:
+        index_of.append(len(kept))
+        if keep(n):
+            kept.append(n)
+    index_of.append(len(kept))
+    return kept, [(index_of[i], what) for i, what in announcements]
+
+
+def play(clients, proxies, publishers, schedule=SCHEDULE, *, tail=TAIL, faults=None, per_publisher=False):
     """Publishes (one Publisher, or several started and stopped together: a client with an `acked_by` attribute is
-    counted against that one, the others against the first), plays the faults on `proxies`, stops publishing,
-    waits for the clients to settle, stops them and returns one Result per client (also printed, and kept in
-    FIGURES)."""
+    counted against that one, the others against the first), plays the faults on `proxies` (or calls `faults()`,
+    which plays its own and returns what it did, one line per fault), stops publishing, waits for the clients to
+    settle, stops them and returns one Result per client (also printed, and kept in FIGURES). With
+    `per_publisher`, every client is counted against each publisher apart, on that publisher's events alone: one
+    Result per client and publisher, in that order."""
     publishers = list(publishers) if isinstance(publishers, (list, tuple)) else [publishers]
 
     def publisher_of(c):
         return getattr(c, "acked_by", None) or publishers[0]
 
+    def acked_of(c):
+        if per_publisher:
+            return set().union(*(p.acked for p in publishers))
+        return set(publisher_of(c).acked)
+
     for p in publishers:
         p.start()
     try:
         time.sleep(WARMUP)
-        faults = play_faults(proxies, schedule)
+        done = faults() if faults else play_faults(proxies, schedule)
         time.sleep(tail)
     finally:
         for p in publishers:
             p.stop()
-    settled = settle(clients, lambda c: set(publisher_of(c).acked))
+    settled = settle(clients, acked_of)
     results = []
     for c in clients:
         c.stop()
         arrivals, announcements, notes, _ = c.tally.snapshot()
-        r = Result(c.tally.name, set(publisher_of(c).acked), arrivals, announcements, notes)
-        r.faults = faults
-        results.append(r)
-        FIGURES.append(r)
-        print("FAULT " + r.line())
+        counted = [(p, f"{c.tally.name}, events from {p.url}") for p in publishers] if per_publisher else [
+            (publisher_of(c), c.tally.name)]
+        for p, name in counted:
+            mine, told = only(arrivals, announcements, p.owns) if per_publisher else (arrivals, announcements)
+            r = Result(name, set(p.acked), mine, told, notes)
+            r.faults = done
+            results.append(r)
+            FIGURES.append(r)
+            print("FAULT " + r.line())
     for p in publishers:
         print(f"publisher to {p.url}: {p.sent} sent, {len(p.acked)} acknowledged, {len(p.errors)} errors "
               f"{p.errors[:3]}")
-    print(f"faults: {'; '.join(faults)}; settled: {settled}")
+    print(f"faults: {'; '.join(done)}; settled: {settled}")
     for c in clients:
         for line in getattr(c, "diagnostics", lambda: [])():
             print(f"  {c.tally.name}: {line}")

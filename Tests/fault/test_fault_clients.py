@@ -167,29 +167,3 @@ def test_faults_between_broker_and_redis(make_broker, redis_server, proxies):
         assert_no_silent_loss(r)
     for r in results:
         assert_once_in_order(r)
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_partition_longer_than_the_history(make_broker, redis_server, proxies, transport):
-    """One node cut off from Redis (a blackhole, then a reset) for longer than the history holds, while the other
-    node goes on publishing: its subscribers, who resume with positions, must be told of the hole (a resume
-    answered `recovered: false`) and never be handed an event from after it first, which would move their
-    positions past the hole and make their resume look complete."""
-    history = ["--history-size", "30"]  # one second of events at RATE: the cut is four
-    redis_proxy = proxies(redis_server.port, name="redis")
-    cut = make_broker(timeout=BROKER_TIMEOUT, target="pubsub", extra_args=[
-        "--engine", "redis", "--redis-url", f"redis://127.0.0.1:{redis_proxy.port}/0", *history])
-    publishing = make_broker(timeout=BROKER_TIMEOUT, target="pubsub", extra_args=[
-        "--engine", "redis", "--redis-url", redis_server.url, *history])
-    wait_ready(cut)
-    wait_ready(publishing)
-    calm = proxies(cut.port)
-    client = started(SubscribeCLI(calm.url, CHANNEL, transport,
-                                  name=f"pubsub subscribe ({transport}, partition > history)"))
-    [result] = play([client], [redis_proxy], Publisher(publishing.url), schedule=(("blackhole", 4.0, "reset"),))
-    counters = redis_proxy.counters()
-    assert counters.get("resets", 0) > 0, counters
-    assert result.delivered > 0, result.line()
-    assert_no_silent_loss(result)
-    assert result.announced, f"a hole of four seconds in a history of one was not announced: {result.line()}"
-    assert_once_in_order(result)

@@ -1,7 +1,7 @@
 """The counting of the fault suite (faultkit.Result), on made-up deliveries: what is a silent loss, an announced
 one, a duplicate, an event out of order."""
 
-from faultkit import Result
+from faultkit import Result, only
 
 
 def result(acked, arrivals, announcements=()):
@@ -44,3 +44,16 @@ def test_an_unacknowledged_event_delivered_early_does_not_make_later_ones_out_of
     # 2's publish failed, yet it came before 1: among the acknowledged events 1, 3, 4 the order holds
     r = result([1, 3, 4], [2, 1, 3, 4])
     assert (r.out_of_order, r.unacknowledged_delivered) == (0, [2])
+
+
+def test_one_publishers_events_are_counted_as_if_it_were_alone():
+    # Two publishers' events interleaved, an announcement after 2 and 1000002: each is counted on its own.
+    arrivals = [1, 1000001, 2, 1000002, 5, 1000003]
+    announcements = [(4, "recovered: false")]
+    mine, told = only(arrivals, announcements, lambda n: n < 1000000)
+    assert (mine, told) == ([1, 2, 5], [(2, "recovered: false")])
+    r = Result("a", {1, 2, 3, 4, 5}, mine, told, [])
+    assert (r.silent, r.announced, r.out_of_order) == ([], [3, 4], 0)
+    theirs, told = only(arrivals, announcements, lambda n: n >= 1000000)
+    r = Result("b", {1000001, 1000002, 1000003}, theirs, told, [])
+    assert (r.delivered, r.silent, r.out_of_order) == (3, [], 0)
