@@ -24,17 +24,25 @@ import NIOCore
 /// client confirms past it, so that a session that comes back after such a loss is told, never left silent.
 /// EventSource streams are not kept here: their connects travel apart from the stream and prove nothing of it.
 package struct DeliveryLedger: Sendable {
-    /// The events handed out in one batch, as the engine handed them (one buffer per take, shared, not copied).
+    /// How many of `events`, from the oldest on, one batch holds.
     private struct Span: Sendable {
         var batch: UInt32
-        var events: CircularBuffer<WireEvent>
+        var count: Int32
     }
 
+    /// Every event handed out and not confirmed, oldest first: a copy of the references (the connection got the
+    /// queue's own storage), in storage kept from one batch to the next, so that handing out allocates nothing
+    /// once the session has had events (up to `SessionQueue.keptCapacity` is kept when it empties).
+    private var events = CircularBuffer<WireEvent>.noEvents
+    /// `events` is this ledger's own storage, not the shared empty one.
+    private var owned = false
+    /// The batches of `events` but the newest, oldest first (a span may have no events left after `remove`).
     private var spans = Self.noSpans
+    /// The newest batch's span (none when its count is 0), kept apart: handing out more of the current batch
+    /// touches no buffer but `events`.
+    private var tail = Span(batch: 0, count: 0)
     /// One shared empty storage: every session has a ledger, most of the time empty.
     private static let noSpans = CircularBuffer<Span>(initialCapacity: 1)
-    /// Events in `spans`.
-    private(set) var count: Int32 = 0
     /// The batch that events handed out now belong to; the first is 1 (an acknowledgement of 0 confirms nothing).
     private var current: UInt32 = 1
     /// The newest batch that lost events to the bound; 0: none.
@@ -46,20 +54,62 @@ package struct DeliveryLedger: Sendable {
 
     package init() {}
 
+    /// Events handed out and not confirmed.
+    package var count: Int { events.count }
     /// Whether events were dropped that the client has not confirmed: it may have missed them.
     package var hasGap: Bool { lostBatch != 0 }
-    package var isEmpty: Bool { count == 0 }
+    package var isEmpty: Bool { events.isEmpty }
 
     /// Events handed to the session's connection now.
-    package mutating func handedOut(_ events: CircularBuffer<WireEvent>, capacity: Int) {
-        guard !events.isEmpty else { return }
-        // A span per take: the buffer the connection got is kept as it is, never appended to (a copy).
-        spans.append(Span(batch: current, events: events))
-        count += Int32(events.count)
-        while Int(count) > capacity, let first = spans.first {
-            lostBatch = max(lostBatch, first.batch)
-            count -= Int32(first.events.count)
+    package mutating func handedOut(_ handed: CircularBuffer<WireEvent>, capacity: Int) {
+        guard !handed.isEmpty else { return }
+        if !owned {
+            events = CircularBuffer(initialCapacity: max(SessionQueue.keptCapacity, handed.count))
+            owned = true
+        }
+        // One by one: `append(contentsOf:)` allocates per element in an unoptimized build (CI counts those).
+        var index = handed.startIndex
+        while index != handed.endIndex {
+            events.append(handed[index])
+            index = handed.index(after: index)
+        }
+        if tail.batch == current {
+            tail.count += Int32(handed.count)
+        } else {
+            if tail.count > 0 { spans.append(tail) }
+            tail = Span(batch: current, count: Int32(handed.count))
+        }
+        // Past the bound the oldest go, and the ledger remembers the newest batch that lost some.
+        while events.count > capacity, let first = oldest {
+            if first.count > 0 { lostBatch = max(lostBatch, first.batch) }
+            removeOldest(min(events.count - capacity, Int(first.count)))
+        }
+    }
+
+    /// The oldest span: the first of `spans`, else the tail if it has events.
+    private var oldest: Span? {
+        if let first = spans.first { return first }
+        return tail.count > 0 ? tail : nil
+    }
+
+    /// Removes `k` events of the oldest span, and the span itself once it has none left.
+    private mutating func removeOldest(_ k: Int) {
+        events.removeFirst(k)
+        if var first = spans.first {
+            first.count -= Int32(k)
             spans.removeFirst()
+            if first.count > 0 { spans.prepend(first) }
+        } else {
+            tail.count -= Int32(k)
+        }
+        if events.isEmpty { emptied() }
+    }
+
+    /// Nothing is held: a small storage stays for the next batches, a large one goes.
+    private mutating func emptied() {
+        if events.capacity > SessionQueue.keptCapacity {
+            events = .noEvents
+            owned = false
         }
     }
 
@@ -85,51 +135,70 @@ package struct DeliveryLedger: Sendable {
         } else {
             upTo = closed
         }
-        while let first = spans.first, first.batch <= upTo {
-            count -= Int32(first.events.count)
-            spans.removeFirst()
-        }
+        while let first = oldest, first.batch <= upTo { removeOldest(Int(first.count)) }
         if lostBatch <= upTo { lostBatch = 0 }
     }
 
     /// Takes every unconfirmed event, oldest first, to be sent again; a gap stays known until confirmed past.
     package mutating func takeUnconfirmed() -> CircularBuffer<WireEvent> {
-        guard let first = spans.first else { return .noEvents }
-        var events = first.events
-        for span in spans.dropFirst() { events.append(contentsOf: span.events) }
-        spans = Self.noSpans
-        count = 0
-        return events
+        guard !events.isEmpty else { return .noEvents }
+        let taken = events
+        clear()
+        return taken
     }
 
     /// Takes what was handed out after the last connect reply, to go with a session that moves to another node:
     /// the connect that moves it is taken to confirm every batch closed here (the other node cannot tell a
     /// repeated connect from a new one), so what follows the last reply, what a dead WebSocket lost, goes along.
     package mutating func takeOpenBatch() -> CircularBuffer<WireEvent> {
-        var events = CircularBuffer<WireEvent>.noEvents
-        for span in spans where span.batch == current { events.append(contentsOf: span.events) }
-        spans = Self.noSpans
-        count = 0
+        var open = CircularBuffer<WireEvent>.noEvents
+        if tail.batch == current, tail.count > 0 {
+            open = CircularBuffer(initialCapacity: Int(tail.count))
+            open.append(contentsOf: events.suffix(Int(tail.count)))
+        }
+        clear()
         lostBatch = 0
-        return events
+        return open
     }
 
     /// Removes the events a resume supersedes: its range, which goes out again as a whole, and what the client
     /// already had of the channels it resumed (`MemoryEngine.placeRange`).
     package mutating func remove(where superseded: (WireEvent) -> Bool) {
-        guard count > 0 else { return }
-        for i in spans.indices {
-            let before = spans[i].events.count
-            spans[i].events.removeAll(where: superseded)
-            count -= Int32(before - spans[i].events.count)
+        guard !events.isEmpty else { return }
+        var kept = CircularBuffer<WireEvent>(initialCapacity: events.count)
+        var index = events.startIndex
+        func keep(_ count: Int32) -> Int32 {
+            var left: Int32 = 0
+            for _ in 0..<count {
+                let event = events[index]
+                index = events.index(after: index)
+                if !superseded(event) {
+                    kept.append(event)
+                    left += 1
+                }
+            }
+            return left
         }
+        for i in spans.indices { spans[i].count = keep(spans[i].count) }
+        tail.count = keep(tail.count)
+        events = kept
+        owned = true
     }
 
     /// The session moves to another node or ends: nothing is kept.
     package mutating func reset() {
+        events = .noEvents
+        owned = false
         spans = Self.noSpans
-        count = 0
+        tail = Span(batch: 0, count: 0)
         lostBatch = 0
+    }
+
+    private mutating func clear() {
+        events = .noEvents
+        owned = false
+        spans.removeAll(keepingCapacity: true)
+        tail = Span(batch: 0, count: 0)
     }
 
     private static func hash(_ id: JSONValue?) -> Int {

@@ -52,7 +52,7 @@ extension MemoryEngine {
         let queue = shard.lock.withLock { () -> CircularBuffer<WireEvent>? in
             guard let session = shard.sessions[clientId] else { return nil }
             var queue = session.ledger.takeOpenBatch()
-            queue.append(contentsOf: session.queue)
+            queue.append(contentsOf: session.queue.events)
             if reason == .expired { shard.stats.expired += 1 }
             remove(session, from: shard, reason: reason, notifications: &notifications)
             return queue
@@ -107,8 +107,8 @@ extension MemoryEngine {
                     return false
                 }
                 var merged = events
-                merged.append(contentsOf: session.queue)
-                session.queue = merged
+                merged.append(contentsOf: session.queue.events)
+                session.queue.replace(with: merged)
                 shard.stats.queued += UInt64(events.count)
             }
             if let sink = session.sink, !session.wakeScheduled {

@@ -142,11 +142,7 @@ extension MemoryEngine {
                     overflowed.append(session)
                     continue
                 }
-                if session.queue.isEmpty {
-                    // An empty queue is the shared `.noEvents`: appending to it would copy it, then grow the copy
-                    // (two allocations per delivery). A storage of its own with room for a few is one.
-                    session.queue = CircularBuffer(initialCapacity: 4)
-                }
+                // Into the storage the queue kept: no allocation once the session has had an event.
                 session.queue.append(fan.event)
                 shard.stats.queued += 1
                 if let sink = session.sink, !session.wakeScheduled {

@@ -31,7 +31,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         var transport: ConnectionType?
         /// The number of its shard in `shards`.
         private let shardNumber: Int32
-        var queue = CircularBuffer<WireEvent>.noEvents
+        var queue = SessionQueue()
         var expiresAt: NIODeadline
         var sink: (any DeliverySink)?
         /// What connections were handed and the client has not confirmed (`DeliveryLedger`).
@@ -205,6 +205,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             session.ledger.confirm(
                 connectId: receipt.connectId, ack: receipt.ack,
                 opensSocket: !sameConnection && sink?.isPersistent == true)
+            // What the last connection was handed is in the ledger or confirmed: the queue lets go of it.
+            session.queue.release()
             if !sameConnection, !session.ledger.isEmpty || session.ledger.hasGap {
                 guard resend(session, in: shard) else {
                     remove(session, from: shard, reason: .overflow, notifications: &notifications)
@@ -254,8 +256,8 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         let unconfirmed = session.ledger.takeUnconfirmed()
         guard session.queue.count + unconfirmed.count <= configuration.maxQueue else { return false }
         var queue = unconfirmed
-        queue.append(contentsOf: session.queue)
-        session.queue = queue
+        queue.append(contentsOf: session.queue.events)
+        session.queue.replace(with: queue)
         shard.stats.resent += UInt64(unconfirmed.count)
         return true
     }
@@ -300,8 +302,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     /// it (not for a stream); the shard's lock is held.
     func take(_ session: Session) -> CircularBuffer<WireEvent> {
         guard !session.queue.isEmpty else { return .noEvents }
-        let events = session.queue
-        session.queue = .noEvents
+        let events = session.queue.take()
         if !session.streaming { session.ledger.handedOut(events, capacity: configuration.maxQueue) }
         return events
     }
@@ -405,13 +406,13 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             resumed[channel] = matches
             return matches
         }
-        var rest = session.queue
+        var rest = session.queue.events
         rest.removeAll(where: superseded)
         guard rest.count + range.count <= configuration.maxQueue else { return false }
         session.ledger.remove(where: superseded)
         var queue = range
         queue.append(contentsOf: rest)
-        session.queue = queue
+        session.queue.replace(with: queue)
         shard.stats.queued += UInt64(range.count)
         return true
     }
@@ -467,7 +468,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
         shard.sessions[session.id] = nil
         for channel in session.subscriptions { removeFromIndex(channel, session.id, in: shard) }
         session.subscriptions = []
-        session.queue = .noEvents
+        session.queue.clear()
         session.ledger.reset()
         if let sink = session.sink {
             notifications.append((sink, reason))

@@ -92,4 +92,40 @@ import Testing
         #expect(ledger.count == 2)
         #expect(Self.numbers(ledger.takeUnconfirmed()) == [1, 3])
     }
+
+    /// Takes of one batch share a span; past the bound the oldest events go, one by one, not the whole batch.
+    @Test func theBoundDropsTheOldestEventsOfABatchAndRemembersTheGap() {
+        var ledger = DeliveryLedger()
+        for n in 1...5 { ledger.handedOut(Self.events(n...n), capacity: 3) }
+        #expect(ledger.count == 3 && ledger.hasGap)
+        #expect(Self.numbers(ledger.takeOpenBatch()) == [3, 4, 5])
+        #expect(ledger.isEmpty && !ledger.hasGap)
+    }
+
+    @Test func theOpenBatchIsWhatFollowsTheLastReplyAcrossTakes() {
+        var ledger = DeliveryLedger()
+        ledger.handedOut(Self.events(1...2), capacity: 100)
+        _ = ledger.closeBatch(connectId: "a")
+        ledger.handedOut(Self.events(3...3), capacity: 100)
+        ledger.handedOut(Self.events(4...5), capacity: 100)
+        #expect(Self.numbers(ledger.takeOpenBatch()) == [3, 4, 5])
+        // A ledger emptied keeps working: the next batches start anew.
+        ledger.handedOut(Self.events(6...6), capacity: 100)
+        _ = ledger.closeBatch(connectId: "b")
+        ledger.handedOut(Self.events(7...7), capacity: 100)
+        ledger.confirm(connectId: "c", ack: nil)
+        #expect(Self.numbers(ledger.takeUnconfirmed()) == [7])
+    }
+
+    /// The ledger keeps its own copy of what it was handed: the buffer handed out may be reused by the queue.
+    @Test func whatTheLedgerKeepsDoesNotChangeWithTheBufferItWasHanded() {
+        var ledger = DeliveryLedger()
+        var queue = SessionQueue()
+        for n in 1...3 { queue.append(Self.events(n...n).first!) }
+        ledger.handedOut(queue.take(), capacity: 100)
+        #expect(queue.isEmpty && queue.count == 0)
+        queue.append(Self.events(4...4).first!)
+        #expect(Self.numbers(queue.events) == [4])
+        #expect(Self.numbers(ledger.takeUnconfirmed()) == [1, 2, 3])
+    }
 }
