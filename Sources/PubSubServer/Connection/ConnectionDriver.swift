@@ -1,4 +1,5 @@
 import Bayeux
+import Logging
 import NIOCore
 import PubSubCore
 
@@ -10,6 +11,8 @@ protocol ConnectionTransport: AnyObject {
     func send(replies: [Message], events: CircularBuffer<WireEvent>)
     /// A sign of life: an EventSource comment line, a WebSocket ping.
     func sendHeartbeat()
+    /// Answers a WebSocket ping.
+    func sendPong(_ payload: ByteBuffer)
     /// Ends the connection for `reason`: a WebSocket close frame, the end of a stream.
     func close(_ reason: ConnectionStateMachine.CloseReason)
     /// Asks the channel for the read that was withheld while writes drained or a frame was handled.
@@ -25,6 +28,7 @@ protocol ConnectionTransport: AnyObject {
 }
 
 extension ConnectionTransport {
+    func sendPong(_ payload: ByteBuffer) {}
     func batchHandled() {}
     func abort(_ reason: ConnectionGuardState.CloseReason) { close(.normal) }
     var unsentBytes: Int { 0 }
@@ -207,6 +211,26 @@ final class ConnectionDriver: TimerQueueOwner {
     /// as asked: false when it went out already or the connection is gone.
     func sendingClose() -> Bool { machine.sendingClose() }
 
+    /// The peer closed the connection, or broke the protocol: the close goes out at once.
+    func closeNow(_ reason: ConnectionStateMachine.CloseReason) { perform(machine.closeNow(reason)) }
+
+    /// The connection broke the protocol, or failed: counted, logged, and closed at once for `reason`.
+    func failed(
+        _ reason: ConnectionStateMachine.CloseReason, _ kind: RequestErrorKind, _ message: Logger.Message,
+        _ error: (any Error)? = nil, level: Logger.Level = .info
+    ) {
+        shared.operations.metrics.error(kind)
+        var metadata: Logger.Metadata = ["pubsub.remote": "\(requestContext.remoteAddress ?? "?")"]
+        if let error { metadata["pubsub.error"] = "\(error)" }
+        shared.logger.log(level: level, message, metadata: metadata)
+        closeNow(reason)
+    }
+
+    func pingReceived(_ payload: ByteBuffer) { perform(machine.pingReceived(payload)) }
+
+    /// Replies to a frame that never reaches the broker.
+    func answerAtOnce(_ replies: [Message]) { perform(machine.answeredAtOnce(replies)) }
+
     /// The close frame or the end of the stream went out: nothing more is written.
     var closeSent: Bool { machine.closeSent }
 
@@ -304,6 +328,8 @@ final class ConnectionDriver: TimerQueueOwner {
             noteUnsent()
         case .heartbeat:
             live?.sendHeartbeat()
+        case .pong(let payload):
+            live?.sendPong(payload)
         case .abort(let reason):
             live?.abort(reason)
         case .fail(let error):

@@ -41,6 +41,14 @@ struct ConnectionStateMachine {
         case goingAway
         /// The client was dropped as a slow consumer: WebSocket 1008.
         case overflow
+        /// The peer sent a close frame: its status code goes back (none for none).
+        case peerClosed(code: UInt16?)
+        /// A frame that breaks the protocol: WebSocket 1002.
+        case protocolError
+        /// A frame or message over the limit: WebSocket 1009.
+        case tooLarge
+        /// Text that is not UTF-8, a message that does not inflate: WebSocket 1007.
+        case invalidData
     }
 
     /// The reply of a held connect, to be sent now.
@@ -93,6 +101,8 @@ struct ConnectionStateMachine {
         case deliver(CircularBuffer<WireEvent>)
         /// Write a sign of life: an EventSource comment line, a WebSocket ping.
         case heartbeat
+        /// Answer a WebSocket ping with this payload.
+        case pong(ByteBuffer)
         /// Close at once, without a goodbye: the keep-alive found the peer silent or not reading.
         case abort(ConnectionGuardState.CloseReason)
         /// The broker failed on a request or frame (its messages are lost): answer it with an error.
@@ -635,8 +645,36 @@ struct ConnectionStateMachine {
         }
     }
 
-    /// The handler writes the close frame or the end of the stream: on its own (a close frame received, a protocol
-    /// error) or because a `.close` asked. False when it went out already or the connection is gone: nothing more
+    /// The connection ends at once for `reason` (its peer closed it, or broke the protocol): nothing the machine
+    /// holds goes out before the close frame; a held connect ends unanswered when the connection goes.
+    mutating func closeNow(_ reason: CloseReason) -> Action {
+        let attached: String?
+        switch state {
+        case .socket(let socket): attached = socket.clientId
+        case .stream(let clientId, _): attached = clientId
+        case .parked(let parked): attached = parked.connect.clientId
+        case .idle, .awaiting: attached = nil
+        case .closing(let clientId, let closeSent):
+            guard !closeSent else { return .none }
+            attached = clientId
+        case .closed, .modifying: return .none
+        }
+        state = .closing(attached: attached, closeSent: false)
+        return .close(reason, answer: nil, flush: .noEvents)
+    }
+
+    /// A WebSocket ping: a pong with its payload, unless the close went out.
+    func pingReceived(_ payload: ByteBuffer) -> Action {
+        closeSent ? .none : .pong(payload)
+    }
+
+    /// A frame answered without the broker (not JSON, not Bayeux, an empty batch): its replies, at once, unless
+    /// the close went out. Frames are taken one at a time, so nothing of an earlier one is still to come.
+    func answeredAtOnce(_ replies: [Message]) -> Action {
+        closeSent ? .none : .write(replies: replies, events: .noEvents)
+    }
+
+    /// The handler writes the close frame or the end of the stream, because a `.close` asked. False when it went out already or the connection is gone: nothing more
     /// is written. The socket's or stream's session stays attached until `closed()`.
     mutating func sendingClose() -> Bool {
         switch state {

@@ -70,4 +70,23 @@ extension ServerOperations {
         let window = seconds == 1 ? "second" : "\(seconds) seconds"
         return (verdict, cost, "Publish rate limit exceeded: \(verdict.limit) messages per \(window) per \(per)")
     }
+
+    /// A batch that goes on whatever the limits say (a WebSocket frame), its publishes refused when they exceed
+    /// them (the same buckets as HTTP's: a frame is refused whole, as a request is). A refused publish gets
+    /// `successful: false` and `429:<channel>,<seconds to wait>:Publish rate limit exceeded` in its reply; the
+    /// meta messages are handled as usual, so a connect sent with them is not lost.
+    func admitted(_ elements: [MessageBatch.Element], keys: PublishLimitKeys?) -> [MessageBatch.Element] {
+        guard let keys, let (verdict, _, refusal) = checkPublishLimits(elements, keys: keys), refusal != nil else {
+            return elements
+        }
+        let retryAfter = String(verdict.retryAfterSeconds)
+        return elements.map { element in
+            guard case .message(var message) = element, let channel = message.channel, !Channel.isMeta(channel)
+            else { return element }
+            message.error = BayeuxError(Self.publishRateLimited, channel, retryAfter).description
+            return .message(message)
+        }
+    }
+
+    static let publishRateLimited = BayeuxError.Code(429, "Publish rate limit exceeded")
 }

@@ -363,12 +363,16 @@ struct UTF8Validator {
 }
 
 extension ConnectionStateMachine.CloseReason {
-    /// The status code of the close frame that ends a WebSocket for this reason.
-    var webSocketCode: WebSocketErrorCode {
+    /// The status code of the close frame that ends a WebSocket for this reason (none: an empty close frame).
+    var webSocketCode: WebSocketErrorCode? {
         switch self {
         case .normal: .normalClosure
         case .goingAway: .goingAway
         case .overflow: .policyViolation
+        case .peerClosed(let code): code.map { WebSocketErrorCode(codeNumber: Int($0)) }
+        case .protocolError: .protocolError
+        case .tooLarge: .messageTooLarge
+        case .invalidData: .dataInconsistentWithMessage
         }
     }
 }

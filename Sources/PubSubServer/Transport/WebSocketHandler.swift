@@ -11,10 +11,11 @@ import PubSubCore
 /// compression, each event in the frame compressed once per publish: `WebSocketHandler+Compression`). A binary
 /// frame is read as UTF-8 JSON like a text frame (as Faye's Node server does; iOS and Java clients send them).
 /// What to send when is the `ConnectionStateMachine`'s, performed by the connection's `ConnectionDriver`: this
-/// handler decodes frames, hands their messages to the driver, and writes and closes as it says. While the socket
-/// is not writable (`maxOutboundBytes` waiting) it is not read, and delivered events wait in the machine, up to
-/// `maxQueue`, past which the client is dropped. It reads and writes the socket's bytes itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler
-/// where NIO's frame encoder, decoder, aggregator and error handler were four, each with its pipeline context.
+/// handler decodes frames and hands them to the driver (messages, pings, closes, frames it cannot read), and writes
+/// and closes only as the driver says. While the socket is not writable it is not read, and delivered events wait
+/// in the machine, up to `maxQueue`, past which the client is dropped. It reads and writes the socket's bytes
+/// itself (`WebSocketFrameParser`, `WebSocketFrameHeader`): one handler where NIO's encoder, decoder, aggregator
+/// and error handler were four.
 final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = IOData
@@ -109,10 +110,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             guard let payload = payload(of: frame, context: context) else { return }
             handleMessage(payload, binary: frame.opcode == .binary, context: context)
         case .ping:
-            writeFrame(.pong, frame.data, context: context)
+            driver.pingReceived(frame.data)
         case .connectionClose:
             // The client's status code echoed (RFC 6455 §5.5.1; the parser checked it), or none to none.
-            close(code: frame.data.peekWebSocketErrorCode(), context: context)
+            driver.closeNow(
+                .peerClosed(code: frame.data.peekWebSocketErrorCode().map(UInt16.init(webSocketErrorCode:))))
         default:
             break
         }
@@ -122,34 +124,19 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     /// (1007).
     func frameError(_ error: WebSocketFrameParser.ParseError, context: ChannelHandlerContext) {
         switch error {
-        case .tooLarge: fail(.messageTooLarge, .websocketTooLarge, "websocket message over the limit", context: context)
-        case .protocolError: fail(.protocolError, .websocketProtocol, "websocket protocol error", context: context)
-        case .invalidUTF8:
-            fail(.dataInconsistentWithMessage, .websocketProtocol, "websocket text not UTF-8", context: context)
-        case .corruptCompression:
-            fail(
-                .dataInconsistentWithMessage, .websocketProtocol, "websocket message does not inflate", context: context
-            )
+        case .tooLarge: driver.failed(.tooLarge, .websocketTooLarge, "websocket message over the limit")
+        case .protocolError: driver.failed(.protocolError, .websocketProtocol, "websocket protocol error")
+        case .invalidUTF8: driver.failed(.invalidData, .websocketProtocol, "websocket text not UTF-8")
+        case .corruptCompression: driver.failed(.invalidData, .websocketProtocol, "websocket message does not inflate")
         }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if error is IOError {
-            fail(.protocolError, .connection, "websocket connection error", error, level: .debug, context: context)
+            driver.failed(.protocolError, .connection, "websocket connection error", error, level: .debug)
         } else {
-            fail(.protocolError, .websocketProtocol, "websocket protocol error", error, context: context)
+            driver.failed(.protocolError, .websocketProtocol, "websocket protocol error", error)
         }
-    }
-
-    private func fail(
-        _ code: WebSocketErrorCode, _ kind: RequestErrorKind, _ message: Logger.Message, _ error: (any Error)? = nil,
-        level: Logger.Level = .info, context: ChannelHandlerContext
-    ) {
-        shared.operations.metrics.error(kind)
-        var metadata: Logger.Metadata = ["pubsub.remote": "\(context.channel.remoteAddress?.description ?? "?")"]
-        if let error { metadata["pubsub.error"] = "\(error)" }
-        shared.logger.log(level: level, message, metadata: metadata)
-        close(code: code, context: context)
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -168,44 +155,17 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             value = try JSONParser(maxDepth: shared.configuration.maxJSONDepth).parse(payload)
         } catch {
             shared.logger.debug("invalid JSON on websocket", metadata: ["pubsub.error": "\(error)"])
-            if !binary, !WebSocketFrameParser.isValidUTF8(payload) {
-                // A text frame that is not UTF-8 fails the WebSocket connection (RFC 6455: 1007).
-                close(code: .dataInconsistentWithMessage, context: context)
-                return
-            }
-            // Garbage in a binary frame is answered as garbage in a text frame: the session goes on.
-            write(replies: [ReplyEncoder.badRequest], events: .noEvents, context: context)
-            return
+            // A text frame that is not UTF-8 fails the WebSocket connection (RFC 6455: 1007); garbage in a binary
+            // frame is answered as garbage in a text frame: the session goes on.
+            if !binary, !WebSocketFrameParser.isValidUTF8(payload) { return driver.closeNow(.invalidData) }
+            return driver.answerAtOnce([ReplyEncoder.badRequest])
         }
         guard let elements = MessageBatch.elements(of: value) else {
-            write(replies: [ReplyEncoder.badRequest], events: .noEvents, context: context)
-            return
+            return driver.answerAtOnce([ReplyEncoder.badRequest])
         }
-        if elements.isEmpty {
-            writeFrame(.text, ByteBuffer(string: "[]"), context: context)
-            return
-        }
-        driver.handle(admitted(elements))
+        if elements.isEmpty { return driver.answerAtOnce([]) }
+        driver.handle(shared.operations.admitted(elements, keys: publishLimitKeys))
     }
-
-    /// The frame's messages, its publishes refused when they exceed the publish limits (the same buckets as
-    /// HTTP's: a frame is refused whole, as a request is). A refused publish gets `successful: false` and
-    /// `429:<channel>,<seconds to wait>:Publish rate limit exceeded` in its reply; the frame's meta messages are
-    /// handled as usual, so a connect sent with them is not lost.
-    private func admitted(_ elements: [MessageBatch.Element]) -> [MessageBatch.Element] {
-        guard let keys = publishLimitKeys,
-            let (verdict, _, refusal) = shared.operations.checkPublishLimits(elements, keys: keys), refusal != nil
-        else { return elements }
-        let retryAfter = String(verdict.retryAfterSeconds)
-        return elements.map { element in
-            guard case .message(var message) = element, let channel = message.channel, !Channel.isMeta(channel)
-            else { return element }
-            message.error = BayeuxError(Self.publishRateLimited, channel, retryAfter).description
-            return .message(message)
-        }
-    }
-
-    static let publishRateLimited = BayeuxError.Code(429, "Publish rate limit exceeded")
 
     // MARK: ConnectionTransport
 
@@ -218,6 +178,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     func sendHeartbeat() {
         guard let context, !driver.closeSent else { return }
         writeFrame(.ping, ByteBuffer(), context: context)
+    }
+
+    func sendPong(_ payload: ByteBuffer) {
+        guard let context else { return }
+        writeFrame(.pong, payload, context: context)
     }
 
     func close(_ reason: ConnectionStateMachine.CloseReason) {

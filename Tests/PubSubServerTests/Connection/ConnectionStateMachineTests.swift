@@ -72,6 +72,7 @@ import Testing
             (answer.map { [describe($0)] } ?? []) + (flush.isEmpty ? [] : [write([], flush)]) + ["close(\(reason))"]
         case .deliver(let events): ["deliver(\(numbers(events)))"]
         case .heartbeat: ["heartbeat"]
+        case .pong(let payload): ["pong(\(String(buffer: payload)))"]
         case .abort(let reason): ["abort(\(reason.rawValue))"]
         case .fail: ["fail"]
         case .release(let id): [id.map { "release(\($0))" } ?? "release"]
@@ -343,6 +344,35 @@ import Testing
         #expect(m.closeSent)
         let sentWhenGone = m.sendingClose()
         #expect(!sentWhenGone, "nothing is written once the connection is gone")
+    }
+
+    /// The peer closed, or broke the protocol: the close goes out at once, before anything the machine holds (the
+    /// held connect, events waiting for the socket), once; pings and frames answered at once stop with it.
+    @Test func aCloseFromThePeerOrAProtocolErrorGoesOutAtOnce() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        _ = m.messagesHandled(replies: [], events: [], pending: Self.connect("a"))
+        _ = m.writabilityChanged(isWritable: false)
+        _ = m.eventsDelivered(Self.events(1...2))
+        #expect(Self.describe(m.pingReceived(ByteBuffer(string: "hi"))) == ["pong(hi)"])
+        #expect(Self.describe(m.answeredAtOnce([Self.reply("bad")])) == ["write(bad|)"])
+        #expect(Self.describe(m.closeNow(.peerClosed(code: 1000))) == ["close(peerClosed(code: Optional(1000)))"])
+        #expect(!m.isOpen && !m.closeSent)
+        let sent = m.sendingClose()
+        #expect(sent)
+        #expect(Self.describe(m.closeNow(.protocolError)) == [], "the close frame went out already")
+        #expect(Self.describe(m.pingReceived(ByteBuffer(string: "hi"))) == [])
+        #expect(Self.describe(m.answeredAtOnce([])) == [])
+        #expect(Self.describe(m.closed()) == ["release(a)"], "the held connect ends unanswered")
+    }
+
+    /// Before any connect bound the socket, a protocol error closes it as well, and nothing is released.
+    @Test func aProtocolErrorBeforeTheFirstConnectCloses() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        #expect(Self.describe(m.closeNow(.invalidData)) == ["close(invalidData)"])
+        let sent = m.sendingClose()
+        #expect(sent && m.closeSent)
+        #expect(Self.describe(m.closed()) == ["release"])
     }
 
     /// A close the machine asks for (here: the server drains) is closing, but not yet sent: the answer and what

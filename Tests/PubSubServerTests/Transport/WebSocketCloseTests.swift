@@ -99,4 +99,26 @@ import Testing
         #expect(answered.written.map(\.opcode) == [.text], "a reply, not a close")
         #expect(!answered.closed)
     }
+
+    /// What a frame gets without the broker, through the connection's machine: a ping its pong (same payload),
+    /// an empty batch `[]`, a frame that is not Bayeux a bad-request reply; the socket stays open. After the
+    /// client's close, a ping in the same read gets nothing.
+    @Test func framesAnsweredAtOnceGoThroughTheMachine() throws {
+        let channel = try webSocket()
+        var (written, closed) = try answer(to: [WireFrames.bytes(.ping, Array("hi".utf8))], on: channel)
+        #expect(written.map(\.opcode) == [.pong] && written.first.map { String(buffer: $0.data) } == "hi")
+        (written, closed) = try answer(to: [WireFrames.bytes(.text, Array("[]".utf8))], on: channel)
+        #expect(written.map { String(buffer: $0.data) } == ["[]"])
+        (written, closed) = try answer(to: [WireFrames.bytes(.text, Array("{\"x\":1}".utf8))], on: channel)
+        #expect(written.count == 1 && String(buffer: written[0].data).contains("\"successful\":false"))
+        (written, closed) = try answer(to: [WireFrames.bytes(.binary, [0x00, 0x01])], on: channel)
+        #expect(written.count == 1 && String(buffer: written[0].data).contains("\"successful\":false"))
+        #expect(!closed)
+        var both = WireFrames.bytes(.connectionClose, closeBody(1000))
+        var ping = WireFrames.bytes(.ping, [])
+        both.writeBuffer(&ping)
+        (written, closed) = try answer(to: [both], on: channel)
+        #expect(written.map(\.opcode) == [.connectionClose])
+        #expect(closed)
+    }
 }
