@@ -181,8 +181,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     }
 
     func sendPong(_ payload: ByteBuffer) {
-        guard let context else { return }
-        writeFrame(.pong, payload, context: context)
+        if let context { writeFrame(.pong, payload, context: context) }
     }
 
     func close(_ reason: ConnectionStateMachine.CloseReason) {
@@ -198,8 +197,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
     }
 
     func batchHandled() {
-        guard let context else { return }
-        parseFrames(context: context)
+        if let context { parseFrames(context: context) }
     }
 
     func abort(_ reason: ConnectionGuardState.CloseReason) {
