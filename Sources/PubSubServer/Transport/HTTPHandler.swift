@@ -14,7 +14,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
     typealias OutboundOut = HTTPServerResponsePart
 
     let shared: ServerShared
-    private var context: ChannelHandlerContext?
+    private(set) var context: ChannelHandlerContext?
     private var reader: HTTPRequestReader
     /// What the response to the current request needs from its head, kept until it is answered.
     private var target: ResponseTarget?
@@ -177,14 +177,6 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
                 headers: RequestContext.authorizationHeaders(head.headers)))
     }
 
-    private func openEventSource(_ clientId: String, version: HTTPVersion) {
-        guard let context else { return }
-        let head = HTTPResponseHead(version: version, status: .ok, headers: BayeuxHTTPResponse.streamHeaders)
-        context.write(wrapOutboundOut(.head(head)), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.streamStart))), promise: nil)
-        driver.openStream(clientId: clientId)
-    }
-
     // MARK: ConnectionTransport
 
     /// A response with replies and events, or events on the stream.
@@ -200,28 +192,7 @@ final class HTTPHandler: ChannelInboundHandler, RemovableChannelHandler, Connect
             respond(response)
             return
         }
-        var bytes = 0
-        for event in events { bytes += event.json.readableBytes + 10 }
-        driver.counters.bytesOut &+= UInt64(bytes)
-        for event in events {
-            context.write(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.dataPrefix))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(event.json))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.eventEnd))), promise: nil)
-        }
-        context.flush()
-    }
-
-    func sendHeartbeat() {
-        driver.counters.bytesOut &+= UInt64(BayeuxHTTPResponse.heartbeat.readableBytes)
-        context?.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(BayeuxHTTPResponse.heartbeat))), promise: nil)
-    }
-
-    /// The end of a stream.
-    func close(_ reason: ConnectionStateMachine.CloseReason) {
-        guard let context, driver.sendingClose() else { return }
-        context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
-            context.close(promise: nil)
-        }
+        writeStream(events, context: context)
     }
 
     func resumeReading() { context?.read() }
