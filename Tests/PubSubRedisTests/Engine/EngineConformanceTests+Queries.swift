@@ -178,7 +178,9 @@ import Testing
             let reports = try await cluster.first.queries.nodes(local: report, on: cluster.first.loop).get()
             #expect(reports.count == cluster.nodes.count)
             #expect(reports.map(\.clients) == Array(repeating: 1, count: cluster.nodes.count))
-            #expect(reports.allSatisfy { $0.clientsByTransport == ["long-polling": 1] && $0.subscriptions == 1 })
+            #expect(
+                reports.allSatisfy { $0.clientsByTransport == ["long-polling": 1] && $0.subscriptions == 1 },
+                "\(reports.map { ($0.id, $0.clients, $0.clientsByTransport, $0.subscriptions) })")
         }
     }
 
