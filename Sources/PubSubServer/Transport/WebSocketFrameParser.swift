@@ -161,7 +161,8 @@ struct WebSocketFrameParser {
         guard length <= maxFrameSize else { throw .tooLarge }
         var maskKey: WebSocketMaskingKey?
         if masked {
-            guard let key = buffer.getBytes(at: index, length: 4) else { return nil }
+            // A view of the four bytes, not an array of them: no allocation per frame.
+            guard let key = buffer.viewBytes(at: index, length: 4) else { return nil }
             maskKey = WebSocketMaskingKey(key)
             index += 4
         }
@@ -237,10 +238,9 @@ enum WebSocketFrameHeader {
     /// The bytes of one final, unmasked frame: a payload with room in front gets its header there; any other gets
     /// a small header buffer of its own, first (a shared buffer is never written into). An event shared by every
     /// recipient is not framed here: its `WireEvent.frame` goes as it is.
-    static func frame(opcode: WebSocketOpcode, payload: ByteBuffer, allocator: ByteBufferAllocator)
+    static func frame(opcode: WebSocketOpcode, payload: consuming ByteBuffer, allocator: ByteBufferAllocator)
         -> (ByteBuffer, ByteBuffer?)
     {
-        var payload = payload
         if prepend(opcode: opcode, to: &payload) { return (payload, nil) }
         let header = buffer(opcode: opcode, payloadLength: payload.readableBytes, allocator: allocator)
         return (header, payload.readableBytes == 0 ? nil : payload)

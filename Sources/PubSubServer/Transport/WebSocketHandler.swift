@@ -225,11 +225,11 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             replies: replies, events: events, allocator: context.channel.allocator,
             headroom: WebSocketFrameHeader.maxLength)
         driver.counters.bytesOut &+= UInt64(payload.readableBytes)
-        writeFrame(.text, payload, context: context)
+        writeFrame(.text, consume payload, context: context)  // moved: its header goes in the room in front
     }
 
     func writeFrame(
-        _ opcode: WebSocketOpcode, _ payload: ByteBuffer, context: ChannelHandlerContext,
+        _ opcode: WebSocketOpcode, _ payload: consuming ByteBuffer, context: ChannelHandlerContext,
         promise: EventLoopPromise<Void>? = nil
     ) {
         let (first, rest) = WebSocketFrameHeader.frame(
