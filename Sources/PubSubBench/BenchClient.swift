@@ -46,7 +46,10 @@ final class BenchClient: @unchecked Sendable {
     private var readyDone = false
     private var startedAt: UInt64 = 0
     private var nextMessageId = 0
-    private var closed = false
+    private(set) var closed = false
+    /// Centrifuge: the connect command's reply is awaited, then this many subscribe replies.
+    var centrifugeConnecting = false
+    var centrifugeSubscribesPending = 0
     private var timeout: Scheduled<Void>?
 
     // Subscriber state: the next sequence expected per (publisher, channel).
@@ -125,7 +128,10 @@ final class BenchClient: @unchecked Sendable {
             becomeReady()
             return
         }
-        sendHandshake()
+        switch shared.options.serverProtocol {
+        case .bayeux: sendHandshake()
+        case .centrifuge: sendCentrifugeConnect()
+        }
     }
 
     func wireFailed(_ reason: String) {
@@ -146,6 +152,10 @@ final class BenchClient: @unchecked Sendable {
     /// Everything the server sent in one frame or HTTP response.
     func received(_ body: ByteBuffer) {
         let now = monotonicNanoseconds()
+        if shared.options.serverProtocol == .centrifuge {
+            receivedCentrifuge(body, now: now)
+            return
+        }
         var others: [[UInt8]] = []
         var connectSucceeded = false
         let ok = body.withUnsafeReadableBytes { bytes in
@@ -179,7 +189,7 @@ final class BenchClient: @unchecked Sendable {
 
     // MARK: Events
 
-    private func event(_ marker: ReplyScanner.Marker, now: UInt64) {
+    func event(_ marker: ReplyScanner.Marker, now: UInt64) {
         let index = marker.publisher * shared.channels.count + marker.channel
         if index >= 0, index < nextSequence.count {
             let want = nextSequence[index]
@@ -251,7 +261,7 @@ final class BenchClient: @unchecked Sendable {
         }
     }
 
-    private func becomeReady() {
+    func becomeReady() {
         guard !readyDone else { return }
         readyDone = true
         timeout?.cancel()
@@ -262,7 +272,7 @@ final class BenchClient: @unchecked Sendable {
         ready.succeed(())
     }
 
-    private func fail(_ reason: String) {
+    func fail(_ reason: String) {
         if !readyDone {
             readyDone = true
             timeout?.cancel()
@@ -282,7 +292,7 @@ final class BenchClient: @unchecked Sendable {
 
     // MARK: Sending meta messages
 
-    private func takeId() -> Int {
+    func takeId() -> Int {
         nextMessageId += 1
         return nextMessageId
     }
@@ -313,7 +323,7 @@ final class BenchClient: @unchecked Sendable {
         wire.send(prefix: connectPrefix, id: takeId())
     }
 
-    private func send(_ text: String) {
+    func send(_ text: String) {
         guard let wire, !closed else { return }
         wire.send(ByteBuffer(string: text))
     }
@@ -417,7 +427,7 @@ final class BenchClient: @unchecked Sendable {
         }
     }
 
-    private func acknowledged(success: Bool, channel: String?, now: UInt64) {
+    func acknowledged(success: Bool, channel: String?, now: UInt64) {
         guard !sendTimes.isEmpty else { return }
         if !success {
             stats.publishFailures += 1
@@ -447,8 +457,9 @@ final class BenchClient: @unchecked Sendable {
         let size = shared.options.payloadBytes
         let expectedSize =
             shared.options.payload == .filler ? size : shared.options.payload == .jobProgress ? 1200 : 4600
+        let centrifuge = shared.options.serverProtocol == .centrifuge
         var buffer = ByteBufferAllocator().buffer(capacity: count * (expectedSize + 160) + 2)
-        buffer.writeInteger(UInt8(ascii: "["))
+        if !centrifuge { buffer.writeInteger(UInt8(ascii: "[")) }
         var expected = 0
         let inWindow = plan.map { sentAt >= $0.windowStart && sentAt < $0.windowEnd } ?? false
         for k in 0..<count {
@@ -456,6 +467,20 @@ final class BenchClient: @unchecked Sendable {
             let sequence = sequences[c]
             sequences[c] = sequence &+ 1
             messagesSent += 1
+            if centrifuge {
+                // One command per line: `{"id":N,"method":3,"params":{"channel":…,"data":…}}`.
+                if k > 0 { buffer.writeInteger(UInt8(ascii: "\n")) }
+                buffer.writeStaticString("{\"id\":")
+                buffer.writeDecimal(takeId())
+                buffer.writeStaticString(",\"method\":3,\"params\":{\"channel\":\"")
+                buffer.writeString(shared.channels[c])
+                buffer.writeStaticString("\",\"data\":")
+                shared.options.payload.write(
+                    into: &buffer, publisher: p, channel: c, sequence: sequence, sentAt: sentAt, size: size)
+                buffer.writeStaticString("}}")
+                if c < fanout.count { expected += fanout[c] }
+                continue
+            }
             if k > 0 { buffer.writeInteger(UInt8(ascii: ",")) }
             buffer.writeStaticString("{\"channel\":\"")
             buffer.writeString(shared.channels[c])
@@ -472,7 +497,7 @@ final class BenchClient: @unchecked Sendable {
             buffer.writeStaticString("\"}")
             if c < fanout.count { expected += fanout[c] }
         }
-        buffer.writeInteger(UInt8(ascii: "]"))
+        if !centrifuge { buffer.writeInteger(UInt8(ascii: "]")) }
         if expected > 0 { shared.expected.wrappingIncrement(by: expected, ordering: .relaxed) }
         stats.publishesSent += count
         if inWindow {

@@ -17,6 +17,14 @@ public enum Transport: String, CaseIterable, Sendable {
     case longPolling = "long-polling"
 }
 
+/// The protocol the load speaks: Bayeux (pubsub, Faye, CometD), or Centrifuge's JSON protocol over WebSocket (a
+/// Centrifuge node, the Go library under Centrifugo), so that a peer that does not speak Bayeux is measured by the
+/// same load.
+public enum ServerProtocol: String, CaseIterable, Sendable {
+    case bayeux
+    case centrifuge
+}
+
 /// Where the server is: `http://host:port/path` (or `ws://`).
 public struct BenchURL: Sendable, Equatable, CustomStringConvertible {
     public var host: String
@@ -103,6 +111,8 @@ public struct BenchOptions: Sendable {
     /// What each publish's `data` holds beside the marker (`--payload`): `--size` bytes of filler, or realistic
     /// JSON of its own size.
     public var payload: BenchPayload = BenchEnvironment.current.payload
+    /// What the clients speak (`--protocol`).
+    public var serverProtocol: ServerProtocol = .bayeux
 
     /// The run-wide number of this process's first client (a worker's share starts there), so that clients
     /// spread over `targets` as if one process held them all.
@@ -171,6 +181,10 @@ public struct BenchOptions: Sendable {
             if roomsPerClient < 1 || roomsPerClient > rooms {
                 return "--rooms-per-client must be between 1 and --rooms"
             }
+        }
+        if serverProtocol == .centrifuge {
+            if scenario == .publish { return "--protocol centrifuge has no HTTP publish: use fanout, rooms or idle" }
+            if transport != .websocket { return "--protocol centrifuge speaks WebSocket only" }
         }
         if scenario != .publish && subscribers < 1 { return "--subscribers must be at least 1" }
         if payloadBytes < 0 || payloadBytes > 1 << 20 { return "--size must be between 0 and 1048576" }

@@ -124,6 +124,7 @@ public struct BenchReport: Sendable {
             "rate": number(o.rate), "batch": JSONValue(o.batch), "window": JSONValue(o.window),
             "warmup_seconds": number(o.warmup), "threads": JSONValue(o.threads),
             "payload": .string(o.payload.rawValue), "compression": .bool(o.compression),
+            "protocol": .string(o.serverProtocol.rawValue),
         ]
         if o.scenario == .rooms {
             config["rooms"] = JSONValue(o.rooms)

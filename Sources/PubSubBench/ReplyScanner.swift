@@ -1,4 +1,4 @@
-/// Reads what a Bayeux server sends without building a JSON tree for every event: one pass over the bytes finds
+/// Reads what a Bayeux server (or a Centrifuge node) sends without building a JSON tree for every event: one pass over the bytes finds
 /// each top-level object; an object carrying the bench marker (`"_pb":[publisher,channel,sequence,sentAt]`) is an
 /// event and only those four numbers are read; anything else is a reply, checked cheaply and parsed in full only
 /// when it is not a plain success.
@@ -25,8 +25,13 @@ enum ReplyScanner {
         while i < count, isSpace(bytes[i]) { i += 1 }
         guard i < count else { return false }
         if bytes[i] == UInt8(ascii: "{") {
-            guard let end = objectEnd(bytes, from: i) else { return false }
-            emit(UnsafeRawBufferPointer(rebasing: bytes[i..<end]), body)
+            // One object, or several separated by white space (Centrifuge's JSON protocol, one per line).
+            while i < count {
+                guard bytes[i] == UInt8(ascii: "{"), let end = objectEnd(bytes, from: i) else { return false }
+                emit(UnsafeRawBufferPointer(rebasing: bytes[i..<end]), body)
+                i = end
+                while i < count, isSpace(bytes[i]) { i += 1 }
+            }
             return true
         }
         guard bytes[i] == UInt8(ascii: "[") else { return false }
@@ -172,6 +177,27 @@ enum ReplyScanner {
         if channel.count > 7, equals(UnsafeRawBufferPointer(rebasing: channel[0..<7]), "\"/meta/") { return nil }
         guard channel.count >= 3, channel[0] == UInt8(ascii: "\""), channel[1] == UInt8(ascii: "/") else { return nil }
         return .publish
+    }
+
+    /// A Centrifuge reply, `{"id":N,"result":…}` or `{"id":N,"error":{…}}`: the error's JSON, nil for a result.
+    /// Nil for an object without an id (a push).
+    static func commandReply(_ object: UnsafeRawBufferPointer) -> (id: Int, error: String?)? {
+        var id: Int?
+        var error: String?
+        let ok = forEachField(object) { key, value in
+            if equals(key, "id") {
+                var n = 0
+                for c in value {
+                    guard c >= 0x30, c <= 0x39 else { return }
+                    n = n &* 10 &+ Int(c - 0x30)
+                }
+                id = n
+            } else if equals(key, "error") {
+                error = String(decoding: value, as: UTF8.self)
+            }
+        }
+        guard ok, let id, id > 0 else { return nil }
+        return (id, error)
     }
 
     /// Calls `body` with the raw key (between its quotes) and raw value of each field of a JSON object.

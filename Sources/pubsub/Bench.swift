@@ -11,7 +11,7 @@ import PubSubBench
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract:
-            "Load-test a Bayeux server (pubsub, Faye, CometD): deliveries/s, latency, losses, server CPU and memory.",
+            "Load-test a Bayeux server (pubsub, Faye, CometD) or a Centrifuge node: deliveries/s, latency, losses, server CPU and memory.",
         discussion: """
             Scenarios:
               fanout   --subscribers N on one channel; --publishers publish at --rate publishes/s, or (rate 0)
@@ -34,11 +34,19 @@ struct Bench: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "Bayeux endpoint, e.g. http://127.0.0.1:9292/faye; repeat it to spread clients over several brokers.")
+    @Option(
+        help:
+            "Endpoint, e.g. http://127.0.0.1:9292/faye (with --protocol centrifuge ws://127.0.0.1:8000/connection/websocket); repeat it to spread clients over several brokers."
+    )
     var url: [String] = []
     @Option(help: "fanout, rooms, idle or publish.") var scenario: String = "fanout"
     @Option(help: "websocket or long-polling (default: long-polling for publish, websocket otherwise).")
     var transport: String?
+    @Option(
+        help:
+            "bayeux, or centrifuge: Centrifuge's JSON protocol over WebSocket (a Centrifuge node, the library under Centrifugo)."
+    )
+    var `protocol`: String = "bayeux"
     @Option(help: "Subscribers (fanout), clients (rooms), connections (idle), listeners (publish; default 0).")
     var subscribers: Int?
     @Option(help: "Publishing connections.") var publishers: Int?
@@ -122,6 +130,10 @@ struct Bench: AsyncParsableCommand {
         options.runId = runId
         options.firstIndex = firstIndex
         if compression { options.compression = true }
+        guard let serverProtocol = ServerProtocol(rawValue: `protocol`) else {
+            throw ValidationError("--protocol must be bayeux or centrifuge")
+        }
+        options.serverProtocol = serverProtocol
         if let payload {
             guard let kind = BenchPayload(rawValue: payload) else {
                 throw ValidationError(

@@ -56,6 +56,7 @@ final class ProcessWorkers: BenchRemoteSubscribers, @unchecked Sendable {
             ]
             arguments += ["--payload", options.payload.rawValue]
             if options.compression { arguments.append("--compression") }
+            arguments += ["--protocol", options.serverProtocol.rawValue]
             for url in options.targets { arguments += ["--url", url.description] }
             for address in share.sourceAddresses { arguments += ["--source-address", address] }
             let process = Process()

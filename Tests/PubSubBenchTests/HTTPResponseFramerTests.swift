@@ -209,6 +209,31 @@ import Testing
         #expect(r.others.count == 1)
     }
 
+    @Test func centrifugeLines() throws {
+        // As a Centrifuge node writes a frame: a publication, a reply, another publication, one per line.
+        let text =
+            #"{"result":{"channel":"/bench/r/fanout","data":{"data":{"_pb":[0,0,3,42],"x":"x"}}}}"# + "\n"
+            + #"{"id":7,"result":{}}"# + "\n"
+            + #"{"result":{"channel":"/bench/r/fanout","data":{"data":{"_pb":[0,0,4,43]}}}}"# + "\n"
+        let r = try #require(Self.scan(text))
+        #expect(r.events.map(\.sequence) == [3, 4])
+        #expect(r.others == [#"{"id":7,"result":{}}"#])
+        #expect(Self.scan(#"{"id":1,"result":{}} x"#) == nil)
+    }
+
+    @Test func centrifugeReplies() {
+        func reply(_ text: String) -> (id: Int, error: String?)? {
+            Array(text.utf8).withUnsafeBytes { ReplyScanner.commandReply($0) }
+        }
+        #expect(reply(#"{"id":12,"result":{"client":"c","version":""}}"#).map { $0.id } == 12)
+        #expect(reply(#"{"id":12,"result":{}}"#)?.error == nil)
+        let failed = reply(#"{"id":3,"error":{"code":103,"message":"permission denied"}}"#)
+        #expect(failed?.id == 3)
+        #expect(failed?.error == #"{"code":103,"message":"permission denied"}"#)
+        // A push has no id.
+        #expect(reply(#"{"result":{"type":1,"channel":"c","data":{}}}"#) == nil)
+    }
+
     @Test func fields() {
         var seen: [String] = []
         let ok = Array(#"{"a":"x\"y","b":[1,{"c":2}],"d":null , "e":-1.5e3}"#.utf8).withUnsafeBytes { bytes in

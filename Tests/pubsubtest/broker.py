@@ -3,6 +3,8 @@
 The target is chosen by the PUBSUB_TARGET environment variable:
   pubsub (default)  the Swift server, $PUBSUB_BIN or <repo>/.build/debug/pubsub
   faye              real Faye 1.4.0 under puma (Debian packages ruby-faye and puma)
+  centrifuge        a Centrifuge 0.15 node (scripts/centrifuge-node, built from Debian's Go packages), for the
+                    benchmarks only: it speaks Centrifuge's protocol, not Bayeux
 """
 
 import os
@@ -19,6 +21,10 @@ from .wait import wait_until
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 FAYE_TEMPLATE = os.path.join(REPO, "Tests", "wire", "faye", "config.ru.template")
+CENTRIFUGE_SOURCE = os.path.join(REPO, "scripts", "centrifuge-node", "main.go")
+# Debian's Centrifuge and the packages it imports, built in GOPATH mode (no module proxy).
+CENTRIFUGE_PACKAGES = ("golang-go golang-github-centrifugal-centrifuge-dev golang-github-centrifugal-protocol-dev "
+                       "golang-github-igm-sockjs-go-dev golang-github-mna-redisc-dev golang-github-fzambia-eagle-dev")
 
 
 def target() -> str:
@@ -27,6 +33,30 @@ def target() -> str:
 
 def pubsub_bin() -> str:
     return os.environ.get("PUBSUB_BIN", os.path.join(REPO, ".build", "debug", "pubsub"))
+
+
+def centrifuge_bin() -> str:
+    """$CENTRIFUGE_NODE_BIN, else the node built from scripts/centrifuge-node into .build-centrifuge/ (again when
+    its source is newer)."""
+    if os.environ.get("CENTRIFUGE_NODE_BIN"):
+        return os.environ["CENTRIFUGE_NODE_BIN"]
+    out = os.path.join(REPO, ".build-centrifuge")
+    binary = os.path.join(out, "centrifuge-node")
+    if os.path.exists(binary) and os.path.getmtime(binary) >= os.path.getmtime(CENTRIFUGE_SOURCE):
+        return binary
+    go = shutil.which("go")
+    gopath = "/usr/share/gocode"
+    if not go or not os.path.isdir(os.path.join(gopath, "src", "github.com", "centrifugal", "centrifuge")):
+        raise RuntimeError(f"the Centrifuge node needs Go and Centrifuge: apt-get install -y {CENTRIFUGE_PACKAGES}")
+    os.makedirs(out, exist_ok=True)
+    env = {**os.environ, "GOPATH": gopath, "GO111MODULE": "off", "GOFLAGS": "",
+           "GOCACHE": os.path.join(out, "cache")}
+    done = subprocess.run([go, "build", "-o", binary, CENTRIFUGE_SOURCE], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the Centrifuge node failed (apt-get install -y {CENTRIFUGE_PACKAGES}):\n"
+                           f"{done.stdout}")
+    return binary
 
 
 def _num(value) -> str:
@@ -105,7 +135,9 @@ class Broker:
             cmd = [puma, "--bind", f"tcp://127.0.0.1:{self.port}", "--environment", "production",
                    "--threads", "4:16", config] + list(self.extra_args)
             return cmd, self._tmpdir
-        raise ValueError(f"unknown target {self.target!r} (want 'pubsub' or 'faye')")
+        if self.target == "centrifuge":
+            return [centrifuge_bin(), "-port", str(self.port)] + list(self.extra_args), None
+        raise ValueError(f"unknown target {self.target!r} (want 'pubsub', 'faye' or 'centrifuge')")
 
     def start(self, port=None):
         """Starts the server on a free port, or on `port` (restart() uses the one it had)."""
@@ -114,6 +146,8 @@ class Broker:
             self.port = port or free_port()
             self.url = f"http://127.0.0.1:{self.port}/faye"
             self.ws_url = f"ws://127.0.0.1:{self.port}/faye"
+            if self.target == "centrifuge":
+                self.url = self.ws_url = f"ws://127.0.0.1:{self.port}/connection/websocket"
             cmd, cwd = self._command()
             self._out = []
             self._proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL,
