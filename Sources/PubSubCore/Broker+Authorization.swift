@@ -19,7 +19,7 @@ extension Broker {
         let authorization = extensions.authorization
         let clientId = message.clientId
         @Sendable func route(_ message: Message, user: String? = nil) -> EventLoopFuture<Outcome> {
-            self.route(message, context: context, sink: sink, user: user, now: now, on: loop)
+            self.route(message, context: context, sink: sink, user: user, now: now, on: loop).future(on: loop)
         }
         if message.error != nil { return route(message) }
         switch message.channel {

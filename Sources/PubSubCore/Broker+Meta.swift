@@ -187,22 +187,21 @@ extension Broker {
         }
     }
 
-    func publish(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    /// A publish; answered at once when the engine does not wait (`Engine.publishing`).
+    func publish(_ message: Message, now: NIODeadline, on loop: any EventLoop) -> Eventual<Outcome> {
         var reply = message.makeResponse()
-        if message.error != nil { return loop.makeSucceededFuture(.reply(reply)) }
+        if message.error != nil { return .value(.reply(reply)) }
         let channel: String
         switch PublishRequest.validate(message, maxChannelLength: configuration.maxChannelLength) {
         case .success(let valid): channel = valid.channel
         case .failure(let error):
             reply.fail(error)
-            return loop.makeSucceededFuture(.reply(reply))
+            return .value(.reply(reply))
         }
         var event = message
         event.clientId = nil
-        guard let delivered = extensions.outgoingEvent(event) else {
-            return loop.makeSucceededFuture(.reply(reply))
-        }
-        return engine.publish(delivered, to: channel, now: now, on: loop).map { [reply] _ in .reply(reply) }
+        guard let delivered = extensions.outgoingEvent(event) else { return .value(.reply(reply)) }
+        return engine.publishing(delivered, to: channel, now: now, on: loop).map { [reply] _ in .reply(reply) }
             .flatMapErrorThrowing { [reply] error in
                 guard error is PublishRefused else { throw error }
                 var refused = reply

@@ -100,14 +100,29 @@ public final class Broker: Sendable {
         now: NIODeadline,
         on loop: any EventLoop
     ) -> EventLoopFuture<[Outcome]> {
+        answer(elements, context: context, sink: sink, now: now, on: loop).future(on: loop)
+    }
+
+    /// `handle`, with the outcomes at once when nothing had to wait (a publish to the memory engine), so a
+    /// transport performs them without a chain of futures.
+    public func answer(
+        _ elements: [MessageBatch.Element],
+        context: RequestContext,
+        sink: (any DeliverySink)?,
+        now: NIODeadline,
+        on loop: any EventLoop
+    ) -> Eventual<[Outcome]> {
         if elements.count > configuration.maxMessagesPerRequest {
             let outcome = finish(tooManyMessagesReply, context: context).map(Outcome.reply) ?? .none
-            return loop.makeSucceededFuture([outcome])
+            return .value([outcome])
         }
-        // One message (every poll): its future alone, without a chain.
+        // One message (every poll, most publishes): its answer alone, without a chain.
         if elements.count == 1, case .message(let message) = elements[0] {
             let isConnect = message.channel == Channel.connect
-            return handleOne(message, context: context, sink: isConnect ? sink : nil, now: now, on: loop).map { [$0] }
+            switch handleOne(message, context: context, sink: isConnect ? sink : nil, now: now, on: loop) {
+            case .now(let result): return .now(result.map { [$0] })
+            case .later(let future): return .later(future.map { [$0] })
+            }
         }
         // Filled in order, by one chain of futures on `loop`.
         let outcomes = NIOLockedValueBox<[Outcome]>([])
@@ -123,13 +138,12 @@ public final class Broker: Sendable {
                 let sinkForThis = isConnect ? offer : nil
                 if isConnect { offer = nil }
                 future = future.flatMap {
-                    self.handleOne(message, context: context, sink: sinkForThis, now: now, on: loop).map { outcome in
-                        outcomes.withLockedValue { $0.append(outcome) }
-                    }
+                    self.handleOne(message, context: context, sink: sinkForThis, now: now, on: loop).future(on: loop)
+                        .map { outcome in outcomes.withLockedValue { $0.append(outcome) } }
                 }
             }
         }
-        return future.map { outcomes.withLockedValue { $0 } }
+        return .later(future.map { outcomes.withLockedValue { $0 } })
     }
 
     /// The one reply to a request over `maxMessagesPerRequest`: no `id` or `channel`, as it answers no single
@@ -169,14 +183,12 @@ public final class Broker: Sendable {
         sink: (any DeliverySink)?,
         now: NIODeadline,
         on loop: any EventLoop
-    ) -> EventLoopFuture<Outcome> {
-        guard let message = extensions.incoming(original, context: context) else {
-            return loop.makeSucceededFuture(.none)
-        }
+    ) -> Eventual<Outcome> {
+        guard let message = extensions.incoming(original, context: context) else { return .value(.none) }
         if extensions.authorization.isEmpty {
             return route(message, context: context, sink: sink, now: now, on: loop)
         }
-        return authorizeAndRoute(message, context: context, sink: sink, now: now, on: loop)
+        return .later(authorizeAndRoute(message, context: context, sink: sink, now: now, on: loop))
     }
 
     /// Hands an incoming message to the meta channel or publish it names, and applies the outgoing extensions.
@@ -188,27 +200,31 @@ public final class Broker: Sendable {
         user: String? = nil,
         now: NIODeadline,
         on loop: any EventLoop
-    ) -> EventLoopFuture<Outcome> {
+    ) -> Eventual<Outcome> {
         let channel = message.channel
-        let future: EventLoopFuture<Outcome>
+        let answer: Eventual<Outcome>
         switch channel {
-        case Channel.handshake?: future = handshake(message, user: user, now: now, on: loop)
-        case Channel.connect?: future = connect(message, context: context, sink: sink, now: now, on: loop)
-        case Channel.subscribe?: future = subscribe(message, subscribing: true, now: now, on: loop)
-        case Channel.unsubscribe?: future = subscribe(message, subscribing: false, now: now, on: loop)
-        case Channel.disconnect?: future = disconnect(message, on: loop)
+        case Channel.handshake?: answer = .later(handshake(message, user: user, now: now, on: loop))
+        case Channel.connect?: answer = .later(connect(message, context: context, sink: sink, now: now, on: loop))
+        case Channel.subscribe?: answer = .later(subscribe(message, subscribing: true, now: now, on: loop))
+        case Channel.unsubscribe?: answer = .later(subscribe(message, subscribing: false, now: now, on: loop))
+        case Channel.disconnect?: answer = .later(disconnect(message, on: loop))
         case let name? where Channel.isMeta(name):
             var reply = message.makeResponse()
             if message.error == nil { reply.fail(.channelForbidden(name)) }
-            future = loop.makeSucceededFuture(.reply(reply))
+            answer = .value(.reply(reply))
         default:
-            future = publish(message, now: now, on: loop)
+            answer = publish(message, now: now, on: loop)
         }
-        return future.map { outcome in
-            if case .reply(let reply) = outcome {
-                return self.finish(reply, context: context).map(Outcome.reply) ?? .none
-            }
-            return outcome
+        switch answer {
+        case .now(let result): return .now(result.map { finish($0, context: context) })
+        case .later(let future): return .later(future.map { self.finish($0, context: context) })
         }
+    }
+
+    /// An outcome with the outgoing extensions applied to its reply.
+    private func finish(_ outcome: Outcome, context: RequestContext) -> Outcome {
+        if case .reply(let reply) = outcome { return finish(reply, context: context).map(Outcome.reply) ?? .none }
+        return outcome
     }
 }

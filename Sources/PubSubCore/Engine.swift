@@ -108,7 +108,7 @@ public struct PublishRefused: Error, Sendable, Equatable, CustomStringConvertibl
 /// The shared state of the broker: sessions, subscriptions and routing, that is the data path (handshake,
 /// subscribe, connect, publish, detach). The memory engine serves one node; a clustered engine implements the same
 /// calls over a shared store. Every call may complete later, so they return futures; the memory engine completes
-/// them at once.
+/// them at once, and answers a publish (`publishing`) without a future at all.
 ///
 /// What an engine may also do lives in protocols of its own, so that an engine (a composite over whole engines, a
 /// future one) implements what it needs: `EngineQueries` answers the server API's questions (channels, presence,
@@ -151,6 +151,10 @@ public protocol Engine: Sendable {
     /// event (nothing was delivered: the publisher may send it again).
     func publish(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<String?>
+    /// `publish`, answered at once by an engine that does not wait for anything (the memory engine). The
+    /// default is `publish`'s future.
+    func publishing(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> Eventual<String?>
     /// Records the user an authorization mode established for the session (JWT `sub`, the hook's handshake
     /// answer), so presence, webhooks, logs and metrics can report it. Does nothing for an unknown client.
     func setUser(_ clientId: String, user: String, on loop: any EventLoop) -> EventLoopFuture<Void>
@@ -174,6 +178,12 @@ public protocol Engine: Sendable {
 }
 
 extension Engine {
+    public func publishing(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> Eventual<String?>
+    {
+        .later(publish(event, to: channel, now: now, on: loop))
+    }
+
     public func createClient(now: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<String> {
         createClient(now: now, user: nil, on: loop)
     }

@@ -490,6 +490,18 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     public func publish(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> EventLoopFuture<String?>
     {
+        loop.makeSucceededFuture(publishNow(message, to: channel, now: now))
+    }
+
+    /// Nothing here waits: the publish is done, and its position known, when this returns.
+    public func publishing(_ message: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
+        -> Eventual<String?>
+    {
+        .value(publishNow(message, to: channel, now: now))
+    }
+
+    /// The publish: queued for every subscriber of `channel`; returns the event's position (nil without history).
+    func publishNow(_ message: Message, to channel: String, now: NIODeadline) -> String? {
         let keys = Channel.expand(channel)
         let compression = configuration.eventCompression
         // Encoding and compressing happen out of any lock. Without history an event has no position: it is made
@@ -505,7 +517,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
                 return tickets
             }
             distribute([Fan(event: event, keys: keys)], first: ticket)
-            return loop.makeSucceededFuture(nil)
+            return nil
         }
         let sequence = lock.withLock { history.nextSequence() }
         var positioned = message
@@ -529,7 +541,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             return first
         }
         if !fans.isEmpty { distribute(fans, first: first) }
-        return loop.makeSucceededFuture(position)
+        return position
     }
 
     /// Queues an event that has no place in this engine's history (`enqueue`): a ticket, then every shard.

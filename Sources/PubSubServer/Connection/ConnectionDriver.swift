@@ -123,8 +123,14 @@ final class ConnectionDriver: TimerQueueOwner {
             machine.frameStarted()
         }
         let (sink, generation, broker) = (sink, generation, shared.broker)
-        broker.handle(elements, context: context, sink: sink, now: .now(), on: eventLoop).assumeIsolated()
-            .whenComplete { result in self.handled(result, sink: sink, generation: generation, context: context) }
+        switch broker.answer(elements, context: context, sink: sink, now: .now(), on: eventLoop) {
+        case .now(let result):
+            handled(result, sink: sink, generation: generation, context: context)
+        case .later(let future):
+            future.assumeIsolated().whenComplete { result in
+                self.handled(result, sink: sink, generation: generation, context: context)
+            }
+        }
     }
 
     private func handled(
