@@ -25,6 +25,8 @@ public struct BayeuxError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let channelInvalid = Code(405, "Invalid channel")
         public static let extensionUnknown = Code(406, "Unknown extension")
         public static let publishFailed = Code(407, "Failed to publish")
+        /// The engine cannot tell whether the event was kept and delivered (`PublishUncertain`).
+        public static let publishUncertain = Code(500, "Publish outcome unknown")
         public static let serverError = Code(500, "Internal server error")
         // Codes of our own, for limits Faye does not have.
         public static let queueOverflow = Code(409, "Queue overflow")

@@ -203,10 +203,16 @@ extension Broker {
         guard let delivered = extensions.outgoingEvent(event) else { return .value(.reply(reply)) }
         return engine.publishing(delivered, to: channel, now: now, on: loop).map { [reply] _ in .reply(reply) }
             .flatMapErrorThrowing { [reply] error in
-                guard error is PublishRefused else { throw error }
-                var refused = reply
-                refused.fail(BayeuxError(.publishFailed, channel))
-                return .reply(refused)
+                // Refused: nothing was delivered, publish again. Uncertain: maybe delivered; the client decides.
+                let code: BayeuxError.Code
+                switch error {
+                case is PublishRefused: code = .publishFailed
+                case is PublishUncertain: code = .publishUncertain
+                default: throw error
+                }
+                var failed = reply
+                failed.fail(BayeuxError(code, channel))
+                return .reply(failed)
             }
     }
 }

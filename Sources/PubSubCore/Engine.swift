@@ -105,6 +105,19 @@ public struct PublishRefused: Error, Sendable, Equatable, CustomStringConvertibl
     public var description: String { reason }
 }
 
+/// A publish whose outcome the engine cannot know: its connection to the store broke before the store answered
+/// (the event may have been kept and delivered, or not), or the store took and delivered it but fewer replicas
+/// than asked confirmed it in time (a failover may lose it). Not acknowledged: a Bayeux publisher gets
+/// `500:<channel>:Publish outcome unknown`, the server API a 503 with `reason`. Publishing again may deliver the
+/// event twice.
+public struct PublishUncertain: Error, Sendable, Equatable, CustomStringConvertible {
+    public var reason: String
+
+    public init(reason: String) { self.reason = reason }
+
+    public var description: String { reason }
+}
+
 /// The shared state of the broker: sessions, subscriptions and routing, that is the data path (handshake,
 /// subscribe, connect, publish, detach). The memory engine serves one node; a clustered engine implements the same
 /// calls over a shared store. Every call may complete later, so they return futures; the memory engine completes

@@ -66,14 +66,19 @@ extension RedisEngine {
                 return try self.publishWhileAway(
                     message, to: channel, because: e.code == .notConnected ? "not connected" : "master demoted")
             }
+            let unreplicated = (error as? RedisError)?.code == .notReplicated
             self.state.withLockedValue { s in
-                if let e = error as? RedisError, e.code == .notReplicated {
+                if unreplicated {
                     s.redis.unreplicatedPublishes += 1
                 } else {
                     s.redis.uncertainPublishes += 1
                 }
             }
-            throw error
+            throw PublishUncertain(
+                reason: unreplicated
+                    ? "Redis took and delivered the event, but \(error) (--redis-wait-replicas): a failover may lose it"
+                    : "the connection to Redis broke before it answered (\(error)): the event may or may not have been delivered"
+            )
         }.hop(to: loop)
     }
 

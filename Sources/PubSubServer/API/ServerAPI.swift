@@ -175,8 +175,13 @@ struct ServerAPI: Sendable {
                 // the whole broadcast would send them twice.
                 self.broker.publishFromAPI(channel: channel, data: data, ext: ext, now: now, on: loop)
                     .flatMapErrorThrowing { error -> Result<String?, Broker.APIPublishError> in
-                        guard let refused = error as? PublishRefused else { throw error }
-                        return .failure(Broker.APIPublishError(message: refused.reason))
+                        switch error {
+                        case let refused as PublishRefused:
+                            return .failure(Broker.APIPublishError(message: refused.reason))
+                        case let uncertain as PublishUncertain:
+                            return .failure(Broker.APIPublishError(message: uncertain.reason))
+                        default: throw error
+                        }
                     }.map { outcome in
                         var results = results
                         switch outcome {

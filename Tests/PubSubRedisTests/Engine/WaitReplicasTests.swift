@@ -43,7 +43,7 @@ import Testing
 
         // The replica gone, the master still takes the write (and delivers it) but nobody confirms it.
         replica.stop()
-        await #expect(throws: RedisError.self) {
+        await #expect(throws: PublishUncertain.self) {
             _ = try await engine.publish(
                 Message(["channel": "/a", "data": 3]), to: "/a", now: node.now, on: loop
             ).get()
