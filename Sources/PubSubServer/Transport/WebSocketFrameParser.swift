@@ -32,6 +32,15 @@ struct WebSocketFrameParser {
         case corruptCompression
     }
 
+    /// A frame, or a whole message, as the parser gives it out: its fields inline (NIO's `WebSocketFrame` keeps
+    /// them in a class of its own, an allocation per frame).
+    struct Frame {
+        var fin: Bool
+        var rsv1: Bool
+        var opcode: WebSocketOpcode
+        var data: ByteBuffer
+    }
+
     /// The limits, kept as 32-bit numbers (every open WebSocket has a parser: 12 bytes instead of 24).
     private let limits: (frame: UInt32, message: UInt32, fragments: UInt32)
     var maxFrameSize: Int { Int(limits.frame) }
@@ -81,7 +90,7 @@ struct WebSocketFrameParser {
 
     /// The next whole message or control frame, or nil when more bytes are needed. After an error the parser
     /// must not be used again (the connection closes).
-    mutating func next() throws(ParseError) -> WebSocketFrame? {
+    mutating func next() throws(ParseError) -> Frame? {
         while let frame = try nextFrame() {
             switch frame.opcode {
             case .continuation:
@@ -106,7 +115,7 @@ struct WebSocketFrameParser {
         return nil
     }
 
-    private mutating func addFragment(_ frame: WebSocketFrame) throws(ParseError) {
+    private mutating func addFragment(_ frame: Frame) throws(ParseError) {
         fragmentsSize += frame.data.readableBytes
         guard fragmentsSize <= maxMessageSize else { throw .tooLarge }
         guard fragments.count < maxFragments else { throw .protocolError }
@@ -120,7 +129,7 @@ struct WebSocketFrameParser {
         fragments.append(frame.data)
     }
 
-    private mutating func takeMessage() -> WebSocketFrame {
+    private mutating func takeMessage() -> Frame {
         var data = ByteBufferAllocator().buffer(capacity: fragmentsSize)
         for var fragment in fragments { data.writeBuffer(&fragment) }
         let (opcode, rsv1) = (fragmentsOpcode, fragmentsCompressed)
@@ -128,12 +137,63 @@ struct WebSocketFrameParser {
         fragmentsSize = 0
         fragmentsCompressed = false
         fragmentsText = UTF8Validator()
-        return WebSocketFrame(fin: true, rsv1: rsv1, opcode: opcode, data: data)
+        return Frame(fin: true, rsv1: rsv1, opcode: opcode, data: data)
     }
 
-    /// One frame off `pending`, unmasked; nil when it is not all there yet.
-    private mutating func nextFrame() throws(ParseError) -> WebSocketFrame? {
-        guard let buffer = pending, buffer.readableBytes >= 2 else { return nil }
+    /// A frame's header: where its payload is and how to unmask it.
+    private struct Header {
+        var fin: Bool
+        var rsv1: Bool
+        var opcode: WebSocketOpcode
+        /// The masking key's four bytes, first byte highest; nil for an unmasked frame.
+        var mask: UInt32?
+        /// The payload's index in `pending` and its length.
+        var payload: Int
+        var length: Int
+    }
+
+    /// One frame off `pending`, unmasked; nil when it is not all there yet. The payload is unmasked in
+    /// `pending`'s own storage and sliced from it: no copy per frame, and the key is read as one integer (NIO's
+    /// `WebSocketMaskingKey` from a view of four bytes cost four allocations, its unmask of a slice a copy).
+    private mutating func nextFrame() throws(ParseError) -> Frame? {
+        guard pending != nil, let header = try header(of: pending!) else { return nil }
+        if let mask = header.mask, header.length > 0 {
+            let offset = header.payload - pending!.readerIndex
+            pending!.withUnsafeMutableReadableBytes { bytes in
+                let key = (
+                    UInt8(truncatingIfNeeded: mask >> 24), UInt8(truncatingIfNeeded: mask >> 16),
+                    UInt8(truncatingIfNeeded: mask >> 8), UInt8(truncatingIfNeeded: mask)
+                )
+                var i = 0
+                while i < header.length {
+                    let k: UInt8
+                    switch i & 3 {
+                    case 0: k = key.0
+                    case 1: k = key.1
+                    case 2: k = key.2
+                    default: k = key.3
+                    }
+                    bytes[offset + i] ^= k
+                    i += 1
+                }
+            }
+        }
+        let data = pending!.getSlice(at: header.payload, length: header.length)!
+        let end = header.payload + header.length
+        if end == pending!.writerIndex {
+            pending = nil
+        } else {
+            pending!.moveReaderIndex(to: end)
+            // The frames read so far are dropped from the storage, which would otherwise grow for as long as a
+            // client keeps a partial frame pending (a stream of frames that never lines up with the reads).
+            if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
+        }
+        return Frame(fin: header.fin, rsv1: header.rsv1, opcode: header.opcode, data: data)
+    }
+
+    /// The header of the frame at the start of `buffer`, once the whole frame is there; nil before.
+    private func header(of buffer: ByteBuffer) throws(ParseError) -> Header? {
+        guard buffer.readableBytes >= 2 else { return nil }
         var index = buffer.readerIndex
         let first = buffer.getInteger(at: index, as: UInt8.self)!
         let second = buffer.getInteger(at: index + 1, as: UInt8.self)!
@@ -159,25 +219,14 @@ struct WebSocketFrameParser {
             index += 8
         }
         guard length <= maxFrameSize else { throw .tooLarge }
-        var maskKey: WebSocketMaskingKey?
+        var mask: UInt32?
         if masked {
-            // A view of the four bytes, not an array of them: no allocation per frame.
-            guard let key = buffer.viewBytes(at: index, length: 4) else { return nil }
-            maskKey = WebSocketMaskingKey(key)
+            guard let key = buffer.getInteger(at: index, as: UInt32.self) else { return nil }
+            mask = key
             index += 4
         }
-        guard var data = buffer.getSlice(at: index, length: length) else { return nil }
-        index += length
-        if let maskKey { data.webSocketUnmask(maskKey) }
-        if index == buffer.writerIndex {
-            pending = nil
-        } else {
-            pending!.moveReaderIndex(to: index)
-            // The frames read so far are dropped from the storage, which would otherwise grow for as long as a
-            // client keeps a partial frame pending (a stream of frames that never lines up with the reads).
-            if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
-        }
-        return WebSocketFrame(fin: fin, rsv1: first & 0x40 != 0, opcode: opcode, data: data)
+        guard buffer.writerIndex - index >= length else { return nil }
+        return Header(fin: fin, rsv1: first & 0x40 != 0, opcode: opcode, mask: mask, payload: index, length: length)
     }
 }
 

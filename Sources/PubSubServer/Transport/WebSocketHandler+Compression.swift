@@ -16,7 +16,7 @@ extension WebSocketHandler {
     }
 
     /// A data message's payload, inflated when it came compressed (RSV1); nil when it failed the connection.
-    func payload(of frame: WebSocketFrame, context: ChannelHandlerContext) -> ByteBuffer? {
+    func payload(of frame: WebSocketFrameParser.Frame, context: ChannelHandlerContext) -> ByteBuffer? {
         guard frame.rsv1 else { return frame.data }
         do {
             return try PerMessageDeflate.inflate(frame.data, limit: shared.configuration.maxFrameBytes)

@@ -104,7 +104,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         }
     }
 
-    private func handleFrame(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
+    private func handleFrame(_ frame: WebSocketFrameParser.Frame, context: ChannelHandlerContext) {
         switch frame.opcode {
         case .text, .binary:
             guard let payload = payload(of: frame, context: context) else { return }

@@ -21,7 +21,7 @@ import Testing
 
     /// Sends `frames`; returns the frames written back and whether the socket is closed.
     private func answer(to frames: [ByteBuffer], on channel: EmbeddedChannel) throws -> (
-        written: [WebSocketFrame], closed: Bool
+        written: [WebSocketFrameParser.Frame], closed: Bool
     ) {
         for frame in frames {
             try channel.writeInbound(frame)

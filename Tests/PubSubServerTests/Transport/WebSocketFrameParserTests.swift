@@ -39,12 +39,12 @@ enum WireFrames {
     }
 
     /// Every frame the channel wrote so far.
-    static func written(_ channel: EmbeddedChannel) throws -> [WebSocketFrame] {
+    static func written(_ channel: EmbeddedChannel) throws -> [WebSocketFrameParser.Frame] {
         var parser = WebSocketFrameParser(maxFrameSize: 1 << 24, requiresMask: false)
         while let data = try channel.readOutbound(as: IOData.self) {
             if case .byteBuffer(let buffer) = data { parser.append(buffer) }
         }
-        var frames: [WebSocketFrame] = []
+        var frames: [WebSocketFrameParser.Frame] = []
         while let frame = try parser.next() { frames.append(frame) }
         #expect(parser.isIdle, "no partial frame written")
         return frames
@@ -53,10 +53,10 @@ enum WireFrames {
 
 @Suite struct WebSocketFrameParserTests {
     private func parse(_ chunks: [ByteBuffer], maxFrameSize: Int = 1000) throws(WebSocketFrameParser.ParseError)
-        -> [WebSocketFrame]
+        -> [WebSocketFrameParser.Frame]
     {
         var parser = WebSocketFrameParser(maxFrameSize: maxFrameSize)
-        var frames: [WebSocketFrame] = []
+        var frames: [WebSocketFrameParser.Frame] = []
         for chunk in chunks {
             parser.append(chunk)
             while let frame = try parser.next() { frames.append(frame) }
