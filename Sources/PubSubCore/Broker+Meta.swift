@@ -45,11 +45,11 @@ extension Broker {
         sink: (any DeliverySink)?,
         now: NIODeadline,
         on loop: any EventLoop
-    ) -> EventLoopFuture<Outcome> {
+    ) -> Eventual<Outcome> {
         var reply = message.makeResponse()
-        func failed(_ error: BayeuxError?) -> EventLoopFuture<Outcome> {
+        func failed(_ error: BayeuxError?) -> Eventual<Outcome> {
             reply.mustHandshake(error)
-            return loop.makeSucceededFuture(.reply(reply))
+            return .value(.reply(reply))
         }
         if message.error != nil { return failed(nil) }
         let request: ConnectRequest
@@ -74,9 +74,10 @@ extension Broker {
         // What the connect proves the client read: its id, and the batch it acknowledges (CometD's extension).
         let ack = message.ext?["ack"]?.doubleValue.flatMap { $0 >= 0 && $0 < 9.0e15 ? UInt64($0) : nil }
         let receipt = ConnectReceipt(connectId: message.id, ack: ack)
-        return engine.connect(clientId, now: now, sink: isEventSource ? nil : offered, receipt: receipt, on: loop).map {
-            [reply, hold] result in
-            var reply = reply
+        let (template, held) = (reply, hold)
+        // What the engine's answer becomes: applied at once to the memory engine's (no closure kept), or later.
+        @Sendable func outcome(_ result: ConnectResult) -> Outcome {
+            var reply = template
             switch result.status {
             case .unknownClient:
                 reply.mustHandshake(.clientUnknown(clientId))
@@ -97,12 +98,16 @@ extension Broker {
             case .ok:
                 self.queries?.noteConnection(clientId, type: isEventSource ? .eventSource : context.connectionType)
                 var result = result
-                if hold == .zero { result.answerNow = true }
+                if held == .zero { result.answerNow = true }
                 return .connect(
                     PendingConnect(
                         id: message.id, clientId: result.clientId ?? clientId, advice: reply["advice"], result: result,
-                        hold: hold, acknowledges: ack != nil))
+                        hold: held, acknowledges: ack != nil))
             }
+        }
+        switch engine.connecting(clientId, now: now, sink: isEventSource ? nil : offered, receipt: receipt, on: loop) {
+        case .now(let result): return .now(result.map(outcome))
+        case .later(let future): return .later(future.map(outcome))
         }
     }
 

@@ -205,7 +205,7 @@ public final class Broker: Sendable {
         let answer: Eventual<Outcome>
         switch channel {
         case Channel.handshake?: answer = .later(handshake(message, user: user, now: now, on: loop))
-        case Channel.connect?: answer = .later(connect(message, context: context, sink: sink, now: now, on: loop))
+        case Channel.connect?: answer = connect(message, context: context, sink: sink, now: now, on: loop)
         case Channel.subscribe?: answer = .later(subscribe(message, subscribing: true, now: now, on: loop))
         case Channel.unsubscribe?: answer = .later(subscribe(message, subscribing: false, now: now, on: loop))
         case Channel.disconnect?: answer = .later(disconnect(message, on: loop))

@@ -141,6 +141,11 @@ public protocol Engine: Sendable {
     func connect(
         _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
     ) -> EventLoopFuture<ConnectResult>
+    /// `connect`, answered at once by an engine that does not wait for anything (the memory engine). The
+    /// default is `connect`'s future.
+    func connecting(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> Eventual<ConnectResult>
     /// A connect reply of the session is being written: what its connections were handed before it is one batch
     /// (`DeliveryLedger`). Returns the batch's number, which a client of CometD's acknowledgement extension
     /// acknowledges; nil for a session not held here.
@@ -191,6 +196,12 @@ public protocol Engine: Sendable {
 }
 
 extension Engine {
+    public func connecting(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> Eventual<ConnectResult> {
+        .later(connect(clientId, now: now, sink: sink, receipt: receipt, on: loop))
+    }
+
     public func publishing(_ event: Message, to channel: String, now: NIODeadline, on loop: any EventLoop)
         -> Eventual<String?>
     {

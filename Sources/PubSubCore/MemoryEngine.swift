@@ -187,6 +187,19 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
     public func connect(
         _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
     ) -> EventLoopFuture<ConnectResult> {
+        loop.makeSucceededFuture(connectNow(clientId, now: now, sink: sink, receipt: receipt))
+    }
+
+    /// Nothing here waits: the connect is answered when this returns.
+    public func connecting(
+        _ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt, on loop: any EventLoop
+    ) -> Eventual<ConnectResult> {
+        .value(connectNow(clientId, now: now, sink: sink, receipt: receipt))
+    }
+
+    func connectNow(_ clientId: String, now: NIODeadline, sink: (any DeliverySink)?, receipt: ConnectReceipt)
+        -> ConnectResult
+    {
         var superseded: (any DeliverySink)?
         var canonical: String?
         var notifications: [(any DeliverySink, DetachReason)] = []
@@ -244,7 +257,7 @@ public final class MemoryEngine: Engine, EngineObservability, @unchecked Sendabl
             notify(notifications)
             report()
         }
-        return loop.makeSucceededFuture(result)
+        return result
     }
 
     /// Puts what the session's last connection was handed and its client has not confirmed back before its queue,
