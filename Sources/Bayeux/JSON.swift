@@ -2,7 +2,7 @@
 ///
 /// Numbers keep their original text, so a payload is forwarded exactly as the publisher wrote it
 /// (no `Double` rounding of large integers). Objects keep their key order.
-public indirect enum JSONValue: Sendable, Hashable {
+public enum JSONValue: Sendable, Hashable {
     case null
     case bool(Bool)
     case number(String)
