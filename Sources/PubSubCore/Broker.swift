@@ -124,7 +124,20 @@ public final class Broker: Sendable {
             case .later(let future): return .later(future.map { [$0] })
             }
         }
-        // Filled in order, by one chain of futures on `loop`.
+        // Publishes only: each goes to the engine now, in order, and the answers are gathered as they come.
+        if dispatchesAtOnce(elements) {
+            var answers: [Eventual<Outcome>] = []
+            answers.reserveCapacity(elements.count)
+            for element in elements {
+                switch element {
+                case .invalid: answers.append(.value(.reply(Self.invalidElementReply)))
+                case .message(let message):
+                    answers.append(handleOne(message, context: context, sink: nil, now: now, on: loop))
+                }
+            }
+            return Eventual.all(answers, on: loop)
+        }
+        // Filled in order, by one chain of futures on `loop`: each message waits for the answer before it.
         let outcomes = NIOLockedValueBox<[Outcome]>([])
         var offer = sink
         if let s = sink, !s.isPersistent, elements.count != 1 { offer = nil }
@@ -144,6 +157,20 @@ public final class Broker: Sendable {
             }
         }
         return .later(future.map { outcomes.withLockedValue { $0 } })
+    }
+
+    /// Whether `answer` hands every message of `elements` to the engine before it returns: publishes only (no
+    /// meta message, whose effect a later message may depend on), and no authorization stage (which may answer
+    /// later). A connection may then take its next frame at once: the engine is given those messages after these,
+    /// and keeps the order it is given them in (one Redis connection), whatever its latency.
+    public func dispatchesAtOnce(_ elements: [MessageBatch.Element]) -> Bool {
+        guard extensions.authorization.isEmpty, elements.count <= configuration.maxMessagesPerRequest else {
+            return false
+        }
+        for case .message(let message) in elements {
+            if let channel = message.channel, Channel.isMeta(channel) { return false }
+        }
+        return true
     }
 
     /// The one reply to a request over `maxMessagesPerRequest`: no `id` or `channel`, as it answers no single

@@ -34,4 +34,23 @@ public enum Eventual<Value: Sendable>: Sendable {
         case .later(let future): return .later(future.flatMapErrorThrowing(recover))
         }
     }
+
+    /// The answers in order: now when each is (the first failure, if any), else a future of them all (failed by
+    /// the first that fails).
+    public static func all<Element: Sendable>(_ answers: [Eventual<Element>], on loop: any EventLoop) -> Eventual<
+        [Element]
+    >
+    where Value == [Element] {
+        var values: [Element] = []
+        values.reserveCapacity(answers.count)
+        for answer in answers {
+            switch answer {
+            case .now(.success(let value)): values.append(value)
+            case .now(.failure(let error)): return .now(.failure(error))
+            case .later:
+                return .later(EventLoopFuture.whenAllSucceed(answers.map { $0.future(on: loop) }, on: loop))
+            }
+        }
+        return .value(values)
+    }
 }

@@ -72,7 +72,7 @@ final class ConnectionDriver: TimerQueueOwner {
     init(transport: any ConnectionTransport, context: RequestContext, shared: ServerShared, eventLoop: any EventLoop) {
         self.machine = ConnectionStateMachine(
             transport: context.connectionType == .websocket ? .webSocket : .polling,
-            maxQueue: shared.configuration.broker.maxQueue)
+            maxQueue: shared.configuration.broker.maxQueue, maxFrameBytes: shared.configuration.maxFrameBytes)
         self.transport = transport
         self.shared = shared
         self.timers = shared.guardSettings.loopTimers.timers(for: eventLoop)
@@ -98,43 +98,57 @@ final class ConnectionDriver: TimerQueueOwner {
     var isOpen: Bool { machine.isOpen }
     /// The current sink (for tests).
     var currentSink: ConnectionSink? { sink }
-    var isHandlingFrame: Bool { machine.isHandlingFrame }
+    /// Whether the WebSocket handler may take the next frame from its parser.
+    var takesFrames: Bool { machine.takesFrames }
     /// Whether the connection became an EventSource stream (it stays one while it closes).
     var isStream: Bool { machine.transport == .stream }
 
     // MARK: Events from the handler
 
-    /// Hands a request's or frame's messages to the broker, with this connection's sink offered to its connect.
-    /// A WebSocket is bound to the client of the first connect of the frame.
-    /// `context`: the request's (polling); a WebSocket's frames keep the upgrade's.
-    func handle(_ elements: [MessageBatch.Element], context: RequestContext? = nil) {
-        if let context { requestContext = context }
-        let context = requestContext
-        if isPolling {
-            // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
-            if shared.operations.isDraining { perform(machine.quiesce()) }
-            guard machine.requestStarted() else { return }
-            newSink(persistent: false)
-        } else {
-            if let clientId = Self.connectClientId(elements), clientId != machine.clientId {
-                perform(machine.bind(clientId: clientId))
-                newSink(persistent: true)
-            }
-            machine.frameStarted()
+    /// Hands a request's messages to the broker, with this connection's sink offered to its connect.
+    /// `context`: the request's.
+    func handle(_ elements: [MessageBatch.Element], context: RequestContext) {
+        requestContext = context
+        // HTTP's pipelining handler keeps the quiesce event to itself: a draining server is seen here.
+        if shared.operations.isDraining { perform(machine.quiesce()) }
+        guard machine.requestStarted() else { return }
+        newSink(persistent: false)
+        answer(elements, bytes: 0)
+    }
+
+    /// Hands a WebSocket frame's messages (of `bytes` in the frame) to the broker now, or once the frames before it
+    /// are answered (`FramesInFlight`).
+    func handleFrame(_ elements: [MessageBatch.Element], bytes: Int) {
+        let frame = FramesInFlight.Frame(
+            elements: elements, bytes: Int32(clamping: bytes), exclusive: !shared.broker.dispatchesAtOnce(elements))
+        if let frame = machine.frameArrived(frame) { start(frame) }
+    }
+
+    /// A frame goes to the broker: the socket is bound to the client of its first connect, which is offered
+    /// the socket's sink.
+    private func start(_ frame: FramesInFlight.Frame) {
+        if let clientId = Self.connectClientId(frame.elements), clientId != machine.clientId {
+            perform(machine.bind(clientId: clientId))
+            newSink(persistent: true)
         }
-        let (sink, generation, broker) = (sink, generation, shared.broker)
+        answer(frame.elements, bytes: frame.bytes)
+    }
+
+    private func answer(_ elements: [MessageBatch.Element], bytes: Int32) {
+        let (sink, generation, broker, context) = (sink, generation, shared.broker, requestContext)
         switch broker.answer(elements, context: context, sink: sink, now: .now(), on: eventLoop) {
         case .now(let result):
-            handled(result, sink: sink, generation: generation, context: context)
+            handled(result, sink: sink, generation: generation, context: context, bytes: bytes)
         case .later(let future):
             future.assumeIsolated().whenComplete { result in
-                self.handled(result, sink: sink, generation: generation, context: context)
+                self.handled(result, sink: sink, generation: generation, context: context, bytes: bytes)
             }
         }
     }
 
     private func handled(
-        _ result: Result<[Outcome], any Error>, sink: ConnectionSink?, generation: UInt32, context: RequestContext
+        _ result: Result<[Outcome], any Error>, sink: ConnectionSink?, generation: UInt32, context: RequestContext,
+        bytes: Int32
     ) {
         let broker = shared.broker
         if isPolling {
@@ -163,7 +177,7 @@ final class ConnectionDriver: TimerQueueOwner {
         case .failure(let error):
             perform(machine.requestFailed(error))
         }
-        perform(machine.frameFinished())
+        perform(machine.frameFinished(bytes: bytes))
         live?.batchHandled()
     }
 
@@ -341,6 +355,8 @@ final class ConnectionDriver: TimerQueueOwner {
         case .fail(let error):
             if isPolling { releaseSink() }
             live?.requestFailed(error)
+        case .handle(let frame):
+            start(frame)
         case .release(let clientId):
             holdDeadline = nil
             timers.cancel(self)

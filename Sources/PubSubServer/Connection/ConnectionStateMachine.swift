@@ -107,6 +107,8 @@ struct ConnectionStateMachine {
         case abort(ConnectionGuardState.CloseReason)
         /// The broker failed on a request or frame (its messages are lost): answer it with an error.
         case fail(any Error)
+        /// Hand a held frame's messages to the broker: the frames before it are answered.
+        case handle(FramesInFlight.Frame)
         /// The connection is gone: the hold ends unanswered, and the sink attached to `detach` lets go.
         case release(detach: String?)
     }
@@ -199,18 +201,19 @@ struct ConnectionStateMachine {
     private(set) var transport: Transport
     private(set) var isWritable = true
     private var readPending = false
-    /// WebSocket: the messages of a frame are with the broker. The next frame waits for them, and so does
-    /// reading: a client's publishes reach the engine in the order it sent them, whatever the engine's latency
-    /// (a Redis round trip), and what waits is at most one read's worth of bytes in the frame parser.
-    private(set) var isHandlingFrame = false
+    /// WebSocket: the frames whose messages are with the broker, and the one that waits for them. Reading
+    /// waits while no frame is taken.
+    private(set) var frames: FramesInFlight
     /// Draining: a polling connect is answered as soon as it parks.
     private var quiescing = false
     /// The connection's timing beside the hold.
     private(set) var keepAlive = KeepAlive()
 
-    init(transport: Transport, maxQueue: Int) {
+    /// `maxFrameBytes`: what the frames in flight may hold together (`FramesInFlight`).
+    init(transport: Transport, maxQueue: Int, maxFrameBytes: Int = 1 << 20) {
         precondition(transport != .stream, "a connection becomes a stream (streamOpened), it does not start as one")
         self.maxQueue = maxQueue
+        self.frames = FramesInFlight(maxBytes: maxFrameBytes)
         self.transport = transport
         switch transport {
         case .polling, .stream: state = .idle
@@ -475,7 +478,7 @@ struct ConnectionStateMachine {
                 state = .socket(socket)
                 return answer.map { .answer($0) } ?? .none
             case .disconnected, .kicked, .expired:
-                if isHandlingFrame {
+                if !frames.isEmpty {
                     // An engine that answers later than it detaches (Redis) would otherwise close the socket
                     // before the reply to the frame's `/meta/disconnect` is written.
                     socket.closeAfterFrame = .normal
@@ -581,41 +584,46 @@ struct ConnectionStateMachine {
         default:
             break
         }
-        let resume = readPending && !isHandlingFrame
+        let resume = readPending && frames.takesFrames
         if resume { readPending = false }
         if events.isEmpty, !resume { return .none }
         return .drained(events, resumeReading: resume)
     }
 
     /// The pipeline asks to read more: withheld while writes drain, as NIO's `BackPressureHandler` does, and
-    /// while a frame is handled.
+    /// while no frame is taken (`FramesInFlight`).
     mutating func readRequested() -> ReadAction {
-        if (isWritable && !isHandlingFrame) || !isOpen { return .read }
+        if (isWritable && frames.takesFrames) || !isOpen { return .read }
         readPending = true
         return .withhold
     }
 
     // MARK: Frames in order
 
-    /// A frame's messages go to the broker: no other frame is taken until `frameFinished`.
-    mutating func frameStarted() {
-        precondition(!isHandlingFrame, "a frame started while another was handled")
+    /// Whether the next frame may be taken from the parser.
+    var takesFrames: Bool { frames.takesFrames }
+
+    /// A frame was parsed: its messages go to the broker now (returned), or once the frames before it are
+    /// answered (`frameFinished` returns it then).
+    mutating func frameArrived(_ frame: FramesInFlight.Frame) -> FramesInFlight.Frame? {
         switch state {
-        case .socket, .closing, .closed: isHandlingFrame = true
-        default: preconditionFailure("a frame started in state \(state)")
+        case .socket, .closing, .closed: return frames.arrived(frame)
+        default: preconditionFailure("a frame arrived in state \(state)")
         }
     }
 
-    /// The broker handled the frame: the next one may be taken, and a read withheld meanwhile is asked for.
-    mutating func frameFinished() -> Action {
-        precondition(isHandlingFrame, "a frame finished that had not started")
-        isHandlingFrame = false
-        if case .socket(var socket) = state, let reason = socket.closeAfterFrame {
+    /// The broker answered a frame of `bytes`: the frame held for it goes to the broker, or the next one may be
+    /// taken and a read withheld meanwhile is asked for. The last frame of a session that ended closes the socket.
+    mutating func frameFinished(bytes: Int32) -> Action {
+        frames.finished(bytes: bytes)
+        if frames.isEmpty, case .socket(var socket) = state, let reason = socket.closeAfterFrame {
             socket.closeAfterFrame = nil
+            frames.dropHeld()
             state = .closing(attached: nil, closeSent: false)
             return .close(reason, answer: nil, flush: socket.backlog)
         }
-        guard readPending, isWritable || !isOpen else { return .none }
+        if let held = frames.startHeld() { return .handle(held) }
+        guard readPending, frames.takesFrames, isWritable || !isOpen else { return .none }
         readPending = false
         return .drained(.noEvents, resumeReading: true)
     }
@@ -669,7 +677,8 @@ struct ConnectionStateMachine {
     }
 
     /// A frame answered without the broker (not JSON, not Bayeux, an empty batch): its replies, at once, unless
-    /// the close went out. Frames are taken one at a time, so nothing of an earlier one is still to come.
+    /// the close went out. Only publishes of earlier frames may still be with the broker: their replies may
+    /// come after this one, as a Bayeux client matches replies by their `id`.
     func answeredAtOnce(_ replies: [Message]) -> Action {
         closeSent ? .none : .write(replies: replies, events: .noEvents)
     }

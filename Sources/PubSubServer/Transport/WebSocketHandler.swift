@@ -89,14 +89,14 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
         parseFrames(context: context)
     }
 
-    /// Takes the parsed frames in order, one at a time: a frame whose messages are with the broker holds the
-    /// next ones in the parser until it is handled (`ConnectionStateMachine.frameStarted`).
+    /// Takes the parsed frames in order, while the connection takes frames (`FramesInFlight`: publishes follow
+    /// one another to the broker, any other frame waits for those before it and holds the next ones here).
     private func parseFrames(context: ChannelHandlerContext) {
         guard !parsing else { return }
         parsing = true
         defer { parsing = false }
         do {
-            while !driver.closeSent, !driver.isHandlingFrame, let frame = try parser.next() {
+            while !driver.closeSent, driver.takesFrames, let frame = try parser.next() {
                 handleFrame(frame, context: context)
             }
         } catch {
@@ -164,7 +164,7 @@ final class WebSocketHandler: ChannelDuplexHandler, ConnectionTransport {
             return driver.answerAtOnce([ReplyEncoder.badRequest])
         }
         if elements.isEmpty { return driver.answerAtOnce([]) }
-        driver.handle(shared.operations.admitted(elements, keys: publishLimitKeys))
+        driver.handleFrame(shared.operations.admitted(elements, keys: publishLimitKeys), bytes: payload.readableBytes)
     }
 
     // MARK: ConnectionTransport

@@ -118,7 +118,7 @@ import Testing
     @Test func aFrameOnAPollingConnectionStops() async {
         await #expect(processExitsWith: .failure) {
             var machine = ConnectionStateMachine(transport: .polling, maxQueue: 1)
-            machine.frameStarted()
+            _ = machine.frameArrived(FramesInFlight.Frame(elements: [], bytes: 0, exclusive: true))
         }
     }
 

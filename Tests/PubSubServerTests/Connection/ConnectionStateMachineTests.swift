@@ -76,6 +76,7 @@ import Testing
         case .abort(let reason): ["abort(\(reason.rawValue))"]
         case .fail: ["fail"]
         case .release(let id): [id.map { "release(\($0))" } ?? "release"]
+        case .handle(let frame): ["handle(\(frame.bytes)\(frame.exclusive ? " exclusive" : ""))"]
         }
     }
 
@@ -201,31 +202,112 @@ import Testing
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
     }
 
-    /// A frame waits for the one before it (its publishes may wait for a Redis round trip), and reading waits
-    /// with it; the read withheld is asked for when the frame is handled, unless writes still drain.
-    @Test func aFrameBeingHandledHoldsReadingUntilItIsDone() {
+    static func frame(_ bytes: Int32 = 10, exclusive: Bool = true) -> FramesInFlight.Frame {
+        FramesInFlight.Frame(elements: [], bytes: bytes, exclusive: exclusive)
+    }
+
+    /// An exclusive frame (a meta message: its publishes may wait for a Redis round trip) is the only one with
+    /// the broker, and reading waits with it; the read withheld is asked for when the frame is answered, unless
+    /// writes still drain.
+    @Test func anExclusiveFrameHoldsReadingUntilItIsAnswered() {
         var m = Machine(transport: .webSocket, maxQueue: 10)
         _ = m.bind(clientId: "a")
-        m.frameStarted()
-        #expect(m.isHandlingFrame)
+        #expect(m.frameArrived(Self.frame()) != nil)
+        #expect(!m.takesFrames)
         #expect(m.readRequested() == .withhold)
-        #expect(Self.describe(m.frameFinished()) == ["resumeReading"])
-        #expect(!m.isHandlingFrame && m.readRequested() == .read)
-        // Handled at once (no read asked meanwhile): nothing to resume.
-        m.frameStarted()
-        #expect(Self.describe(m.frameFinished()) == [])
+        #expect(Self.describe(m.frameFinished(bytes: 10)) == ["resumeReading"])
+        #expect(m.takesFrames && m.readRequested() == .read)
+        // Answered at once (no read asked meanwhile): nothing to resume.
+        #expect(m.frameArrived(Self.frame()) != nil)
+        #expect(Self.describe(m.frameFinished(bytes: 10)) == [])
         // Not writable when the frame is done: the read waits for the writes to drain, and only then.
-        m.frameStarted()
+        #expect(m.frameArrived(Self.frame()) != nil)
         #expect(m.readRequested() == .withhold)
         _ = m.writabilityChanged(isWritable: false)
-        #expect(Self.describe(m.frameFinished()) == [])
+        #expect(Self.describe(m.frameFinished(bytes: 10)) == [])
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == ["resumeReading"])
         // Writable again while a frame is still handled: the read waits for the frame.
-        m.frameStarted()
+        #expect(m.frameArrived(Self.frame()) != nil)
         _ = m.writabilityChanged(isWritable: false)
         #expect(m.readRequested() == .withhold)
         #expect(Self.describe(m.writabilityChanged(isWritable: true)) == [])
-        #expect(Self.describe(m.frameFinished()) == ["resumeReading"])
+        #expect(Self.describe(m.frameFinished(bytes: 10)) == ["resumeReading"])
+    }
+
+    /// Frames of publishes follow one another to the broker without waiting for answers (a Redis round trip
+    /// each), up to `maxCount` of them, and reading goes on meanwhile.
+    @Test func framesOfPublishesGoToTheBrokerWithoutWaitingForAnswers() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        for n in 1...Int(FramesInFlight.maxCount) {
+            #expect(m.takesFrames, "frame \(n)")
+            #expect(m.readRequested() == .read)
+            #expect(m.frameArrived(Self.frame(exclusive: false)) != nil, "frame \(n)")
+        }
+        #expect(!m.takesFrames, "at most \(FramesInFlight.maxCount) in flight")
+        #expect(m.readRequested() == .withhold)
+        #expect(Self.describe(m.frameFinished(bytes: 10)) == ["resumeReading"])
+        #expect(m.takesFrames)
+        for _ in 1..<Int(FramesInFlight.maxCount) { _ = m.frameFinished(bytes: 10) }
+        #expect(m.frames.isEmpty && m.frames.bytes == 0)
+    }
+
+    /// A frame with a meta message waits for the frames of publishes before it, and no frame is taken after it
+    /// until it is answered: what a subscribe or connect does comes after the publishes before it and before
+    /// those after it.
+    @Test func anExclusiveFrameWaitsForTheFramesBeforeIt() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        #expect(m.frameArrived(Self.frame(1, exclusive: false)) != nil)
+        #expect(m.frameArrived(Self.frame(2, exclusive: false)) != nil)
+        #expect(m.frameArrived(Self.frame(3)) == nil, "held")
+        #expect(!m.takesFrames && m.readRequested() == .withhold)
+        #expect(Self.describe(m.frameFinished(bytes: 1)) == [])
+        #expect(Self.describe(m.frameFinished(bytes: 2)) == ["handle(3 exclusive)"])
+        #expect(!m.takesFrames, "nothing is taken while it is with the broker")
+        #expect(Self.describe(m.frameFinished(bytes: 3)) == ["resumeReading"])
+        #expect(m.takesFrames)
+        // A frame of publishes behind an exclusive one waits for its answer too.
+        #expect(m.frameArrived(Self.frame(4)) != nil)
+        #expect(!m.takesFrames)
+        #expect(m.frames.held == nil)
+        _ = m.frameFinished(bytes: 4)
+        #expect(m.frameArrived(Self.frame(5, exclusive: false)) != nil)
+    }
+
+    /// Frames in flight hold at most `maxFrameBytes` together: a frame that would exceed it waits, and none is
+    /// taken once they reach it; a frame larger than the bound alone still goes, alone.
+    @Test func framesInFlightAreBoundedInBytes() {
+        var m = Machine(transport: .webSocket, maxQueue: 10, maxFrameBytes: 100)
+        _ = m.bind(clientId: "a")
+        #expect(m.frameArrived(Self.frame(60, exclusive: false)) != nil)
+        #expect(m.takesFrames)
+        #expect(m.frameArrived(Self.frame(50, exclusive: false)) == nil, "60 + 50 is over 100")
+        #expect(!m.takesFrames)
+        #expect(Self.describe(m.frameFinished(bytes: 60)) == ["handle(50)"])
+        #expect(m.frameArrived(Self.frame(50, exclusive: false)) != nil, "50 + 50 fits")
+        #expect(!m.takesFrames, "100 in flight: none is taken")
+        _ = m.frameFinished(bytes: 50)
+        _ = m.frameFinished(bytes: 50)
+        #expect(m.frameArrived(Self.frame(500, exclusive: false)) != nil, "alone, any frame goes")
+        #expect(!m.takesFrames)
+        _ = m.frameFinished(bytes: 500)
+        #expect(m.frames.isEmpty && m.frames.bytes == 0 && m.takesFrames)
+    }
+
+    /// A session that ends while frames of publishes are with the broker closes once they are all answered;
+    /// the frame held behind them is dropped.
+    @Test func aSessionEndedDuringFramesInFlightClosesAfterTheLast() {
+        var m = Machine(transport: .webSocket, maxQueue: 10)
+        _ = m.bind(clientId: "a")
+        #expect(m.frameArrived(Self.frame(1, exclusive: false)) != nil)
+        #expect(m.frameArrived(Self.frame(2, exclusive: false)) != nil)
+        #expect(m.frameArrived(Self.frame(3)) == nil)
+        #expect(Self.describe(m.detached(.kicked)) == [])
+        #expect(Self.describe(m.frameFinished(bytes: 1)) == [])
+        #expect(m.isOpen)
+        #expect(Self.describe(m.frameFinished(bytes: 2)) == ["close(normal)"])
+        #expect(!m.isOpen && m.frames.held == nil)
     }
 
     /// A session that ends while its frame is handled (a `/meta/disconnect` on an engine that answers after it
@@ -234,14 +316,14 @@ import Testing
         for reason in [DetachReason.disconnected, .kicked, .expired] {
             var m = Machine(transport: .webSocket, maxQueue: 10)
             _ = m.bind(clientId: "a")
-            m.frameStarted()
+            #expect(m.frameArrived(Self.frame()) != nil)
             #expect(Self.describe(m.detached(reason)) == [], "\(reason)")
             #expect(m.isOpen)
             #expect(
                 Self.describe(m.messagesHandled(replies: [Self.reply("d")], events: .noEvents, pending: nil)) == [
                     "write(d|)"
                 ])
-            #expect(Self.describe(m.frameFinished()) == ["close(normal)"])
+            #expect(Self.describe(m.frameFinished(bytes: 10)) == ["close(normal)"])
             #expect(!m.isOpen)
         }
         // Outside a frame it closes at once, as before.
