@@ -92,16 +92,21 @@ public enum Channel {
     /// Every subscription key that receives a publish on `name`, as Faye's `Channel.expand`:
     /// for `/a/b/c` that is `/a/b/c`, `/**`, `/a/**`, `/a/b/**`, `/a/b/*`.
     public static func expand(_ name: String) -> [String] {
-        var result = [name, "/**"]
+        // One array of the size it needs (a publish makes one).
+        var inner = 0
+        for byte in name.utf8.dropFirst() where byte == UInt8(ascii: "/") { inner += 1 }
+        var result: [String] = []
+        result.reserveCapacity(inner + 3)
+        result.append(name)
+        result.append("/**")
         var index = name.index(after: name.startIndex)
-        var prefixes: [Substring] = []
+        var prefix: Substring = ""
         while let slash = name[index...].firstIndex(of: "/") {
-            prefixes.append(name[..<slash])
+            prefix = name[..<slash]
+            result.append(prefix + "/**")
             index = name.index(after: slash)
         }
-        result.reserveCapacity(prefixes.count + 3)
-        for prefix in prefixes { result.append(prefix + "/**") }
-        result.append((prefixes.last.map(String.init) ?? "") + "/*")
+        result.append(prefix + "/*")
         return result
     }
 

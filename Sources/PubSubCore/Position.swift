@@ -1,5 +1,3 @@
-import Crypto
-
 /// A delivery position: the history epoch and the sequence number of an event. Sequences come from one counter
 /// shared by every channel, so they never go on the wire as they are: a client would learn from the gap between
 /// two of its positions (or from the handshake's) how much was published on channels it cannot read. The token
@@ -114,18 +112,16 @@ package enum PositionCipher {
     }
 
     static func function(_ round: Int, _ half: UInt32, key: PositionKey) -> UInt32 {
-        var sha = Insecure.SHA1()
-        sha.update(data: key.bytes)
-        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 9) { suffix in
-            suffix[0] = UInt8(ascii: "0") + UInt8(round)
+        let count = key.bytes.count + 9
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { message in
+            _ = message.initialize(from: key.bytes)
+            message[key.bytes.count] = UInt8(ascii: "0") + UInt8(round)
             for i in 0..<8 {
                 let nibble = UInt8((half >> UInt32(28 - 4 * i)) & 15)
-                suffix[1 + i] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
+                message[key.bytes.count + 1 + i] =
+                    nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
             }
-            sha.update(bufferPointer: UnsafeRawBufferPointer(suffix))
-        }
-        return sha.finalize().withUnsafeBytes { bytes in
-            UInt32(bytes[0]) << 24 | UInt32(bytes[1]) << 16 | UInt32(bytes[2]) << 8 | UInt32(bytes[3])
+            return SHA1Block.first32Bits(of: UnsafeRawBufferPointer(message))
         }
     }
 }

@@ -33,7 +33,7 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
         buffer.writeInteger(UInt8(ascii: "["))
         buffer.writeJSON(message.fields)
         buffer.writeInteger(UInt8(ascii: "]"))
-        self.init(roomyJSON: Self.trimmed(buffer), compression: compression)
+        self.init(roomyJSON: Self.trimmed(consume buffer), compression: compression)
     }
 
     /// Bytes encoded elsewhere (another node's event, read from Redis): copied once, behind room for the header.
@@ -42,13 +42,13 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
         buffer.moveWriterIndex(forwardBy: Self.headroom)
         buffer.moveReaderIndex(forwardBy: Self.headroom)
         buffer.writeImmutableBuffer(bytes)
-        self.init(roomyJSON: buffer, compression: compression)
+        self.init(roomyJSON: consume buffer, compression: compression)
     }
 
     /// `buffer` itself, or a copy of it that holds no more than it uses: a large event encoded in a buffer that
     /// grew by doubling would keep up to twice its size, in every queue and in the history, whose bound counts
     /// the bytes of the JSON. Its headroom is kept.
-    static func trimmed(_ buffer: ByteBuffer) -> ByteBuffer {
+    static func trimmed(_ buffer: consuming ByteBuffer) -> ByteBuffer {
         guard buffer.capacity - buffer.writerIndex > 1024 else { return buffer }
         var copy = ByteBufferAllocator().buffer(capacity: buffer.writerIndex)
         copy.moveWriterIndex(forwardBy: buffer.readerIndex)
@@ -57,16 +57,20 @@ public final class WireEvent: Sendable, Hashable, CustomStringConvertible {
         return copy
     }
 
-    /// `buffer` has `headroom` free bytes before its reader index, and nothing else will write into it.
-    private init(roomyJSON buffer: ByteBuffer, compression: EventCompression?) {
+    /// `buffer` has `headroom` free bytes before its reader index, and nothing else will write into it. It is
+    /// taken, not copied: the header is written into its own storage (a copy still held here would make that
+    /// write copy the whole event).
+    private init(roomyJSON buffer: consuming ByteBuffer, compression: EventCompression?) {
         var frame = buffer
-        let count = buffer.readableBytes
-        let start = buffer.readerIndex - Self.headerLength(ofPayload: count)
+        let count = frame.readableBytes
+        let jsonStart = frame.readerIndex
+        let start = jsonStart - Self.headerLength(ofPayload: count)
         Self.writeHeader(first: Self.finalText, payloadLength: count, in: &frame, at: start)
         frame.moveReaderIndex(to: start)
-        self.json = frame.getSlice(at: buffer.readerIndex, length: count)!
+        let json = frame.getSlice(at: jsonStart, length: count)!
+        self.json = json
         self.frame = frame
-        self.compressed = compression.flatMap { $0.compressedFrame(of: buffer) }
+        self.compressed = compression.flatMap { $0.compressedFrame(of: json) }
     }
 
     public static func == (lhs: WireEvent, rhs: WireEvent) -> Bool {
