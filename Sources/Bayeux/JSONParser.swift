@@ -123,48 +123,49 @@ private struct Reader {
     mutating func parseObject() throws -> JSONValue {
         try enter()
         index += 1
-        var entries: [(key: String, value: JSONValue)] = []
-        // Where each key is, once the object has too many keys to scan for a duplicate: scanning for each key
-        // would make an object of n keys cost n² / 2 comparisons (a 1 MiB request of 100,000 keys, minutes).
-        var positions: [String: Int]?
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
             depth -= 1
-            return .object(JSONObject(uncheckedEntries: entries))
+            return .object(JSONObject())
         }
-        while true {
-            skipWhitespace()
-            guard index < bytes.count else { throw fail(.unexpectedEnd) }
-            guard bytes[index] == UInt8(ascii: "\"") else { throw fail(.unexpectedByte(bytes[index])) }
-            let key = try parseString()
-            skipWhitespace()
-            guard index < bytes.count else { throw fail(.unexpectedEnd) }
-            guard bytes[index] == UInt8(ascii: ":") else { throw fail(.unexpectedByte(bytes[index])) }
-            index += 1
-            skipWhitespace()
-            let value = try parseValue()
-            // Duplicate keys: the last one wins, as in JavaScript and Ruby.
-            let existing: Int?
-            if let positions { existing = positions[key] } else { existing = entries.firstIndex { $0.key == key } }
-            if let existing {
-                entries[existing].value = value
-            } else {
-                positions?[key] = entries.count
-                entries.append((key, value))
-                if positions == nil, entries.count > 16 {
-                    positions = Dictionary(uniqueKeysWithValues: entries.indices.map { (entries[$0].key, $0) })
-                }
-            }
-            skipWhitespace()
-            guard index < bytes.count else { throw fail(.unexpectedEnd) }
-            switch bytes[index] {
-            case UInt8(ascii: ","): index += 1
-            case UInt8(ascii: "}"):
+        return try gathering((key: String, value: JSONValue).self) { entries in
+            // Where each key is, once the object has too many keys to scan for a duplicate: scanning for each key
+            // would make an object of n keys cost n² / 2 comparisons (a 1 MiB request of 100,000 keys, minutes).
+            var positions: [String: Int]?
+            while true {
+                skipWhitespace()
+                guard index < bytes.count else { throw fail(.unexpectedEnd) }
+                guard bytes[index] == UInt8(ascii: "\"") else { throw fail(.unexpectedByte(bytes[index])) }
+                let key = try parseString()
+                skipWhitespace()
+                guard index < bytes.count else { throw fail(.unexpectedEnd) }
+                guard bytes[index] == UInt8(ascii: ":") else { throw fail(.unexpectedByte(bytes[index])) }
                 index += 1
-                depth -= 1
-                return .object(JSONObject(uncheckedEntries: entries))
-            case let byte: throw fail(.unexpectedByte(byte))
+                skipWhitespace()
+                let value = try parseValue()
+                // Duplicate keys: the last one wins, as in JavaScript and Ruby.
+                let existing: Int?
+                if let positions { existing = positions[key] } else { existing = entries.firstIndex { $0.key == key } }
+                if let existing {
+                    entries[existing] = (key, value)
+                } else {
+                    positions?[key] = entries.count
+                    entries.append((key, value))
+                    if positions == nil, entries.count > 16 {
+                        positions = Dictionary(uniqueKeysWithValues: (0..<entries.count).map { (entries[$0].key, $0) })
+                    }
+                }
+                skipWhitespace()
+                guard index < bytes.count else { throw fail(.unexpectedEnd) }
+                switch bytes[index] {
+                case UInt8(ascii: ","): index += 1
+                case UInt8(ascii: "}"):
+                    index += 1
+                    depth -= 1
+                    return .object(JSONObject(uncheckedEntries: entries.take()))
+                case let byte: throw fail(.unexpectedByte(byte))
+                }
             }
         }
     }
@@ -172,25 +173,26 @@ private struct Reader {
     mutating func parseArray() throws -> JSONValue {
         try enter()
         index += 1
-        var elements: [JSONValue] = []
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "]") {
             index += 1
             depth -= 1
-            return .array(elements)
+            return .array([])
         }
-        while true {
-            skipWhitespace()
-            elements.append(try parseValue())
-            skipWhitespace()
-            guard index < bytes.count else { throw fail(.unexpectedEnd) }
-            switch bytes[index] {
-            case UInt8(ascii: ","): index += 1
-            case UInt8(ascii: "]"):
-                index += 1
-                depth -= 1
-                return .array(elements)
-            case let byte: throw fail(.unexpectedByte(byte))
+        return try gathering(JSONValue.self) { elements in
+            while true {
+                skipWhitespace()
+                elements.append(try parseValue())
+                skipWhitespace()
+                guard index < bytes.count else { throw fail(.unexpectedEnd) }
+                switch bytes[index] {
+                case UInt8(ascii: ","): index += 1
+                case UInt8(ascii: "]"):
+                    index += 1
+                    depth -= 1
+                    return .array(elements.take())
+                case let byte: throw fail(.unexpectedByte(byte))
+                }
             }
         }
     }
@@ -313,5 +315,80 @@ private struct Reader {
             index += 1
         }
         return value
+    }
+}
+
+/// The members of an object or array being parsed: the first `inlineCapacity` on the stack, then (all of them)
+/// in an array that grows as before. A finished container of up to `inlineCapacity` members is one array of
+/// exactly its size: an object of four keys costs one allocation, not three (an array appended to grows 1, 2,
+/// 4), and holds no room it does not use.
+private struct Gathered<Element> {
+    static var inlineCapacity: Int { 8 }
+    private let inline: UnsafeMutableBufferPointer<Element>
+    private var inlineCount = 0
+    private var spilled: [Element] = []
+
+    init(inline: UnsafeMutableBufferPointer<Element>) {
+        self.inline = inline
+    }
+
+    var count: Int { spilled.isEmpty ? inlineCount : spilled.count }
+
+    subscript(i: Int) -> Element {
+        get { spilled.isEmpty ? inline[i] : spilled[i] }
+        set {
+            if spilled.isEmpty { inline[i] = newValue } else { spilled[i] = newValue }
+        }
+    }
+
+    func firstIndex(where matches: (Element) -> Bool) -> Int? {
+        guard spilled.isEmpty else { return spilled.firstIndex(where: matches) }
+        for i in 0..<inlineCount where matches(inline[i]) { return i }
+        return nil
+    }
+
+    mutating func append(_ element: Element) {
+        if spilled.isEmpty {
+            if inlineCount < Self.inlineCapacity {
+                (inline.baseAddress! + inlineCount).initialize(to: element)
+                inlineCount += 1
+                return
+            }
+            spilled.reserveCapacity(2 * Self.inlineCapacity)
+            for i in 0..<inlineCount { spilled.append((inline.baseAddress! + i).move()) }
+            inlineCount = 0
+        }
+        spilled.append(element)
+    }
+
+    /// The members, in order, as one array; nothing is left here.
+    mutating func take() -> [Element] {
+        if !spilled.isEmpty {
+            defer { spilled = [] }
+            return spilled
+        }
+        let count = inlineCount
+        inlineCount = 0
+        return Array(unsafeUninitializedCapacity: count) { buffer, initialized in
+            buffer.baseAddress!.moveInitialize(from: inline.baseAddress!, count: count)
+            initialized = count
+        }
+    }
+
+    /// The members on the stack are let go (a container the parse left unfinished).
+    mutating func release() {
+        inline.baseAddress!.deinitialize(count: inlineCount)
+        inlineCount = 0
+    }
+}
+
+/// Runs `body` with a `Gathered` whose stack room lives as long as the call.
+private func gathering<Element, Result>(
+    _: Element.Type, _ body: (inout Gathered<Element>) throws -> Result
+) rethrows -> Result {
+    try withUnsafeTemporaryAllocation(of: Element.self, capacity: Gathered<Element>.inlineCapacity) { room in
+        var gathered = Gathered(inline: room)
+        defer { gathered.release() }
+        return try body(&gathered)
     }
 }

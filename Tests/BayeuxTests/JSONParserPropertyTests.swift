@@ -391,7 +391,7 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
     }
 
     @Test func duplicatesInSmallObjectsAndAcrossTheIndexThresholdKeepTheFirstPlaceAndTheLastValue() throws {
-        for count in [1, 15, 16, 17, 18, 40] {
+        for count in [1, 7, 8, 9, 15, 16, 17, 18, 40] {
             let keys = (0..<count).map { "k\($0)" }
             let first = keys.map { "\"\($0)\":0" }
             let again = keys.reversed().map { "\"\($0)\":1" }
@@ -399,6 +399,29 @@ func parseOutcome(_ bytes: [UInt8], parser: JSONParser = JSONParser()) -> Result
                 try JSONParser().parse("{" + (first + again).joined(separator: ",") + "}").objectValue)
             #expect(object.keys == keys, "\(count)")
             #expect(object.entries.allSatisfy { $0.value == 1 }, "\(count)")
+        }
+    }
+
+    /// Containers of every size around the members kept on the stack while parsing (8): the same members, in
+    /// order, nested or not, and arrays of up to 8 exactly as long as what they hold.
+    @Test func containersAroundTheStackRoomParseWhole() throws {
+        for count in 0...20 {
+            let numbers = (0..<count).map { "\($0)" }
+            let array = "[" + numbers.joined(separator: ",") + "]"
+            let object = "{" + (0..<count).map { "\"k\($0)\":\(array)" }.joined(separator: ",") + "}"
+            let parsed = try #require(try JSONParser().parse("[\(object),\(array)]").arrayValue)
+            let members = try #require(parsed.first?.objectValue)
+            #expect(members.keys == (0..<count).map { "k\($0)" }, "\(count)")
+            for (_, value) in members.entries {
+                #expect(value.arrayValue?.compactMap(\.integerValue) == (0..<count).map { Int64($0) }, "\(count)")
+                if count <= 8 { #expect(value.arrayValue?.capacity == count, "\(count)") }
+            }
+            #expect(parsed.last?.arrayValue?.count == count)
+            // Cut anywhere inside, the document is refused (what was gathered is let go).
+            let whole = "[\(object),\(array)]"
+            for end in stride(from: 1, to: whole.utf8.count, by: max(1, whole.utf8.count / 7)) {
+                #expect(throws: JSONParseError.self) { try JSONParser().parse(Array(whole.utf8.prefix(end))) }
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 import Bayeux
 import NIOCore
+import NIOPosix
 import NIOWebSocket
 
 /// The inbound side of a WebSocket (RFC 6455), as a pure struct: bytes in, whole messages out. Frames are
@@ -126,7 +127,10 @@ struct WebSocketFrameParser {
                 throw .invalidUTF8
             }
         }
-        fragments.append(frame.data)
+        // Not a view of the thread's `UnmaskBuffer`, which the next frame reuses.
+        var copy = ByteBufferAllocator().buffer(capacity: frame.data.readableBytes)
+        copy.writeImmutableBuffer(frame.data)
+        fragments.append(copy)
     }
 
     private mutating func takeMessage() -> Frame {
@@ -153,32 +157,45 @@ struct WebSocketFrameParser {
     }
 
     /// One frame off `pending`, unmasked; nil when it is not all there yet. The payload is unmasked in
-    /// `pending`'s own storage and sliced from it: no copy per frame, and the key is read as one integer (NIO's
-    /// `WebSocketMaskingKey` from a view of four bytes cost four allocations, its unmask of a slice a copy).
+    /// `pending`'s own storage and sliced from it when `pending` owns it: no copy per frame, and the key is read
+    /// as one integer (NIO's `WebSocketMaskingKey` from a view of four bytes cost four allocations, its unmask of a
+    /// slice a copy). The storage of a read is shared while the pipeline handles it (NIO's read loop holds it
+    /// too), and unmasking there would copy the whole read: a frame of up to `UnmaskBuffer.limit` bytes is
+    /// unmasked into this thread's `UnmaskBuffer` instead, reused frame after frame.
     private mutating func nextFrame() throws(ParseError) -> Frame? {
         guard pending != nil, let header = try header(of: pending!) else { return nil }
+        var data: ByteBuffer
         if let mask = header.mask, header.length > 0 {
             let offset = header.payload - pending!.readerIndex
-            pending!.withUnsafeMutableReadableBytes { bytes in
-                let key = (
-                    UInt8(truncatingIfNeeded: mask >> 24), UInt8(truncatingIfNeeded: mask >> 16),
-                    UInt8(truncatingIfNeeded: mask >> 8), UInt8(truncatingIfNeeded: mask)
-                )
-                var i = 0
-                while i < header.length {
-                    let k: UInt8
-                    switch i & 3 {
-                    case 0: k = key.0
-                    case 1: k = key.1
-                    case 2: k = key.2
-                    default: k = key.3
-                    }
-                    bytes[offset + i] ^= k
-                    i += 1
+            let length = header.length
+            let inPlace: Void? = pending!.modifyIfUniquelyOwned { buffer in
+                buffer.withUnsafeMutableReadableBytes { bytes in
+                    Self.unmask(
+                        UnsafeRawBufferPointer(bytes), from: offset, length: length, mask, into: bytes, at: offset)
                 }
             }
+            if inPlace != nil {
+                data = pending!.getSlice(at: header.payload, length: length)!
+            } else if length <= UnmaskBuffer.limit {
+                let shared = UnmaskBuffer.current
+                shared.bytes.clear(minimumCapacity: length)
+                _ = pending!.withUnsafeReadableBytes { source in
+                    shared.bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: length) { target in
+                        Self.unmask(source, from: offset, length: length, mask, into: target, at: 0)
+                        return length
+                    }
+                }
+                data = shared.bytes
+            } else {
+                pending!.withUnsafeMutableReadableBytes { bytes in
+                    Self.unmask(
+                        UnsafeRawBufferPointer(bytes), from: offset, length: length, mask, into: bytes, at: offset)
+                }
+                data = pending!.getSlice(at: header.payload, length: length)!
+            }
+        } else {
+            data = pending!.getSlice(at: header.payload, length: header.length)!
         }
-        let data = pending!.getSlice(at: header.payload, length: header.length)!
         let end = header.payload + header.length
         if end == pending!.writerIndex {
             pending = nil
@@ -189,6 +206,31 @@ struct WebSocketFrameParser {
             if pending!.readerIndex >= 4096 { pending!.discardReadBytes() }
         }
         return Frame(fin: header.fin, rsv1: header.rsv1, opcode: header.opcode, data: data)
+    }
+
+    /// `length` bytes of `source` from `from`, unmasked with `mask` (its first byte highest), into `target` at
+    /// `at` (which may be the same bytes).
+    private static func unmask(
+        _ source: UnsafeRawBufferPointer, from: Int, length: Int, _ mask: UInt32,
+        into target: UnsafeMutableRawBufferPointer,
+        at: Int
+    ) {
+        let key = (
+            UInt8(truncatingIfNeeded: mask >> 24), UInt8(truncatingIfNeeded: mask >> 16),
+            UInt8(truncatingIfNeeded: mask >> 8), UInt8(truncatingIfNeeded: mask)
+        )
+        var i = 0
+        while i < length {
+            let k: UInt8
+            switch i & 3 {
+            case 0: k = key.0
+            case 1: k = key.1
+            case 2: k = key.2
+            default: k = key.3
+            }
+            target[at + i] = source[from + i] ^ k
+            i += 1
+        }
     }
 
     /// The header of the frame at the start of `buffer`, once the whole frame is there; nil before.
@@ -423,5 +465,23 @@ extension ConnectionStateMachine.CloseReason {
         case .tooLarge: .messageTooLarge
         case .invalidData: .dataInconsistentWithMessage
         }
+    }
+}
+
+/// Where a frame is unmasked when the read it came in is still shared: one buffer per thread, reused frame after
+/// frame (a frame's bytes are parsed before the next frame is taken; one that must outlive that, a fragment or a
+/// pong's payload, is copied or makes the next frame take a fresh buffer). Frames over `limit` are unmasked in a
+/// copy of their read instead, so that no thread keeps more than `limit` here.
+final class UnmaskBuffer: @unchecked Sendable {  // used by its own thread only
+    static let limit = 64 * 1024
+    var bytes = ByteBuffer()
+
+    private static let perThread = ThreadSpecificVariable<UnmaskBuffer>()
+
+    static var current: UnmaskBuffer {
+        if let buffer = perThread.currentValue { return buffer }
+        let buffer = UnmaskBuffer()
+        perThread.currentValue = buffer
+        return buffer
     }
 }
