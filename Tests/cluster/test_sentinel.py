@@ -252,3 +252,41 @@ def test_a_node_that_cannot_confirm_its_master_or_follows_a_stale_one_is_not_rea
         sentinel.stop()
         replica.stop()
         master.stop()
+
+
+def test_one_sentinel_of_three_does_not_confirm_the_master():
+    """A node on the minority side of a partition, with one sentinel of three: that sentinel still names the old
+    master (it cannot fail over alone), so one answer is no confirmation. With two of the three stopped, the node
+    says not ready within seconds, and why; with one of them back (a majority of two), it is ready again."""
+    master = RedisServer()
+    master.start()
+    sentinels = [Sentinel(master) for _ in range(3)]
+    node = None
+    try:
+        for s in sentinels:
+            s.start()
+        node = Broker(timeout=10, extra_args=[
+            "--engine", "redis", "--redis-sentinels", ",".join(f"127.0.0.1:{s.port}" for s in sentinels),
+            "--redis-master-name", "mymaster", "--log-level", "info"])
+        node.start()
+        wait_ready(node)
+        wait_until(lambda: readyz(node)[0] == 200, 10, 0.1, message="the node did not become ready")
+        stopped = [sentinels[1], sentinels[2]]
+        for s in stopped:
+            os.kill(s.server_pid(), signal.SIGSTOP)
+        try:
+            wait_until(lambda: readyz(node)[0] == 503, 30, 0.2,
+                       message="a node only one sentinel of three confirms stayed ready")
+            status, text = readyz(node)
+            assert "fewer than 2 of the 3 sentinels have named" in text and str(master.port) in text, text
+            os.kill(stopped[0].server_pid(), signal.SIGCONT)
+            wait_until(lambda: readyz(node)[0] == 200, 30, 0.2, message="two sentinels of three did not confirm it")
+        finally:
+            for s in stopped:
+                os.kill(s.server_pid(), signal.SIGCONT)
+    finally:
+        if node:
+            node.stop()
+        for s in sentinels:
+            s.stop()
+        master.stop()

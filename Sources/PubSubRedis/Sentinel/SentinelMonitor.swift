@@ -78,7 +78,7 @@ final class SentinelMonitor: MasterLocator {
         }
     }
 
-    /// A sentinel named the master followed within `unconfirmedAfter`.
+    /// A majority of the sentinels named the master followed within `unconfirmedAfter`.
     var isConfirmed: Bool {
         monitor.withDiscovery { $0.isConfirmed(now: .now(), within: settings.unconfirmedAfter) }
     }
@@ -87,7 +87,9 @@ final class SentinelMonitor: MasterLocator {
     var unconfirmedNote: String? {
         guard !isConfirmed, let master = monitor.master else { return nil }
         let why = confirming.withLockedValue { $0.failure }.map { ": \($0)" } ?? ""
-        return "no sentinel has named \(master) the master of '\(settings.masterName)' for "
+        let count = monitor.withDiscovery { ($0.quorum, $0.sentinels.count) }
+        let who = count.1 == 1 ? "no sentinel has" : "fewer than \(count.0) of the \(count.1) sentinels have"
+        return "\(who) named \(master) the master of '\(settings.masterName)' for "
             + "\(settings.unconfirmedAfter.nanoseconds / 1_000_000_000) s\(why)"
     }
 
@@ -160,7 +162,9 @@ final class SentinelMonitor: MasterLocator {
                 return c.failure == nil
             }
             if first {
-                logger.warning("no sentinel confirms the Redis master followed", metadata: ["pubsub.error": "\(why)"])
+                logger.warning(
+                    "no majority of the sentinels confirms the Redis master followed",
+                    metadata: ["pubsub.error": "\(why)"])
             }
         case .none:
             break

@@ -24,9 +24,11 @@ public struct RedisEndpoint: Hashable, Sendable, CustomStringConvertible {
 ///
 /// None of those reaches a node cut off from the sentinels but not from the old master, which goes on taking
 /// writes the new one will never have. So the master followed is confirmed: every `confirmInterval` a
-/// confirmation round asks the sentinels in turn, from the preferred one, until one answers. A sentinel that
-/// names another master makes this one stale (the connections are dropped, and the next discovery starts at that
-/// sentinel); a master no sentinel confirmed for `unconfirmedAfter` keeps the node not ready (`/readyz`).
+/// confirmation round asks the sentinels in turn, from the preferred one, until a majority of them (`quorum`)
+/// named it. One sentinel is not enough: the one on the node's side of a partition still names the old master,
+/// as it cannot fail over alone. A sentinel that names another master makes this one stale (the connections are
+/// dropped, and the next discovery starts at that sentinel, its answer checked with `ROLE`); a master a majority
+/// has not confirmed for `unconfirmedAfter` keeps the node not ready (`/readyz`).
 struct SentinelStateMachine: MasterDiscovery {
     let sentinels: [RedisEndpoint]
     let masterName: String
@@ -44,6 +46,8 @@ struct SentinelStateMachine: MasterDiscovery {
     /// When a sentinel last named `master` (or it was verified).
     private(set) var confirmedAt: NIODeadline?
     private var confirmation: DiscoveryRound?
+    /// The sentinels that named the master followed in the round running.
+    private var confirmations = 0
 
     init(sentinels: [RedisEndpoint], masterName: String) {
         precondition(!sentinels.isEmpty, "at least one sentinel")
@@ -165,10 +169,14 @@ struct SentinelStateMachine: MasterDiscovery {
         case none
     }
 
+    /// How many sentinels must name the master followed in one round: a majority of those configured.
+    var quorum: Int { sentinels.count / 2 + 1 }
+
     /// Starts a confirmation round (every `confirmInterval`).
     mutating func confirm() -> ConfirmAction {
         guard master != nil, confirmation == nil else { return .none }
         confirmation = DiscoveryRound(count: sentinels.count, startingAt: preferred)
+        confirmations = 0
         return nextConfirmation()
     }
 
@@ -176,7 +184,8 @@ struct SentinelStateMachine: MasterDiscovery {
         guard var r = confirmation else { return .none }
         guard let index = r.nextIndex() else {
             confirmation = nil
-            return .unconfirmed(r.failures.joined(separator: "; "))
+            let named = "\(confirmations) of \(sentinels.count) sentinels named it, \(quorum) must"
+            return .unconfirmed(([named] + r.failures).joined(separator: "; "))
         }
         confirmation = r
         return .ask(server: index, sentinels[index])
@@ -187,9 +196,11 @@ struct SentinelStateMachine: MasterDiscovery {
         guard confirmation != nil else { return .none }
         switch reply {
         case .master(let endpoint) where endpoint == master:
+            confirmations += 1
+            if confirmations == 1 { preferred = index }
+            guard confirmations >= quorum else { return nextConfirmation() }
             confirmation = nil
             confirmedAt = now
-            preferred = index
             return .confirmed
         case .master(let endpoint):
             confirmation = nil

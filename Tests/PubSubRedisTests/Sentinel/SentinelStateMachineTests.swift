@@ -166,15 +166,18 @@ import Testing
         #expect(!m.isConfirmed(now: .uptimeNanoseconds(1), within: .seconds(5)))
     }
 
-    @Test func aSentinelNamingTheMasterFollowedConfirmsIt() {
+    @Test func aMajorityOfSentinelsNamingTheMasterFollowedConfirmsIt() {
         let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
         var m = following(at: t0)
+        #expect(m.quorum == 2)
         #expect(m.isConfirmed(now: t0 + .seconds(5), within: .seconds(5)))
         #expect(!m.isConfirmed(now: t0 + .seconds(6), within: .seconds(5)))
         #expect(m.confirm() == .ask(server: 0, s1))
         // One round at a time.
         #expect(m.confirm() == .none)
-        #expect(m.confirmationAnswered(0, .master(m1), now: t0 + .seconds(6)) == .confirmed)
+        #expect(m.confirmationAnswered(0, .master(m1), now: t0 + .seconds(6)) == .ask(server: 1, s2))
+        #expect(!m.isConfirmed(now: t0 + .seconds(6), within: .seconds(5)), "one of three is not a majority")
+        #expect(m.confirmationAnswered(1, .master(m1), now: t0 + .seconds(6)) == .confirmed)
         #expect(m.isConfirmed(now: t0 + .seconds(11), within: .seconds(5)))
         #expect(m.confirm() == .ask(server: 0, s1))
     }
@@ -212,6 +215,39 @@ import Testing
         m.verified(now: t0 + .seconds(1))
         #expect(m.master == m2 && m.switches == 1)
         #expect(m.confirm() == .ask(server: 1, s2))
-        #expect(m.confirmationAnswered(1, .master(m2), now: t0 + .seconds(2)) == .confirmed)
+        #expect(m.confirmationAnswered(1, .master(m2), now: t0 + .seconds(2)) == .ask(server: 2, s3))
+        #expect(m.confirmationAnswered(2, .master(m2), now: t0 + .seconds(2)) == .confirmed)
+    }
+
+    /// A node on the minority side of a partition, with the old master and one sentinel: that sentinel still names
+    /// the old master (it cannot fail over alone), the others are out of reach. One sentinel does not confirm it.
+    @Test func oneSentinelOfThreeDoesNotConfirmTheMaster() {
+        let t0 = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        var m = following(at: t0)
+        #expect(m.confirm() == .ask(server: 0, s1))
+        #expect(m.confirmationAnswered(0, .master(m1), now: t0) == .ask(server: 1, s2))
+        #expect(m.confirmationAnswered(1, .failed("timeout"), now: t0) == .ask(server: 2, s3))
+        guard case .unconfirmed(let why) = m.confirmationAnswered(2, .failed("refused"), now: t0) else {
+            Issue.record("expected the round to confirm nothing")
+            return
+        }
+        #expect(why.contains("1 of 3 sentinels named it, 2 must"), "\(why)")
+        #expect(!m.isConfirmed(now: t0 + .seconds(6), within: .seconds(5)))
+        // The next round starts at the sentinel that named it; two of them confirm it again.
+        #expect(m.confirm() == .ask(server: 0, s1))
+        #expect(m.confirmationAnswered(0, .master(m1), now: t0 + .seconds(7)) == .ask(server: 1, s2))
+        #expect(m.confirmationAnswered(1, .master(m1), now: t0 + .seconds(7)) == .confirmed)
+        #expect(m.isConfirmed(now: t0 + .seconds(8), within: .seconds(5)))
+    }
+
+    /// With one sentinel configured, its answer is the majority.
+    @Test func aLoneSentinelIsItsOwnMajority() {
+        var m = SentinelStateMachine(sentinels: [s1], masterName: "mymaster")
+        _ = m.discover()
+        _ = m.answered(0, .master(m1))
+        _ = m.checked(m1, "master")
+        #expect(m.quorum == 1)
+        #expect(m.confirm() == .ask(server: 0, s1))
+        #expect(m.confirmationAnswered(0, .master(m1), now: .uptimeNanoseconds(1)) == .confirmed)
     }
 }
