@@ -622,6 +622,8 @@ struct ConnectionStateMachine {
             state = .closing(attached: nil, closeSent: false)
             return .close(reason, answer: nil, flush: socket.backlog)
         }
+        // A connection that closes handles nothing more: the frame held for these is dropped with it.
+        if !isOpen { frames.dropHeld() }
         if let held = frames.startHeld() { return .handle(held) }
         guard readPending, frames.takesFrames, isWritable || !isOpen else { return .none }
         readPending = false

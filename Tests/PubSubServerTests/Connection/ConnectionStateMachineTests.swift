@@ -308,6 +308,14 @@ import Testing
         #expect(m.isOpen)
         #expect(Self.describe(m.frameFinished(bytes: 2)) == ["close(normal)"])
         #expect(!m.isOpen && m.frames.held == nil)
+        // A connection closed with a frame held: once the frames before it are answered, it is dropped unhandled.
+        var c = Machine(transport: .webSocket, maxQueue: 10)
+        _ = c.bind(clientId: "a")
+        #expect(c.frameArrived(Self.frame(1, exclusive: false)) != nil)
+        #expect(c.frameArrived(Self.frame(2)) == nil)
+        _ = c.closeNow(.peerClosed(code: 1000))
+        #expect(Self.describe(c.frameFinished(bytes: 1)) == [])
+        #expect(c.frames.held == nil && c.frames.isEmpty)
     }
 
     /// A session that ends while its frame is handled (a `/meta/disconnect` on an engine that answers after it
