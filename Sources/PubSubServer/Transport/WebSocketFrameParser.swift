@@ -472,7 +472,9 @@ extension ConnectionStateMachine.CloseReason {
 /// frame (a frame's bytes are parsed before the next frame is taken; one that must outlive that, a fragment or a
 /// pong's payload, is copied or makes the next frame take a fresh buffer). Frames over `limit` are unmasked in a
 /// copy of their read instead, so that no thread keeps more than `limit` here.
-final class UnmaskBuffer: @unchecked Sendable {  // used by its own thread only
+// @unchecked: thread-bound rather than loop-bound: each thread has its own (a `ThreadSpecificVariable`, which is
+// Sendable only for a Sendable value), and it is only ever inside that thread's parse of one frame.
+final class UnmaskBuffer: @unchecked Sendable {
     static let limit = 64 * 1024
     var bytes = ByteBuffer()
 

@@ -87,34 +87,24 @@ final class HeldAnswersEngine: DataPathOnlyEngine, @unchecked Sendable {
         _ = try channel.finish()
     }
 
-    /// A frame with a meta message waits for the publishes before it, and the frames after it wait for it: a
-    /// subscribe is handed to the engine after the publishes sent before it, and before those sent after it.
-    @Test func aMetaMessageWaitsForThePublishesBeforeIt() throws {
+    /// A meta message waits for the publishes before it, and what follows waits for it: a subscribe is handed to
+    /// the engine after the publishes sent before it, and before those sent after it (its subscriber may be the
+    /// publisher), whether they come in frames of their own or in one frame.
+    @Test(arguments: [false, true])
+    func aMetaMessageWaitsForThePublishesBeforeIt(inOneFrame: Bool) throws {
         let engine = HeldAnswersEngine()
         let (channel, clientId) = try Self.webSocket(engine)
-        try ConnectionHandlerTests.sendFrame("[\(Self.publish(1, clientId))]", channel)
-        try ConnectionHandlerTests.sendFrame(
-            #"[{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/p","id":"s"}]"#, channel)
-        try ConnectionHandlerTests.sendFrame("[\(Self.publish(2, clientId))]", channel)
+        let messages = [
+            Self.publish(1, clientId),
+            #"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/p","id":"s"}"#,
+            Self.publish(2, clientId),
+        ]
+        if inOneFrame {
+            try ConnectionHandlerTests.sendFrame("[" + messages.joined(separator: ",") + "]", channel)
+        } else {
+            for message in messages { try ConnectionHandlerTests.sendFrame("[\(message)]", channel) }
+        }
         #expect(engine.handed.withLockedValue { $0 } == ["publish 1"], "the subscribe waits for publish 1")
-        engine.answerPublishes()
-        channel.embeddedEventLoop.run()
-        #expect(engine.handed.withLockedValue { $0 } == ["publish 1", "subscribe /p", "publish 2"])
-        engine.answerPublishes()
-        channel.embeddedEventLoop.run()
-        #expect(try Self.replyIds(channel) == ["p1", "s", "p2"])
-        _ = try channel.finish()
-    }
-
-    /// In one frame, a publish after a subscribe waits for it (its subscriber may be the publisher).
-    @Test func aFrameWithAMetaMessageIsHandledInOrder() throws {
-        let engine = HeldAnswersEngine()
-        let (channel, clientId) = try Self.webSocket(engine)
-        try ConnectionHandlerTests.sendFrame(
-            "[\(Self.publish(1, clientId)),"
-                + #"{"channel":"/meta/subscribe","clientId":"\#(clientId)","subscription":"/p","id":"s"},"#
-                + "\(Self.publish(2, clientId))]", channel)
-        #expect(engine.handed.withLockedValue { $0 } == ["publish 1"])
         engine.answerPublishes()
         channel.embeddedEventLoop.run()
         #expect(engine.handed.withLockedValue { $0 } == ["publish 1", "subscribe /p", "publish 2"])
