@@ -168,15 +168,16 @@ struct WebSocketFrameParser {
         if let mask = header.mask, header.length > 0 {
             let offset = header.payload - pending!.readerIndex
             let length = header.length
-            let inPlace: Void? = pending!.modifyIfUniquelyOwned { buffer in
-                buffer.withUnsafeMutableReadableBytes { bytes in
+            let owned = pending!.modifyIfUniquelyOwned { _ in true } ?? false
+            if owned || length > UnmaskBuffer.limit {
+                // In place: nothing else holds the storage, or the frame is too large for the shared buffer (the
+                // write then copies the read, once).
+                pending!.withUnsafeMutableReadableBytes { bytes in
                     Self.unmask(
                         UnsafeRawBufferPointer(bytes), from: offset, length: length, mask, into: bytes, at: offset)
                 }
-            }
-            if inPlace != nil {
                 data = pending!.getSlice(at: header.payload, length: length)!
-            } else if length <= UnmaskBuffer.limit {
+            } else {
                 let shared = UnmaskBuffer.current
                 shared.bytes.clear(minimumCapacity: length)
                 _ = pending!.withUnsafeReadableBytes { source in
@@ -186,12 +187,6 @@ struct WebSocketFrameParser {
                     }
                 }
                 data = shared.bytes
-            } else {
-                pending!.withUnsafeMutableReadableBytes { bytes in
-                    Self.unmask(
-                        UnsafeRawBufferPointer(bytes), from: offset, length: length, mask, into: bytes, at: offset)
-                }
-                data = pending!.getSlice(at: header.payload, length: length)!
             }
         } else {
             data = pending!.getSlice(at: header.payload, length: header.length)!
